@@ -1,0 +1,126 @@
+// What the peer benchmarks (Open MPI, Gloo) share with ringzero-perf: the -b/-e/-f/-n/-w/-c flags
+// with nccl-tests' meanings and nccl-tests' table rows, so bench/compare reads every program's
+// output the same way. Only float sum all_reduce is measured; time is the slowest rank's.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli.hpp"
+#include "report.hpp"
+
+namespace ringzero::bench {
+
+struct peer_options {
+  std::size_t min_bytes = 8;
+  std::size_t max_bytes = std::size_t{32} << 20;
+  std::size_t step_factor = 2;
+  int iters = 20;
+  int warmup = 1;
+  int check = 1;
+};
+
+/// Parses -b -e -f -n -w -c; anything else is an error.
+[[nodiscard]] inline peer_options parse_peer_options(int argc, char** argv) {
+  peer_options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.size() != 2 || a[0] != '-' || i + 1 >= argc)
+      throw invalid_argument(
+          fmt::format("usage: {} [-b min] [-e max] [-f factor] [-n iters] "
+                      "[-w warmup] [-c 0|1]",
+                      argv[0]));
+    const std::string_view v = argv[++i];
+    switch (a[1]) {
+      case 'b':
+        o.min_bytes = perf::parse_size("-b", v);
+        break;
+      case 'e':
+        o.max_bytes = perf::parse_size("-e", v);
+        break;
+      case 'f':
+        o.step_factor = static_cast<std::size_t>(perf::detail::parse_int_in("-f", v, 2, 1024));
+        break;
+      case 'n':
+        o.iters = perf::detail::parse_int_in("-n", v, 1, 1 << 30);
+        break;
+      case 'w':
+        o.warmup = perf::detail::parse_int_in("-w", v, 0, 1 << 30);
+        break;
+      case 'c':
+        o.check = perf::detail::parse_int_in("-c", v, 0, 1);
+        break;
+      default:
+        throw invalid_argument(fmt::format("unknown option '{}'", a));
+    }
+  }
+  if (o.min_bytes < 4 || o.min_bytes > o.max_bytes) throw invalid_argument("need 4 <= -b <= -e");
+  return o;
+}
+
+[[nodiscard]] inline std::vector<std::size_t> peer_sizes(const peer_options& o) {
+  std::vector<std::size_t> v;
+  for (std::size_t s = o.min_bytes; s <= o.max_bytes; s *= o.step_factor) v.push_back(s);
+  return v;
+}
+
+inline void print_header(std::string_view what, int ranks, const peer_options& o) {
+  fmt::print("# {}: float sum all_reduce, {} ranks, iters {} warmup {} check {}\n", what, ranks,
+             o.iters, o.warmup, o.check);
+  fmt::print(
+      "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  "
+      "{:>6}  {:>6}\n",
+      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+      "busbw", "#wrong");
+}
+
+/// One nccl-tests row; seconds are the slowest rank's mean iteration time.
+inline void print_row(std::size_t count, int ranks, double oop_s, long oop_wrong, double ip_s,
+                      long ip_wrong) {
+  const double bytes = static_cast<double>(count * sizeof(float));
+  const double factor = 2.0 * (ranks - 1) / ranks;
+  auto cell = [&](double s, long wrong) {
+    const double alg = s > 0 ? bytes / 1e9 / s : 0;
+    return fmt::format("  {}  {}  {}  {:>6}", perf::fit(s * 1e6, 7), perf::fit(alg, 6),
+                       perf::fit(alg * factor, 6), wrong);
+  };
+  fmt::print("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}\n", count * sizeof(float), count, "float",
+             "sum", -1, cell(oop_s, oop_wrong), cell(ip_s, ip_wrong));
+  std::fflush(stdout);
+}
+
+/// Rank r's input element i: small integers, so the float sum is exact in any order. The
+/// pattern repeats every 23 elements.
+[[nodiscard]] inline float peer_input(int rank, std::size_t i) {
+  const auto v = static_cast<long>((i * 7 + static_cast<std::size_t>(rank) * 13) % 23);
+  return static_cast<float>(v - 11);
+}
+
+inline void peer_fill(float* dst, std::size_t count, int rank) {
+  float p[23];
+  for (std::size_t k = 0; k < 23; ++k) p[k] = peer_input(rank, k);
+  for (std::size_t i = 0, k = 0; i < count; ++i) {
+    dst[i] = p[k];
+    if (++k == 23) k = 0;
+  }
+}
+
+[[nodiscard]] inline long peer_wrong(const float* out, std::size_t count, int ranks) {
+  float want[23] = {};
+  for (std::size_t k = 0; k < 23; ++k)
+    for (int r = 0; r < ranks; ++r) want[k] += peer_input(r, k);
+  long wrong = 0;
+  for (std::size_t i = 0, k = 0; i < count; ++i) {
+    if (out[i] != want[k]) ++wrong;
+    if (++k == 23) k = 0;
+  }
+  return wrong;
+}
+
+}  // namespace ringzero::bench

@@ -1,0 +1,15 @@
+// The core of ringzero: element types, ops, errors, logging, the collectives and the in-process
+// loopback transport. Backends are opt-in: include ringzero/transport/libfabric.hpp or
+// ringzero/transport/nccl.hpp and link ringzero::libfabric or ringzero::nccl.
+#pragma once
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/collectives.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/loopback.hpp"
+#include "ringzero/tuning/cost_model.hpp"
+#include "ringzero/types.hpp"
+#include "ringzero/version.hpp"

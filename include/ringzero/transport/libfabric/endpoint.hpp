@@ -1,0 +1,542 @@
+// One process's libfabric endpoint: fabric, domain, completion queue, address vector and an
+// FI_EP_RDM endpoint with tagged messaging, shared by a communicator and every
+// sub-communicator split from it. Everything that talks to libfabric lives here; the
+// communicator only maps its ranks and tags onto it.
+//
+// One code path serves every provider: what differs between efa, shm, tcp;ofi_rxm,
+// verbs;ofi_rxm and sockets is read from the fi_info the provider returns (mr_mode, mode,
+// tag width, inject and message size limits) and honoured:
+//   - FI_MR_LOCAL: buffers get descriptors from a registration cache (mr_cache.hpp), with
+//     FI_MR_ENDPOINT binding, FI_MR_PROV_KEY keys and FI_MR_ALLOCATED (only buffers the
+//     caller allocated are ever registered);
+//   - FI_CONTEXT / FI_CONTEXT2: every operation's context starts with an fi_context2 the
+//     provider may use;
+//   - -FI_EAGAIN on a post: the completion queue is read (which is what frees provider
+//     resources under manual progress) and the post retried until the deadline;
+//   - data progress is manual: test() and progress() read the completion queue.
+#pragma once
+
+#include <fmt/core.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/split.hpp"
+#include "ringzero/transport/libfabric/error.hpp"
+#include "ringzero/transport/libfabric/mr_cache.hpp"
+
+namespace ringzero::libfabric::detail {
+
+/// The libfabric API version ringzero is written against (FI_MR_ENDPOINT and FI_CONTEXT2 need
+/// at least 1.5; 1.14 is the oldest release the build accepts).
+inline constexpr std::uint32_t api_version = FI_VERSION(1, 14);
+
+/// Owns one fid_* object and closes it.
+template <class F>
+class handle {
+ public:
+  handle() = default;
+  handle(const handle&) = delete;
+  handle& operator=(const handle&) = delete;
+  ~handle() { reset(); }
+  void reset() noexcept {
+    if (p_) fi_close(&p_->fid);
+    p_ = nullptr;
+  }
+  [[nodiscard]] F* get() const noexcept { return p_; }
+  [[nodiscard]] F** out() noexcept {
+    reset();
+    return &p_;
+  }
+
+ private:
+  F* p_ = nullptr;
+};
+
+struct info_deleter {
+  void operator()(fi_info* i) const noexcept { fi_freeinfo(i); }
+};
+using info_ptr = std::unique_ptr<fi_info, info_deleter>;
+
+/// What the endpoint asks of every provider. Returns the candidates in the provider's order
+/// of preference; nullptr-safe: an empty pointer when none matches.
+[[nodiscard]] inline info_ptr query(const char* provider, int* rc_out = nullptr) {
+  info_ptr hints(fi_allocinfo());
+  if (!hints) throw transport_error("fi_allocinfo failed: out of memory");
+  hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  // Calls are serialized by the endpoint's mutex, so the provider may skip its own locks.
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+  if (provider) hints->fabric_attr->prov_name = ::strdup(provider);
+  fi_info* out = nullptr;
+  const int rc = fi_getinfo(api_version, nullptr, nullptr, 0, hints.get(), &out);
+  if (rc_out) *rc_out = rc;
+  return info_ptr(rc == 0 ? out : nullptr);
+}
+
+/// True for candidates bound to a loopback address, which peers on other hosts cannot reach.
+[[nodiscard]] inline bool is_loopback(const fi_info* i) noexcept {
+  if (!i->src_addr) return false;
+  if (i->addr_format == FI_SOCKADDR_IN && i->src_addrlen >= sizeof(sockaddr_in)) {
+    const auto* a = static_cast<const sockaddr_in*>(i->src_addr);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (i->addr_format == FI_SOCKADDR_IN6 && i->src_addrlen >= sizeof(sockaddr_in6)) {
+    const auto* a = static_cast<const sockaddr_in6*>(i->src_addr);
+    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+  }
+  return false;
+}
+
+/// The provider's first candidate, preferring IPv4 addresses (link-local IPv6 names do not
+/// travel between hosts without their scope) and, when ranks span hosts, addresses other than
+/// loopback: an interface that is not up yet drops out of the list, and the loopback entry that
+/// remains would strand this rank.
+[[nodiscard]] inline const fi_info* pick(const fi_info* list, bool one_host) {
+  const fi_info* best = list;
+  int best_score = -1;
+  for (const fi_info* i = list; i; i = i->next) {
+    const int score =
+        (i->addr_format != FI_SOCKADDR_IN6 ? 1 : 0) + (one_host || !is_loopback(i) ? 2 : 0);
+    if (score > best_score) {
+      best = i;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+/// A posted operation. The provider sees a pointer to it as the operation's context and may
+/// use the leading fi_context2 (FI_CONTEXT/FI_CONTEXT2 modes).
+struct op_context {
+  enum class status : std::uint8_t { pending, done, failed, cancelled };
+
+  fi_context2 provider_scratch{};
+  status state = status::pending;
+  bool is_send = false;
+  bool orphaned = false;  ///< its request gave up on it; freed when the completion arrives
+  int world_peer = -1;
+  int peer = -1;  ///< peer as the posting communicator numbers it, for messages
+  std::size_t length = 0;
+  mr_cache::entry* mr = nullptr;
+  std::string error;
+  bool peer_loss = false;
+};
+static_assert(offsetof(op_context, provider_scratch) == 0,
+              "libfabric needs the fi_context2 at the start of the operation context");
+
+class endpoint {
+ public:
+  struct config {
+    std::string provider;  ///< empty: libfabric's first choice under FI_PROVIDER
+    bool register_always = false;
+    bool one_host = true;  ///< every rank on this host: loopback addresses will do
+    std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
+  };
+
+  explicit endpoint(const config& cfg) : timeout_(cfg.timeout) {
+    int rc = 0;
+    info_ptr list = query(cfg.provider.empty() ? nullptr : cfg.provider.c_str(), &rc);
+    if (!list)
+      throw unsupported(fmt::format(
+          "libfabric has no FI_EP_RDM provider with tagged messages{}{}: {} (fi_info -l lists "
+          "the providers built in; FI_PROVIDER restricts them)",
+          cfg.provider.empty() ? "" : " named ", cfg.provider, fi_text(rc)));
+    info_.reset(fi_dupinfo(pick(list.get(), cfg.one_host)));
+    if (!info_) throw transport_error("fi_dupinfo failed: out of memory");
+    provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?";
+    mr_mode_ = info_->domain_attr->mr_mode;
+    need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
+    inject_size_ = info_->tx_attr->inject_size;
+    max_msg_size_ = info_->ep_attr->max_msg_size;
+    // The tag bits a provider matches end at the highest bit of its mem_tag_format.
+    const std::uint64_t tag_format = info_->ep_attr->mem_tag_format;
+    tag_width_ = tag_format ? 64 - std::countl_zero(tag_format) : 64;
+    if (tag_width_ <= tag_bits)
+      throw unsupported(
+          fmt::format("provider {} matches only {} tag bits; ringzero needs more than {}",
+                      provider_, tag_width_, tag_bits));
+    const int id_bits = std::min(tag_width_ - tag_bits, 12);
+    ids_ = std::make_shared<ringzero::detail::comm_ids>(std::uint32_t{1} << id_bits);
+
+    check(fi_fabric(info_->fabric_attr, fabric_.out(), nullptr), "fi_fabric", provider_);
+    check(fi_domain(fabric_.get(), info_.get(), domain_.out(), nullptr), "fi_domain", provider_);
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_attr.size = std::max<std::size_t>(info_->tx_attr->size + info_->rx_attr->size, 1024);
+    check(fi_cq_open(domain_.get(), &cq_attr, cq_.out(), nullptr), "fi_cq_open", provider_);
+    fi_av_attr av_attr{};
+    av_attr.type =
+        info_->domain_attr->av_type == FI_AV_UNSPEC ? FI_AV_TABLE : info_->domain_attr->av_type;
+    check(fi_av_open(domain_.get(), &av_attr, av_.out(), nullptr), "fi_av_open", provider_);
+    check(fi_endpoint(domain_.get(), info_.get(), ep_.out(), nullptr), "fi_endpoint", provider_);
+    check(fi_ep_bind(ep_.get(), &av_.get()->fid, 0), "fi_ep_bind(av)", provider_);
+    check(fi_ep_bind(ep_.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)",
+          provider_);
+    check(fi_enable(ep_.get()), "fi_enable", provider_);
+    mrs_.emplace(domain_.get(), ep_.get(), mr_mode_, provider_);
+    log::info(
+        "libfabric: provider {} fabric {} domain {}, mr_mode {:#x}, mode {:#x}, {} tag bits, "
+        "inject {} B",
+        provider_, info_->fabric_attr->name ? info_->fabric_attr->name : "?",
+        info_->domain_attr->name ? info_->domain_attr->name : "?", mr_mode_, info_->mode,
+        tag_width_, inject_size_);
+  }
+
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+
+  ~endpoint() {
+    // Closing the endpoint ends every operation still posted; only then may the memory the
+    // provider was using (registrations, contexts) go.
+    ep_.reset();
+    mrs_.reset();
+    av_.reset();
+    cq_.reset();
+    domain_.reset();
+    fabric_.reset();
+  }
+
+  /// This endpoint's address, as the peers' fi_av_insert wants it.
+  [[nodiscard]] std::vector<std::byte> name() const {
+    std::vector<std::byte> buf(256);
+    std::size_t len = buf.size();
+    int rc = fi_getname(&ep_.get()->fid, buf.data(), &len);
+    if (rc == -FI_ETOOSMALL) {
+      buf.resize(len);
+      rc = fi_getname(&ep_.get()->fid, buf.data(), &len);
+    }
+    check(rc, "fi_getname", provider_);
+    buf.resize(len);
+    return buf;
+  }
+
+  /// Inserts every rank's name (index = world rank).
+  void connect(const std::vector<std::vector<std::byte>>& names) {
+    addrs_.assign(names.size(), FI_ADDR_NOTAVAIL);
+    failures_.assign(names.size(), std::string());
+    for (std::size_t r = 0; r < names.size(); ++r) {
+      const int n = fi_av_insert(av_.get(), names[r].data(), 1, &addrs_[r], 0, nullptr);
+      if (n != 1 || addrs_[r] == FI_ADDR_NOTAVAIL)
+        throw transport_error(
+            fmt::format("fi_av_insert of rank {}'s address failed on provider {}: {}", r, provider_,
+                        n < 0 ? fi_text(n) : "not inserted"));
+    }
+  }
+
+  [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
+  [[nodiscard]] const std::shared_ptr<ringzero::detail::comm_ids>& ids() const noexcept {
+    return ids_;
+  }
+  [[nodiscard]] int tag_width() const noexcept { return tag_width_; }
+  [[nodiscard]] std::uint64_t mr_mode() const noexcept { return mr_mode_; }
+  [[nodiscard]] std::size_t inject_size() const noexcept { return inject_size_; }
+  [[nodiscard]] std::size_t max_message_size() const noexcept { return max_msg_size_; }
+  [[nodiscard]] bool registers() const noexcept { return need_desc_; }
+  [[nodiscard]] std::size_t registrations() const {
+    std::lock_guard lock(mutex_);
+    return mrs_->size();
+  }
+  void forget_memory(const void* p, std::size_t n) {
+    std::lock_guard lock(mutex_);
+    mrs_->forget(p, n);
+  }
+
+  /// Posts a tagged send; nullptr when it was injected (complete on return).
+  [[nodiscard]] op_context* send(int world_peer, int peer, std::uint64_t tag,
+                                 std::span<const std::byte> data) {
+    std::lock_guard lock(mutex_);
+    check_size(data.size(), peer, "send to");
+    const fi_addr_t to = addrs_[static_cast<std::size_t>(world_peer)];
+    if (inject_size_ > 0 && data.size() <= inject_size_) {
+      retry(peer, "send to",
+            [&] { return fi_tinject(ep_.get(), data.data(), data.size(), to, tag); });
+      return nullptr;
+    }
+    op_context* c = make(world_peer, peer, true, data.size(), data.data());
+    try {
+      retry(peer, "send to",
+            [&] { return fi_tsend(ep_.get(), data.data(), data.size(), desc(c), to, tag, c); });
+    } catch (...) {
+      recycle(c);
+      throw;
+    }
+    return c;
+  }
+
+  [[nodiscard]] op_context* recv(int world_peer, int peer, std::uint64_t tag,
+                                 std::span<std::byte> data) {
+    std::lock_guard lock(mutex_);
+    check_size(data.size(), peer, "receive from");
+    const fi_addr_t from = addrs_[static_cast<std::size_t>(world_peer)];
+    op_context* c = make(world_peer, peer, false, data.size(), data.data());
+    try {
+      retry(peer, "receive from", [&] {
+        return fi_trecv(ep_.get(), data.data(), data.size(), desc(c), from, tag, 0, c);
+      });
+    } catch (...) {
+      recycle(c);
+      throw;
+    }
+    return c;
+  }
+
+  /// Reads completions; true once c finished, and c is freed. When it throws, c is freed
+  /// (or, if it could not be cancelled, left to the endpoint) too.
+  [[nodiscard]] bool test(op_context* c) {
+    std::lock_guard lock(mutex_);
+    if (c->state == op_context::status::pending) progress_locked();
+    switch (c->state) {
+      case op_context::status::pending: {
+        const auto& dead = failures_[static_cast<std::size_t>(c->world_peer)];
+        if (dead.empty()) return false;
+        const int peer = c->peer;
+        std::string what = fmt::format("rank {} is unreachable over {}: {}", peer, provider_, dead);
+        abandon_locked(c);
+        throw peer_error(what, peer);
+      }
+      case op_context::status::done:
+        recycle(c);
+        return true;
+      case op_context::status::failed:
+      case op_context::status::cancelled:
+        break;
+    }
+    const std::string what = c->error;
+    const bool lost = c->peer_loss;
+    const int peer = c->peer;
+    recycle(c);
+    if (lost) throw peer_error(what, peer);
+    throw transport_error(what);
+  }
+
+  void progress() {
+    std::lock_guard lock(mutex_);
+    progress_locked();
+  }
+
+  /// The request for c was destroyed before it completed: cancel it and wait for the
+  /// provider to let go of its buffer. A receive is drained until the deadline (it is the
+  /// one the provider would write into freed memory); a send, which only reads, briefly.
+  /// An operation still pending after that is left to the endpoint, which frees its context
+  /// when the completion arrives or the endpoint closes.
+  void abandon(op_context* c) noexcept {
+    std::lock_guard lock(mutex_);
+    abandon_locked(c);
+  }
+
+ private:
+  void abandon_locked(op_context* c) noexcept {
+    if (c->state == op_context::status::pending) {
+      fi_cancel(&ep_.get()->fid, c);
+      const auto limit =
+          c->is_send ? std::min(timeout_, std::chrono::nanoseconds(10'000'000)) : timeout_;
+      const auto deadline = std::chrono::steady_clock::now() + limit;
+      try {
+        while (c->state == op_context::status::pending &&
+               std::chrono::steady_clock::now() < deadline)
+          progress_locked();
+      } catch (const std::exception& e) {
+        log::warn("libfabric: draining a cancelled operation failed: {}", e.what());
+      }
+      if (c->state == op_context::status::pending) {
+        log::warn(
+            "libfabric: a {} rank {} could not be cancelled; its buffer must stay valid "
+            "until the communicator is destroyed",
+            c->is_send ? "send to" : "receive from", c->peer);
+        c->orphaned = true;
+        return;
+      }
+    }
+    recycle(c);
+  }
+
+  template <class Post>
+  void retry(int peer, const char* what, Post post) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      const ssize_t rc = post();
+      if (rc == 0) return;
+      if (rc != -FI_EAGAIN)
+        throw transport_error(fmt::format("posting a {} rank {} on provider {} failed: {}", what,
+                                          peer, provider_, fi_text(rc)));
+      progress_locked();
+      if (std::chrono::steady_clock::now() > deadline)
+        throw timeout_error(
+            fmt::format("provider {} had no room for a {} rank {} for {:g} s (-FI_EAGAIN: the "
+                        "connection to it may have failed, FI_LOG_LEVEL=warn shows why; "
+                        "RINGZERO_TIMEOUT sets the limit)",
+                        provider_, what, peer, std::chrono::duration<double>(timeout_).count()),
+            peer);
+    }
+  }
+
+  void check_size(std::size_t bytes, int peer, const char* what) const {
+    if (bytes > max_msg_size_)
+      throw unsupported(
+          fmt::format("a {} rank {} of {} bytes exceeds provider {}'s largest message ({} bytes); "
+                      "use a smaller chunk_bytes",
+                      what, peer, bytes, provider_, max_msg_size_));
+  }
+
+  [[nodiscard]] op_context* make(int world_peer, int peer, bool is_send, std::size_t length,
+                                 const void* buf) {
+    op_context* c;
+    if (free_.empty()) {
+      pool_.emplace_back();
+      c = &pool_.back();
+    } else {
+      c = free_.back();
+      free_.pop_back();
+      *c = op_context{};
+    }
+    c->world_peer = world_peer;
+    c->peer = peer;
+    c->is_send = is_send;
+    c->length = length;
+    if (need_desc_ && length > 0) {
+      try {
+        c->mr = mrs_->acquire(buf, length);
+      } catch (...) {
+        free_.push_back(c);
+        throw;
+      }
+    }
+    return c;
+  }
+
+  [[nodiscard]] static void* desc(op_context* c) noexcept { return c->mr ? c->mr->desc : nullptr; }
+
+  void recycle(op_context* c) noexcept {
+    if (c->mr) mrs_->release(c->mr);
+    c->mr = nullptr;
+    c->error.clear();
+    free_.push_back(c);
+  }
+
+  void progress_locked() {
+    fi_cq_tagged_entry done[16];
+    for (;;) {
+      const ssize_t n = fi_cq_read(cq_.get(), done, 16);
+      if (n > 0) {
+        for (ssize_t i = 0; i < n; ++i)
+          complete(static_cast<op_context*>(done[i].op_context), done[i].len);
+        if (n < 16) return;
+        continue;
+      }
+      if (n == -FI_EAGAIN) return;
+      if (n == -FI_EAVAIL) {
+        read_error();
+        continue;
+      }
+      throw transport_error(
+          fmt::format("fi_cq_read failed on provider {}: {}", provider_, fi_text(n)));
+    }
+  }
+
+  void complete(op_context* c, std::size_t len) {
+    if (c->orphaned) return recycle(c);
+    if (!c->is_send && len != c->length) {
+      c->state = op_context::status::failed;
+      c->error = fmt::format(
+          "message size mismatch with rank {}: posted a {} byte receive, the "
+          "peer sent {} bytes (ranks disagree on the collective's count or "
+          "type?)",
+          c->peer, c->length, len);
+      return;
+    }
+    c->state = op_context::status::done;
+  }
+
+  void read_error() {
+    fi_cq_err_entry err{};
+    const ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+    if (rc == -FI_EAGAIN) return;
+    if (rc < 0)
+      throw transport_error(
+          fmt::format("fi_cq_readerr failed on provider {}: {}", provider_, fi_text(rc)));
+    auto* c = static_cast<op_context*>(err.op_context);
+    char buf[256] = {};
+    const char* detail = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof buf);
+    const std::string text =
+        fmt::format("{} (provider {} error {}: {})", fi_strerror(std::abs(err.err)), provider_,
+                    err.prov_errno, detail ? detail : "");
+    if (!c) {
+      log::warn("libfabric: completion error without an operation: {}", text);
+      return;
+    }
+    if (c->orphaned) return recycle(c);
+    // Providers disagree on the sign of err.
+    const int code = err.err < 0 ? -err.err : err.err;
+    if (code == FI_ECANCELED) {
+      c->state = op_context::status::cancelled;
+      c->error =
+          fmt::format("{} rank {} was cancelled", c->is_send ? "send to" : "receive from", c->peer);
+      return;
+    }
+    c->state = op_context::status::failed;
+    if (code == FI_ETRUNC) {
+      c->error = fmt::format(
+          "message size mismatch with rank {}: posted a {} byte receive, the peer sent {} "
+          "(ranks disagree on the collective's count or type?): {}",
+          c->peer, c->length,
+          err.olen ? fmt::format("{} bytes", c->length + err.olen) : std::string("more"), text);
+      return;
+    }
+    c->peer_loss = true;
+    c->error = fmt::format("{} rank {} failed over {}: {}", c->is_send ? "send to" : "receive from",
+                           c->peer, provider_, text);
+    if (is_peer_loss(code)) failures_[static_cast<std::size_t>(c->world_peer)] = text;
+  }
+
+  std::chrono::nanoseconds timeout_;
+  info_ptr info_;
+  std::string provider_;
+  std::uint64_t mr_mode_ = 0;
+  bool need_desc_ = false;
+  std::size_t inject_size_ = 0;
+  std::size_t max_msg_size_ = 0;
+  int tag_width_ = 64;
+  std::shared_ptr<ringzero::detail::comm_ids> ids_;
+  handle<fid_fabric> fabric_;
+  handle<fid_domain> domain_;
+  handle<fid_cq> cq_;
+  handle<fid_av> av_;
+  handle<fid_ep> ep_;
+  std::optional<mr_cache> mrs_;
+  std::vector<fi_addr_t> addrs_;
+  std::vector<std::string> failures_;  ///< why a world rank is known unreachable, or empty
+  mutable std::mutex mutex_;
+  std::deque<op_context> pool_;  ///< stable addresses: the provider holds pointers
+  std::vector<op_context*> free_;
+};
+
+}  // namespace ringzero::libfabric::detail

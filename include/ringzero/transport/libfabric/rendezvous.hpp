@@ -1,0 +1,127 @@
+// Building the world communicator's endpoint through a store:
+//   1. every rank publishes its host name (node placement, and whether shm can serve all);
+//   2. rank 0 picks the provider, opens its endpoint and publishes the provider's name; the
+//      others open the same provider;
+//   3. every rank publishes fi_getname() and inserts everyone's name into its address vector;
+//   4. a last round of keys tells each rank that all others have finished reading, and rank 0
+//      that all others are done with the store, so a rank 0 that serves it may close it.
+// A rank that fails to open its endpoint publishes the reason in place of its name, so the
+// others fail at once with that reason instead of waiting for the store's deadline.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/libfabric/endpoint.hpp"
+#include "ringzero/transport/libfabric/provider.hpp"
+
+namespace ringzero::libfabric::detail {
+
+struct world {
+  std::shared_ptr<endpoint> ep;
+  std::vector<std::string> hosts;  ///< by world rank
+};
+
+namespace keys {
+
+inline void set_text(bootstrap::store& s, const std::string& key, std::string_view value) {
+  s.set(key, std::as_bytes(std::span<const char>(value.data(), value.size())));
+}
+
+[[nodiscard]] inline std::string get_text(bootstrap::store& s, const std::string& key) {
+  const auto v = s.get(key);
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+// A published failure starts with a byte no endpoint name or provider name starts with.
+inline constexpr char failure_mark = '\x01';
+
+inline void publish_failure(bootstrap::store& s, const std::string& key, const std::exception& e) {
+  set_text(s, key, std::string(1, failure_mark) + e.what());
+}
+
+inline void throw_if_failure(std::span<const std::byte> v, int rank) {
+  if (!v.empty() && static_cast<char>(v[0]) == failure_mark)
+    throw bootstrap_error(
+        fmt::format("rank {} could not open its libfabric endpoint: {}", rank,
+                    std::string_view(reinterpret_cast<const char*>(v.data()) + 1, v.size() - 1)));
+}
+
+}  // namespace keys
+
+[[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
+                                      std::string_view requested, bool register_memory,
+                                      std::chrono::nanoseconds timeout) {
+  // Several communicators may be built on one store; each rank counts its own, and the
+  // counts agree because every rank builds them in the same order.
+  const auto generation = s.add(fmt::format("libfabric/rank/{}/communicators", rank), 1);
+  const std::string prefix = fmt::format("libfabric/{}/", generation);
+  auto key = [&](std::string_view what, int r) { return fmt::format("{}{}/{}", prefix, what, r); };
+
+  world w;
+  keys::set_text(s, key("host", rank), log::detail::host_name());
+  w.hosts.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r)
+    w.hosts[static_cast<std::size_t>(r)] = keys::get_text(s, key("host", r));
+  const bool one_host =
+      std::all_of(w.hosts.begin(), w.hosts.end(), [&](const auto& h) { return h == w.hosts[0]; });
+
+  endpoint::config cfg{
+      .provider = {}, .register_always = register_memory, .one_host = one_host, .timeout = timeout};
+  const std::string provider_key = prefix + "provider";
+  try {
+    if (rank == 0) {
+      cfg.provider = choose_provider(requested, one_host);
+      w.ep = std::make_shared<endpoint>(cfg);
+      keys::set_text(s, provider_key, w.ep->provider());
+    } else {
+      const auto v = s.get(provider_key);
+      keys::throw_if_failure(v, 0);
+      cfg.provider.assign(reinterpret_cast<const char*>(v.data()), v.size());
+      w.ep = std::make_shared<endpoint>(cfg);
+    }
+  } catch (const bootstrap_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    keys::publish_failure(s, rank == 0 ? provider_key : key("ep", rank), e);
+    throw;
+  }
+
+  const auto name = w.ep->name();
+  s.set(key("ep", rank), name);
+  std::vector<std::vector<std::byte>> names(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    names[static_cast<std::size_t>(r)] = s.get(key("ep", r));
+    keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
+  }
+  w.ep->connect(names);
+
+  keys::set_text(s, key("ready", rank), "1");
+  std::vector<std::string> ready;
+  for (int r = 0; r < size; ++r) ready.push_back(key("ready", r));
+  s.wait(ready);
+  // Rank 0 returns last, once every other rank is past the wait above: a store it serves may
+  // then close without leaving a rank waiting for an answer.
+  if (rank != 0) {
+    keys::set_text(s, key("done", rank), "1");
+  } else {
+    std::vector<std::string> done;
+    for (int r = 1; r < size; ++r) done.push_back(key("done", r));
+    s.wait(done);
+  }
+  return w;
+}
+
+}  // namespace ringzero::libfabric::detail

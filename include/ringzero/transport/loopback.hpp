@@ -1,0 +1,349 @@
+// The loopback transport: N ranks as N threads of one process, exchanging messages by memcpy.
+// Tests and single-process demos use it; it is also the reference the other transports are
+// checked against.
+//
+//   ringzero::loopback::world w(4);
+//   w.run([&](ringzero::loopback::communicator& comm) { ringzero::all_reduce(comm, data, op::sum);
+//   });
+//
+// A send and a receive meet in the receiver's mailbox; whichever arrives second copies the
+// bytes, so no progress thread is needed and each message is copied exactly once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "ringzero/detail/env.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/split.hpp"
+
+namespace ringzero::loopback {
+
+struct world_options {
+  /// 0: RINGZERO_TIMEOUT (default 300 s).
+  std::chrono::nanoseconds timeout{0};
+  /// Ranks per simulated node, for hierarchical algorithms; 0 = all ranks on one node.
+  int ranks_per_node = 0;
+  cost_params cost{.alpha = 2e-6, .beta = 1.0 / 8e9, .gamma = 1.0 / 8e9, .chunk_bytes = 256 << 10};
+};
+
+namespace detail {
+
+struct message {
+  int src = 0;
+  std::span<const std::byte> send_data;
+  std::span<std::byte> recv_data;
+  std::atomic<bool> done{false};
+  bool size_mismatch = false;
+  std::size_t other_size = 0;
+};
+
+using key = std::pair<int, tag_t>;  // (source world rank, full tag)
+
+struct mailbox {
+  std::mutex mutex;
+  std::map<key, std::vector<std::shared_ptr<message>>> sends;  // unmatched, FIFO per key
+  std::map<key, std::vector<std::shared_ptr<message>>> recvs;
+};
+
+struct shared_state {
+  explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {
+    for (int r = 0; r < n; ++r) ids.push_back(std::make_shared<ringzero::detail::comm_ids>());
+  }
+  std::vector<mailbox> boxes;
+  /// Communicator ids in use per world rank: each rank stands for a process of its own.
+  std::vector<std::shared_ptr<ringzero::detail::comm_ids>> ids;
+  std::atomic<int> failed_rank{-1};
+  std::string failure;  // written once, by the thread that set failed_rank
+};
+
+inline void complete(message& send, message& recv) {
+  if (send.send_data.size() != recv.recv_data.size()) {
+    send.size_mismatch = recv.size_mismatch = true;
+    send.other_size = recv.recv_data.size();
+    recv.other_size = send.send_data.size();
+  } else if (!send.send_data.empty()) {
+    std::memcpy(recv.recv_data.data(), send.send_data.data(), send.send_data.size());
+  }
+  send.done.store(true, std::memory_order_release);
+  recv.done.store(true, std::memory_order_release);
+}
+
+// Removes `m` from the FIFO it waits in, if it is still there.
+inline void unlink(std::map<key, std::vector<std::shared_ptr<message>>>& queues, const key& k,
+                   const message* m) {
+  auto it = queues.find(k);
+  if (it == queues.end()) return;
+  auto& q = it->second;
+  for (auto e = q.begin(); e != q.end(); ++e)
+    if (e->get() == m) {
+      q.erase(e);
+      break;
+    }
+  if (q.empty()) queues.erase(it);
+}
+
+}  // namespace detail
+
+class communicator {
+ public:
+  /// Handle to one posted send or receive. Destroying it before completion withdraws it.
+  class request {
+   public:
+    request() = default;
+    request(request&&) noexcept = default;
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        cancel();
+        msg_ = std::move(o.msg_);
+        box_ = o.box_;
+        key_ = o.key_;
+        is_send_ = o.is_send_;
+        peer_ = o.peer_;
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { cancel(); }
+
+   private:
+    friend class communicator;
+    void cancel() noexcept {
+      if (!msg_ || msg_->done.load(std::memory_order_acquire)) return;
+      std::lock_guard lock(box_->mutex);
+      if (!msg_->done.load(std::memory_order_acquire))
+        detail::unlink(is_send_ ? box_->sends : box_->recvs, key_, msg_.get());
+    }
+    std::shared_ptr<detail::message> msg_;
+    detail::mailbox* box_ = nullptr;
+    detail::key key_{};
+    bool is_send_ = false;
+    int peer_ = -1;
+  };
+
+  communicator(std::shared_ptr<detail::shared_state> shared, std::vector<int> members, int rank,
+               std::uint32_t comm_id, const world_options& opts)
+      : shared_(std::move(shared)),
+        members_(std::move(members)),
+        rank_(rank),
+        comm_id_(comm_id),
+        opts_(opts),
+        timeout_(opts.timeout.count() > 0 ? opts.timeout : ringzero::detail::env_timeout()),
+        topo_(place_members()) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
+  [[nodiscard]] cost_params cost() const noexcept { return opts_.cost; }
+  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] ringzero::detail::comm_state& state() noexcept { return state_; }
+  void progress() noexcept {}
+
+  /// Node placement when the world simulates several nodes (world_options::ranks_per_node):
+  /// world rank w sits on node w / ranks_per_node. A sub-communicator numbers the nodes its
+  /// members occupy by its lowest member on each.
+  [[nodiscard]] topology topo() const noexcept { return topo_; }
+
+  /// Collective over this communicator, as MPI_Comm_split: ranks passing the same color >= 0
+  /// get a communicator of their own, ranked by (key, rank here); a negative color returns
+  /// nullopt. The new communicator shares the world's mailboxes under a communicator id no
+  /// member uses elsewhere, so it may run collectives alongside this one.
+  [[nodiscard]] std::optional<communicator> split(int color, int key) {
+    const auto& ids = shared_->ids[static_cast<std::size_t>(world_rank())];
+    auto plan = ringzero::detail::plan_split(*this, color, key, *ids);
+    if (!plan) return std::nullopt;
+    std::vector<int> world_members;
+    world_members.reserve(plan->members.size());
+    for (int p : plan->members) world_members.push_back(members_[static_cast<std::size_t>(p)]);
+    std::optional<communicator> sub(std::in_place, shared_, std::move(world_members), plan->rank,
+                                    plan->id, opts_);
+    sub->lease_ = std::make_shared<ringzero::detail::comm_id_lease>(ids, plan->id);
+    return sub;
+  }
+
+  [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_peer(peer, "isend");
+    auto msg = std::make_shared<detail::message>();
+    msg->src = world_rank();
+    msg->send_data = data;
+    auto& box = shared_->boxes[static_cast<std::size_t>(members_[static_cast<std::size_t>(peer)])];
+    const detail::key k{world_rank(), full_tag(tag)};
+    {
+      std::lock_guard lock(box.mutex);
+      if (auto it = box.recvs.find(k); it != box.recvs.end()) {
+        auto recv = it->second.front();
+        it->second.erase(it->second.begin());
+        if (it->second.empty()) box.recvs.erase(it);
+        detail::complete(*msg, *recv);
+      } else {
+        box.sends[k].push_back(msg);
+      }
+    }
+    return make_request(std::move(msg), box, k, true, peer);
+  }
+
+  [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_peer(peer, "irecv");
+    auto msg = std::make_shared<detail::message>();
+    msg->src = members_[static_cast<std::size_t>(peer)];
+    msg->recv_data = data;
+    auto& box = shared_->boxes[static_cast<std::size_t>(world_rank())];
+    const detail::key k{msg->src, full_tag(tag)};
+    {
+      std::lock_guard lock(box.mutex);
+      if (auto it = box.sends.find(k); it != box.sends.end()) {
+        auto send = it->second.front();
+        it->second.erase(it->second.begin());
+        if (it->second.empty()) box.sends.erase(it);
+        detail::complete(*send, *msg);
+      } else {
+        box.recvs[k].push_back(msg);
+      }
+    }
+    return make_request(std::move(msg), box, k, false, peer);
+  }
+
+  [[nodiscard]] bool test(request& r) {
+    if (!r.msg_) throw invalid_argument("test() on an empty request");
+    if (r.msg_->done.load(std::memory_order_acquire)) {
+      if (r.msg_->size_mismatch)
+        throw transport_error(fmt::format(
+            "rank {}: message size mismatch with rank {}: {} posted {} bytes, the peer {} bytes "
+            "(ranks disagree on the collective's count or type?)",
+            rank_, r.peer_, r.is_send_ ? "send" : "receive",
+            r.is_send_ ? r.msg_->send_data.size() : r.msg_->recv_data.size(), r.msg_->other_size));
+      return true;
+    }
+    const int failed = shared_->failed_rank.load(std::memory_order_acquire);
+    if (failed >= 0 && failed != world_rank())
+      throw peer_error(fmt::format("rank {} failed: {}", failed, shared_->failure), failed);
+    return false;
+  }
+
+  /// World rank of this communicator's rank (differs from rank() in sub-communicators).
+  [[nodiscard]] int world_rank() const noexcept {
+    return members_[static_cast<std::size_t>(rank_)];
+  }
+  [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
+  [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
+  [[nodiscard]] const std::shared_ptr<detail::shared_state>& shared() const noexcept {
+    return shared_;
+  }
+  [[nodiscard]] const world_options& options() const noexcept { return opts_; }
+
+ private:
+  [[nodiscard]] topology place_members() const {
+    const int world = static_cast<int>(shared_->boxes.size());
+    const int per = opts_.ranks_per_node > 0 ? opts_.ranks_per_node : world;
+    std::vector<int> node_of(members_.size());
+    for (std::size_t i = 0; i < members_.size(); ++i) node_of[i] = members_[i] / per;
+    return ringzero::detail::place(std::span<const int>(node_of), rank_);
+  }
+  [[nodiscard]] tag_t full_tag(tag_t tag) const noexcept {
+    return (static_cast<tag_t>(comm_id_) << tag_bits) | tag;
+  }
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      throw invalid_argument(
+          fmt::format("{}: peer {} is not another rank of this {}-rank "
+                      "communicator (this is rank {})",
+                      what, peer, size(), rank_));
+  }
+  static request make_request(std::shared_ptr<detail::message> msg, detail::mailbox& box,
+                              detail::key k, bool is_send, int peer) {
+    request r;
+    r.msg_ = std::move(msg);
+    r.box_ = &box;
+    r.key_ = k;
+    r.is_send_ = is_send;
+    r.peer_ = peer;
+    return r;
+  }
+
+  std::shared_ptr<detail::shared_state> shared_;
+  std::vector<int> members_;
+  int rank_;
+  std::uint32_t comm_id_;
+  world_options opts_;
+  std::chrono::nanoseconds timeout_;
+  topology topo_;
+  std::shared_ptr<ringzero::detail::comm_id_lease> lease_;
+  ringzero::detail::comm_state state_;
+};
+
+/// N ranks as N threads. run() blocks until every rank returns; if any rank throws, the others'
+/// waits fail with a peer_error naming it, and run() rethrows the first failure.
+class world {
+ public:
+  explicit world(int size, world_options opts = {}) : size_(size), opts_(opts) {
+    if (size < 1)
+      throw invalid_argument(fmt::format("loopback world size must be >= 1, got {}", size));
+  }
+
+  [[nodiscard]] int size() const noexcept { return size_; }
+
+  template <class F>
+  void run(F&& f) {
+    auto shared = std::make_shared<detail::shared_state>(size_);
+    std::vector<int> members(static_cast<std::size_t>(size_));
+    std::iota(members.begin(), members.end(), 0);
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size_));
+    auto body = [&](int r) {
+      communicator comm(shared, members, r, 0, opts_);
+      try {
+        f(comm);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        int expected = -1;
+        if (shared->failed_rank.load() < 0) {
+          std::string what = "unknown exception";
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          static std::mutex m;
+          std::lock_guard lock(m);
+          if (shared->failed_rank.load() < 0) {
+            shared->failure = what;
+            shared->failed_rank.compare_exchange_strong(expected, r, std::memory_order_acq_rel);
+          }
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(size_ - 1));
+    for (int r = 1; r < size_; ++r) threads.emplace_back(body, r);
+    body(0);
+    for (auto& t : threads) t.join();
+    // The root cause is the rank that failed first; the others only saw its effect.
+    const int first = shared->failed_rank.load();
+    if (first >= 0 && errors[static_cast<std::size_t>(first)])
+      std::rethrow_exception(errors[static_cast<std::size_t>(first)]);
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  int size_;
+  world_options opts_;
+};
+
+}  // namespace ringzero::loopback

@@ -1,0 +1,424 @@
+// ringzero::nccl::communicator: one rank of an NCCL communicator, with ringzero's guarantees on
+// top of NCCL's. Every NCCL and CUDA status is checked and raised as a ringzero::error, and every
+// blocking call has a deadline (RINGZERO_TIMEOUT) after which the communicator is aborted, where
+// NCCL alone would leave the GPU spinning forever on a peer that never came.
+//
+//   auto comm = ringzero::nccl::communicator::from_env();   // torchrun / Slurm / Open MPI env
+//   ringzero::all_reduce(comm, std::span<float>(grads, n), ringzero::op::sum);
+//
+// NCCL communicators are created non-blocking (ncclConfig_t::blocking = 0): that is what makes
+// them abortable while a call is stuck, and ringzero waits out NCCL's "in progress" states itself.
+// A communicator is used by one thread at a time, like the ncclComm_t it wraps.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/bootstrap/rendezvous.hpp"
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/detail/exchange.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/nccl/detail.hpp"
+
+namespace ringzero::nccl {
+
+/// How a communicator is created.
+struct config {
+  /// CUDA device of this rank; -1 picks LOCAL_RANK (the rank where LOCAL_RANK is unset) modulo
+  /// the number of visible devices. NCCL allows one rank per GPU per communicator.
+  int device = -1;
+  /// Deadline for creation and the default for every blocking call; 0 = RINGZERO_TIMEOUT
+  /// (default 300 s).
+  std::chrono::nanoseconds timeout{0};
+  /// Store key prefix under which rank 0 publishes the NCCL unique id; empty =
+  /// "ringzero/nccl/<size>". Groups of different ranks that create communicators through one
+  /// store at the same time need different keys.
+  std::string key{};
+  /// Handed to ncclCommInitRankConfig (CTA counts, network name, ...); ringzero sets blocking = 0.
+  ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
+};
+
+/// Per-call knobs of the NCCL collectives.
+struct options {
+  /// Stream to enqueue on; nullptr = the communicator's own stream. That stream is a blocking
+  /// stream, so it runs after work already queued on the legacy default stream: kernels that
+  /// wrote the buffer there need no extra synchronization. Data produced on any other stream
+  /// (including cudaStreamPerThread) needs that stream passed here.
+  cudaStream_t stream = nullptr;
+  /// false: return once the operation completed on the GPU (bounded by the deadline).
+  /// true: return once it is enqueued; the caller orders later work on `stream`, and calls
+  /// communicator::synchronize() to wait with a deadline and see NCCL's asynchronous errors.
+  bool async = false;
+  /// 0 = the communicator's timeout.
+  std::chrono::nanoseconds timeout{0};
+};
+
+/// Whether an adopted ncclComm_t is destroyed with the communicator.
+enum class ownership { owned, borrowed };
+
+class communicator;
+
+namespace detail {
+
+/// What the collectives need from a communicator that users do not.
+struct access {
+  static std::span<std::byte> scratch(communicator& c);
+};
+
+[[nodiscard]] inline std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) {
+  return t.count() > 0 ? t : ringzero::detail::env_timeout();
+}
+
+inline void check_nccl(ncclResult_t r, std::string_view what) {
+  if (r != ncclSuccess)
+    throw transport_error(fmt::format("{}: NCCL error: {}", what, nccl_message(r, nullptr)));
+}
+
+/// The number of visible devices; unsupported when there is none.
+[[nodiscard]] inline int require_devices() {
+  const int n = device_count();
+  if (n == 0)
+    throw unsupported(
+        "nccl: no CUDA device is visible to this process (cudaGetDeviceCount found no GPU or no "
+        "driver); the NCCL backend needs one GPU per rank");
+  return n;
+}
+
+/// The device a rank uses when the caller did not pick one.
+[[nodiscard]] inline int pick_device(int requested, int rank) {
+  const int n = require_devices();
+  if (requested >= n)
+    throw invalid_argument(
+        fmt::format("nccl: device {} was requested but only {} are visible", requested, n));
+  if (requested >= 0) return requested;
+  const auto local = ringzero::detail::getenv_int("LOCAL_RANK");
+  const long long base = local && *local >= 0 ? *local : rank;
+  return static_cast<int>(base % n);
+}
+
+}  // namespace detail
+
+class communicator {
+ public:
+  /// Rank `rank` of `size`: rank 0 creates the NCCL unique id and publishes it in `store`, the
+  /// others read it there. Every rank must construct its communicators in the same order.
+  communicator(bootstrap::store& store, int rank, int size, const config& cfg = {})
+      : communicator() {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw invalid_argument(fmt::format(
+          "nccl::communicator: rank {} is out of range for a {}-rank communicator", rank, size));
+    timeout_ = detail::resolve_timeout(cfg.timeout);
+    device_ = detail::pick_device(cfg.device, rank);
+    const std::string prefix = cfg.key.empty() ? fmt::format("ringzero/nccl/{}", size) : cfg.key;
+    // Every rank counts itself in; a creation completes only once all ranks joined it, so the
+    // count tells each rank which creation through this prefix it is part of.
+    const std::int64_t joined = store.add(prefix + "/joined", 1);
+    const std::string id_key = fmt::format("{}/{}/unique_id", prefix, (joined - 1) / size);
+    ncclUniqueId id{};
+    if (rank == 0) {
+      detail::check_nccl(ncclGetUniqueId(&id), "nccl: ncclGetUniqueId");
+      store.set(id_key, std::as_bytes(std::span(&id, 1)));
+    } else {
+      const std::vector<std::byte> v = store.get(id_key);
+      if (v.size() != sizeof id)
+        throw bootstrap_error(
+            fmt::format("nccl: store key '{}' holds {} bytes, expected an NCCL "
+                        "unique id of {}",
+                        id_key, v.size(), sizeof id));
+      std::memcpy(&id, v.data(), sizeof id);
+    }
+    init(id, rank, size, cfg);
+  }
+
+  /// Takes over an ncclComm_t created elsewhere (already initialized). With ownership::borrowed
+  /// the handle is not destroyed with this object; a missed deadline still aborts it, after
+  /// which its creator must not use or destroy it.
+  explicit communicator(ncclComm_t comm, ownership own = ownership::owned, const config& cfg = {})
+      : communicator() {
+    if (comm == nullptr)
+      throw invalid_argument("nccl::communicator: cannot adopt a null ncclComm_t");
+    comm_ = comm;
+    owned_ = own == ownership::owned;
+    timeout_ = detail::resolve_timeout(cfg.timeout);
+    detail::check_nccl(ncclCommUserRank(comm, &rank_), "nccl: ncclCommUserRank");
+    detail::check_nccl(ncclCommCount(comm, &size_), "nccl: ncclCommCount");
+    detail::check_nccl(ncclCommCuDevice(comm, &device_), "nccl: ncclCommCuDevice");
+    detail::device_guard guard(device_);
+    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault),
+                       "nccl: cudaStreamCreateWithFlags");
+  }
+
+  /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs.
+  [[nodiscard]] static communicator single(const config& cfg = {}) {
+    communicator c;
+    c.timeout_ = detail::resolve_timeout(cfg.timeout);
+    c.device_ = detail::pick_device(cfg.device, 0);
+    ncclUniqueId id{};
+    detail::check_nccl(ncclGetUniqueId(&id), "nccl: ncclGetUniqueId");
+    c.init(id, 0, 1, cfg);
+    return c;
+  }
+
+  /// This process's rank of the job that started it (ringzero-run, torchrun, mpirun, srun; see
+  /// bootstrap/environment.hpp), on device local rank modulo the visible devices unless
+  /// cfg.device says otherwise. The unique id travels through the job's rendezvous store
+  /// (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR) that lives only while
+  /// the communicator is created. Without a launcher it is single().
+  [[nodiscard]] static communicator from_env(const config& cfg = {}) {
+    const int devices = detail::require_devices();
+    const bootstrap::launch_info job = bootstrap::detect_launch();
+    log::detail::process_rank().store(job.rank);
+    config c = cfg;
+    if (c.device < 0) c.device = job.local_rank % devices;
+    if (job.world_size == 1) return single(c);
+    c.timeout = detail::resolve_timeout(cfg.timeout);
+    const auto store = bootstrap::make_store(job, c.timeout);
+    return communicator(*store, job.rank, job.world_size, c);
+  }
+
+  ~communicator() { release(); }
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  communicator(communicator&& o) noexcept { steal(o); }
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      release();
+      steal(o);
+    }
+    return *this;
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// The communicator's own stream (options::stream = nullptr).
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  /// The wrapped handle, for NCCL calls ringzero does not cover; null once aborted or moved from.
+  [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
+  /// True after a failure aborted the communicator; every later call then throws.
+  [[nodiscard]] bool aborted() const noexcept { return !failure_.empty(); }
+
+  /// Runs f(native handle, stream) (one or more NCCL calls that return ncclResult_t) with this
+  /// communicator's device current, then, unless opt.async, waits for the stream with the
+  /// deadline. The collectives are built on this; it is public so NCCL calls ringzero does not
+  /// wrap get the same error mapping and deadlines. `what` names the call in errors.
+  template <class F>
+  requires std::is_invocable_r_v<ncclResult_t, F, ncclComm_t, cudaStream_t>
+  void enqueue(std::string_view what, const options& opt, F&& f) {
+    ensure_usable(what);
+    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    const auto deadline = clock::now() + limit;
+    detail::device_guard guard(device_);
+    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    settle(what, std::forward<F>(f)(comm_, s), deadline, limit);
+    if (!opt.async) wait(what, s, deadline, limit);
+  }
+
+  /// Waits until everything enqueued on `s` (nullptr: the communicator's stream) has completed,
+  /// raising NCCL's asynchronous errors, and times out like a blocking collective.
+  void synchronize(cudaStream_t s = nullptr, std::chrono::nanoseconds timeout = {}) {
+    constexpr std::string_view what = "synchronize";
+    ensure_usable(what);
+    const std::chrono::nanoseconds limit = timeout.count() > 0 ? timeout : timeout_;
+    detail::device_guard guard(device_);
+    wait(what, s != nullptr ? s : stream_, clock::now() + limit, limit);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  friend struct detail::access;
+
+  communicator() = default;
+
+  void init(const ncclUniqueId& id, int rank, int size, const config& cfg) {
+    rank_ = rank;
+    size_ = size;
+    owned_ = true;
+    detail::device_guard guard(device_);
+    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault),
+                       "nccl: cudaStreamCreateWithFlags");
+    ncclConfig_t c = cfg.nccl;
+    c.blocking = 0;
+    ncclUniqueId copy = id;
+    const auto deadline = clock::now() + timeout_;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
+    settle("creating the NCCL communicator", r, deadline, timeout_);
+    log::info("nccl: rank {} of {} ready on device {}", rank_, size_, device_);
+  }
+
+  void ensure_usable(std::string_view what) const {
+    if (aborted())
+      throw transport_error(fmt::format(
+          "{}: this communicator was aborted after an earlier failure: {}", what, failure_));
+    if (comm_ == nullptr)
+      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
+  }
+
+  /// Turns what an NCCL call returned into success or an error. In non-blocking mode a call may
+  /// answer "in progress"; the communicator's asynchronous state then says when it is done.
+  void settle(std::string_view what, ncclResult_t r, clock::time_point deadline,
+              std::chrono::nanoseconds limit) {
+    if (r == ncclSuccess) return;
+    if (r != ncclInProgress) fail(what, r);
+    ringzero::detail::backoff b;
+    for (;;) {
+      ncclResult_t state = ncclInProgress;
+      if (const ncclResult_t q = ncclCommGetAsyncError(comm_, &state); q != ncclSuccess)
+        fail(what, q);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(what, state);
+      if (clock::now() > deadline) timed_out(what, limit);
+      b.pause();
+    }
+  }
+
+  /// Polls the stream and NCCL's asynchronous error until the stream is idle.
+  void wait(std::string_view what, cudaStream_t s, clock::time_point deadline,
+            std::chrono::nanoseconds limit) {
+    ringzero::detail::backoff b;
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(s);
+      if (q != cudaSuccess && q != cudaErrorNotReady) {
+        static_cast<void>(cudaGetLastError());
+        std::string msg =
+            fmt::format("{} on rank {} of {} (device {}): CUDA error on the stream: {}", what,
+                        rank_, size_, device_, detail::cuda_message(q));
+        abort_with(msg);
+        throw transport_error(msg + "; the communicator was aborted");
+      }
+      ncclResult_t state = ncclSuccess;
+      if (const ncclResult_t e = ncclCommGetAsyncError(comm_, &state); e != ncclSuccess)
+        fail(what, e);
+      if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
+      if (q == cudaSuccess) return;
+      if (clock::now() > deadline) timed_out(what, limit);
+      b.pause();
+    }
+  }
+
+  /// Any NCCL error is fatal here: a non-blocking communicator records even a refused argument
+  /// as its asynchronous error, and every later call on it fails the same way (seen with NCCL
+  /// 2.28), so the only way forward is to abort it and create a new one.
+  [[noreturn]] void fail(std::string_view what, ncclResult_t r) {
+    std::string msg = fmt::format("{} on rank {} of {} (device {}): NCCL error: {}", what, rank_,
+                                  size_, device_, detail::nccl_message(r, comm_));
+    abort_with(msg);
+    throw transport_error(msg + "; the communicator was aborted");
+  }
+
+  [[noreturn]] void timed_out(std::string_view what, std::chrono::nanoseconds limit) {
+    const double secs = std::chrono::duration<double>(limit).count();
+    std::string msg = fmt::format(
+        "{} on rank {} of {} (device {}) did not complete within {:g} s. NCCL does not report "
+        "which rank it is waiting for: check that every rank made the same call with the same "
+        "count, type, op and root (RINGZERO_CHECK=1 verifies this) and that none has exited or "
+        "hung. The communicator was aborted; RINGZERO_TIMEOUT sets the limit",
+        what, rank_, size_, device_, secs);
+    abort_with(msg);
+    throw timeout_error(msg, -1);
+  }
+
+  /// ncclCommAbort is the one way out of a stuck or failed communicator: it stops NCCL's kernels
+  /// and proxy threads and frees everything, without waiting for peers.
+  void abort_with(const std::string& reason) noexcept {
+    failure_ = reason;
+    if (comm_ == nullptr) return;
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    static_cast<void>(cudaSetDevice(device_));
+    if (const ncclResult_t r = ncclCommAbort(comm_); r != ncclSuccess)
+      log::warn("nccl: ncclCommAbort failed: {}", ncclGetErrorString(r));
+    comm_ = nullptr;
+    static_cast<void>(cudaSetDevice(previous));
+  }
+
+  /// Finalize (flush outstanding work, bounded by the deadline) then destroy; abort if either
+  /// fails, since a destructor cannot throw and must not hang.
+  void release() noexcept {
+    if (comm_ == nullptr && stream_ == nullptr && scratch_ == nullptr) return;
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    static_cast<void>(cudaSetDevice(device_));
+    if (comm_ != nullptr && owned_) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      const auto deadline = clock::now() + timeout_;
+      ringzero::detail::backoff b;
+      while (r == ncclInProgress) {
+        if (clock::now() > deadline) break;
+        b.pause();
+        if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
+      }
+      if (r == ncclSuccess) r = ncclCommDestroy(comm_);
+      if (r != ncclSuccess) {
+        log::warn("nccl: closing the communicator of rank {} of {} failed ({}); aborting it", rank_,
+                  size_, ncclGetErrorString(r));
+        static_cast<void>(ncclCommAbort(comm_));
+      }
+    }
+    comm_ = nullptr;
+    if (scratch_ != nullptr) static_cast<void>(cudaFree(scratch_));
+    scratch_ = nullptr;
+    if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
+    stream_ = nullptr;
+    static_cast<void>(cudaSetDevice(previous));
+  }
+
+  void steal(communicator& o) noexcept {
+    comm_ = std::exchange(o.comm_, nullptr);
+    stream_ = std::exchange(o.stream_, nullptr);
+    scratch_ = std::exchange(o.scratch_, nullptr);
+    rank_ = o.rank_;
+    size_ = o.size_;
+    device_ = o.device_;
+    owned_ = o.owned_;
+    timeout_ = o.timeout_;
+    failure_ = std::move(o.failure_);
+  }
+
+  /// A device buffer of 16 bytes per rank, allocated on first use and kept, for the barrier and
+  /// RINGZERO_CHECK's exchange of call signatures.
+  std::span<std::byte> scratch() {
+    const std::size_t bytes = 16 * static_cast<std::size_t>(size_);
+    if (scratch_ == nullptr) {
+      detail::device_guard guard(device_);
+      detail::check_cuda(cudaMalloc(&scratch_, bytes), "nccl: cudaMalloc of scratch space");
+    }
+    return {static_cast<std::byte*>(scratch_), bytes};
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = 0;
+  bool owned_ = false;
+  std::chrono::nanoseconds timeout_{0};
+  std::string failure_;
+};
+
+namespace detail {
+
+inline std::span<std::byte> access::scratch(communicator& c) {
+  return c.scratch();
+}
+
+}  // namespace detail
+
+}  // namespace ringzero::nccl

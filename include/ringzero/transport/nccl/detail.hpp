@@ -1,0 +1,149 @@
+// Internals of the NCCL backend: CUDA and NCCL status codes turned into ringzero errors, element
+// types and ops mapped to NCCL's enums, the current-device guard, and the check that a buffer is
+// memory the communicator's GPU can address. Plain C++: nothing here needs nvcc.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "ringzero/error.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero::nccl::detail {
+
+[[nodiscard]] constexpr ncclDataType_t to_nccl(dtype t) noexcept {
+  switch (t) {
+    case dtype::int8:
+      return ncclInt8;
+    case dtype::uint8:
+      return ncclUint8;
+    case dtype::int32:
+      return ncclInt32;
+    case dtype::uint32:
+      return ncclUint32;
+    case dtype::int64:
+      return ncclInt64;
+    case dtype::uint64:
+      return ncclUint64;
+    case dtype::float16:
+      return ncclFloat16;
+    case dtype::float32:
+      return ncclFloat32;
+    case dtype::float64:
+      return ncclFloat64;
+    case dtype::bfloat16:
+      return ncclBfloat16;
+  }
+  return ncclNumTypes;
+}
+
+[[nodiscard]] constexpr ncclRedOp_t to_nccl(op o) noexcept {
+  switch (o) {
+    case op::sum:
+      return ncclSum;
+    case op::prod:
+      return ncclProd;
+    case op::min:
+      return ncclMin;
+    case op::max:
+      return ncclMax;
+    case op::avg:
+      return ncclAvg;
+  }
+  return ncclNumOps;
+}
+
+template <element E>
+inline constexpr ncclDataType_t nccl_type_v = to_nccl(dtype_of<std::remove_cv_t<E>>());
+
+[[nodiscard]] inline std::string cuda_message(cudaError_t e) {
+  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+inline void check_cuda(cudaError_t e, std::string_view what) {
+  if (e != cudaSuccess)
+    throw transport_error(fmt::format("{}: CUDA error: {}", what, cuda_message(e)));
+}
+
+/// NCCL's text for a status, plus its last-error text when it has one. The last error is
+/// process-wide in NCCL, so it can describe an earlier failure; it is still the best detail
+/// there is (it names the duplicate GPU, the failed socket, the bad argument).
+[[nodiscard]] inline std::string nccl_message(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') s += fmt::format("; NCCL's last error: {}", last);
+  return s;
+}
+
+/// Makes `device` current for a scope. CUDA's current device is per thread and NCCL enqueues on
+/// whatever device is current, so every entry point pins the communicator's own.
+class device_guard {
+ public:
+  explicit device_guard(int device) : device_(device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device_) check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  }
+  ~device_guard() {
+    if (previous_ != device_) static_cast<void>(cudaSetDevice(previous_));
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+ private:
+  int device_;
+  int previous_ = 0;
+};
+
+/// Refuses a buffer the GPU cannot address before NCCL sees it: NCCL does not check pointers by
+/// default, and a host pointer reaches the kernel as an illegal address that poisons the whole
+/// CUDA context. Both ends of the range are checked, which also catches a span longer than its
+/// allocation in the common case. Costs two cudaPointerGetAttributes calls (well under a
+/// microsecond each).
+inline void check_device_buffer(std::string_view what, std::string_view name, const void* data,
+                                std::size_t bytes, int device) {
+  if (bytes == 0) return;
+  const auto* first = static_cast<const std::byte*>(data);
+  for (const std::byte* p : {first, first + bytes - 1}) {
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) static_cast<void>(cudaGetLastError());
+    const std::string_view end = p == first ? "start" : "end";
+    if (e != cudaSuccess || attr.type == cudaMemoryTypeUnregistered)
+      throw invalid_argument(fmt::format(
+          "{}: the {} of the {} ({} bytes at {}) is not memory a GPU can address (allocate it "
+          "with cudaMalloc or ncclMemAlloc, or register host memory with cudaHostRegister)",
+          what, end, name, bytes, data));
+    if (attr.type == cudaMemoryTypeDevice && attr.device != device)
+      throw invalid_argument(
+          fmt::format("{}: the {} of the {} is memory of device {} but this "
+                      "communicator uses device {}",
+                      what, end, name, attr.device, device));
+  }
+}
+
+}  // namespace ringzero::nccl::detail
+
+namespace ringzero::nccl {
+
+/// Number of CUDA devices this process can use; 0 where there is no device or no driver (the
+/// NCCL backend is then unavailable, and tests skip). Other CUDA failures raise transport_error.
+[[nodiscard]] inline int device_count() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+    static_cast<void>(cudaGetLastError());
+    return 0;
+  }
+  detail::check_cuda(e, "cudaGetDeviceCount");
+  return n;
+}
+
+}  // namespace ringzero::nccl

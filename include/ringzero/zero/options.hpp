@@ -1,0 +1,128 @@
+// What a trainer configures on a sharder, and what it reads back: the stage, the optimizer, loss
+// scaling, clipping, buckets, and the per-rank memory report.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/error.hpp"
+
+namespace ringzero::zero {
+
+/// Adam with decoupled weight decay (Loshchilov & Hutter), or SGD with momentum.
+enum class optimizer_kind : std::uint8_t { adamw, sgd };
+
+[[nodiscard]] constexpr std::string_view optimizer_name(optimizer_kind k) noexcept {
+  return k == optimizer_kind::adamw ? "adamw" : "sgd";
+}
+
+[[nodiscard]] inline optimizer_kind parse_optimizer(std::string_view s) {
+  if (s == "adamw" || s == "adam") return optimizer_kind::adamw;
+  if (s == "sgd") return optimizer_kind::sgd;
+  throw invalid_argument(fmt::format("unknown optimizer '{}' (expected adamw or sgd)", s));
+}
+
+struct optimizer_options {
+  optimizer_kind kind = optimizer_kind::adamw;
+  float lr = 1e-3f;
+  float beta1 = 0.9f;     ///< adamw
+  float beta2 = 0.999f;   ///< adamw
+  float eps = 1e-8f;      ///< adamw
+  float momentum = 0.9f;  ///< sgd
+  bool nesterov = false;  ///< sgd
+  /// adamw: decoupled (p -= lr*wd*p); sgd: L2 added to the gradient. Parameters registered with
+  /// weight_decay = false are exempt.
+  float weight_decay = 0.0f;
+};
+
+/// Dynamic loss scaling for float16 parameters (ignored otherwise: the scale stays 1). The
+/// trainer multiplies its loss by loss_scale(); an overflow on any rank makes every rank skip
+/// the step and multiply the scale by backoff; growth_interval clean steps multiply it by growth.
+struct loss_scaling {
+  float initial = 65536.0f;
+  float growth = 2.0f;
+  float backoff = 0.5f;
+  int growth_interval = 1000;
+  float min_scale = 1.0f;
+  bool dynamic =
+      true;  ///< false: the scale stays at `initial`, overflowing steps are still skipped
+};
+
+struct config {
+  /// 0: data parallel (all_reduce, full optimizer state everywhere); 1: optimizer state sharded;
+  /// 2: gradients too (reduce_scatter); 3: parameters too (all_gather before use).
+  int stage = 2;
+  optimizer_options optimizer;
+  /// Target bucket size in bytes of the parameter type: the unit of reduction, of stage-3
+  /// gathers and of overlap. A layer larger than this gets a bucket of its own. 0: one bucket.
+  std::size_t bucket_bytes = std::size_t{4} << 20;
+  /// Every parameter and every slice starts on a multiple of this many elements.
+  std::size_t alignment = 16;
+  /// Micro-batches per optimizer step. Stages 0 and 1 accumulate locally and reduce once, on the
+  /// last micro-batch; stages 2 and 3 reduce every micro-batch into the gradient shard.
+  int accumulation_steps = 1;
+  /// > 0: clip the gradient to this global L2 norm.
+  float max_grad_norm = 0.0f;
+  /// true: the step uses the gradient averaged over ranks and micro-batches (each rank's
+  /// gradient being a mean over its micro-batch); false: summed (the trainer divides its loss by
+  /// the global batch).
+  bool average_gradients = true;
+  loss_scaling scaling;
+  /// Stage 3: bytes of gathered parameters allowed at once, prefetched buckets included.
+  /// 0: two of the largest bucket.
+  std::size_t max_gathered_bytes = 0;
+  /// Gradient buckets in flight (stages 2 and 3): backward fills one while the communication
+  /// thread reduces another.
+  int reduce_buffers = 2;
+  /// Run collectives on a communication thread so they overlap backward; false runs them inline.
+  bool comm_thread = true;
+  /// Options for every collective the sharder issues. The ring keeps the reduction order of an
+  /// element the same whether it is all_reduced (stages 0, 1) or reduce_scattered (2, 3).
+  ringzero::options collectives{.algorithm = ringzero::algorithm::ring};
+};
+
+/// Bytes this rank holds, by category: the sizes of the buffers the sharder allocated.
+struct memory_report {
+  int rank = 0;
+  int stage = 0;
+  std::size_t parameters = 0;  ///< parameters in their training type (full, or a shard in stage 3)
+  std::size_t gradients = 0;   ///< gradients (full in stages 0-1, a shard in 2-3)
+  std::size_t optimizer = 0;   ///< fp32 master weights (16-bit types) and optimizer moments
+  std::size_t buffers = 0;     ///< gradient buckets and gathered parameters, now
+  std::size_t peak_buffers = 0;
+  [[nodiscard]] std::size_t total() const noexcept {
+    return parameters + gradients + optimizer + buffers;
+  }
+  [[nodiscard]] std::string to_string() const {
+    constexpr double mib = 1024.0 * 1024.0;
+    return fmt::format(
+        "rank {} stage {}: parameters {:.3f} MiB, gradients {:.3f} MiB, optimizer {:.3f} MiB, "
+        "buffers {:.3f} MiB (peak {:.3f}), total {:.3f} MiB",
+        rank, stage, static_cast<double>(parameters) / mib, static_cast<double>(gradients) / mib,
+        static_cast<double>(optimizer) / mib, static_cast<double>(buffers) / mib,
+        static_cast<double>(peak_buffers) / mib, static_cast<double>(total()) / mib);
+  }
+};
+
+/// What step() did.
+struct step_result {
+  bool skipped = false;    ///< a non-finite gradient on some rank: nothing was updated
+  double grad_norm = 0.0;  ///< global L2 norm of the (unscaled, averaged) gradient, before clipping
+  float loss_scale = 1.0f;  ///< the scale this step's gradients carried
+  std::uint64_t step = 0;   ///< steps taken so far, skipped ones included
+};
+
+}  // namespace ringzero::zero
+
+template <>
+struct fmt::formatter<ringzero::zero::memory_report> : fmt::formatter<std::string_view> {
+  template <class Ctx>
+  auto format(const ringzero::zero::memory_report& m, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(m.to_string(), ctx);
+  }
+};

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (the README's second command):
+#   1. build with -Wall -Wextra -Wpedantic -Werror, run every test, check that every public
+#      header compiles on its own and that the code is clang-formatted;
+#   2. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. the same tests under ThreadSanitizer.
+# Usage: scripts/test.sh [--quick]   (--quick: stage 1 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+
+quick=0
+[[ ${1:-} == --quick ]] && quick=1
+jobs=$(nproc)
+passed=0
+failed=0
+failures=()
+
+stage() { printf '\n=== %s\n' "$*"; }
+
+# run_ctest <build dir> [ctest args...]: runs and tallies, continuing past failures so one run
+# reports everything that is broken.
+run_ctest() {
+  local dir=$1
+  shift
+  local log
+  log=$(mktemp)
+  if ctest --test-dir "$dir" --output-on-failure -j "$jobs" "$@" 2>&1 | tee "$log"; then :; fi
+  local line total bad
+  line=$(grep -E 'tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1 || true)
+  if [[ -z $line ]]; then
+    failures+=("$dir: ctest printed no summary")
+    failed=$((failed + 1))
+  else
+    total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
+    bad=$(sed -E 's/.*tests passed, ([0-9]+) tests? failed.*/\1/' <<<"$line")
+    passed=$((passed + total - bad))
+    failed=$((failed + bad))
+    ((bad == 0)) || failures+=("$dir: $bad of $total failed")
+  fi
+  rm -f "$log"
+}
+
+configure_build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DRINGZERO_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+SECONDS=0
+stage "1/3 warnings as errors (-Wall -Wextra -Wpedantic -Werror)"
+configure_build build/ci -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build/ci --target all_verify_interface_header_sets -j "$jobs"
+echo "every public header compiles on its own"
+if command -v clang-format >/dev/null; then
+  mapfile -t sources < <(git ls-files '*.hpp' '*.cpp' '*.cuh' '*.cu')
+  if ! clang-format --dry-run --Werror "${sources[@]}"; then
+    failures+=("clang-format: files above are not formatted")
+    failed=$((failed + 1))
+  else
+    echo "clang-format: ${#sources[@]} files formatted"
+  fi
+fi
+run_ctest build/ci
+# Conan is a PyPI package, installed into a venv by the driver; the other consumers ran above.
+if bash tests/package/run.sh --build build/ci --work build/ci/tests/package/work conan; then
+  passed=$((passed + 1))
+else
+  failures+=("package: conan create")
+  failed=$((failed + 1))
+fi
+echo "stage 1 took ${SECONDS}s"
+
+if ((quick == 0)); then
+  stage "2/3 AddressSanitizer + UndefinedBehaviorSanitizer"
+  configure_build build/asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+    -DRINGZERO_SANITIZE=address,undefined -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_ctest build/asan -LE 'package|nosan'
+  echo "stage 2 done at ${SECONDS}s"
+
+  stage "3/3 ThreadSanitizer"
+  configure_build build/tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+    -DRINGZERO_SANITIZE=thread -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest build/tsan -LE 'package|nosan'
+  echo "stage 3 done at ${SECONDS}s"
+fi
+
+printf '\n=== summary (%ss)\n' "$SECONDS"
+for f in "${failures[@]}"; do echo "FAILED: $f"; done
+echo "suite: $passed passed, $failed failed"
+((failed == 0))

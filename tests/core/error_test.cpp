@@ -1,0 +1,77 @@
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/op.hpp"
+
+using namespace ringzero;
+
+namespace {
+
+template <class E>
+void check_error(const E& e, errc code) {
+  const error& base = e;
+  const std::runtime_error& std_base = e;
+  CHECK(base.code() == code);
+  CHECK(std::string_view(std_base.what()).substr(0, 10) == "ringzero: ");
+  CHECK(std::string_view(e.what()).find("detail") != std::string_view::npos);
+}
+
+}  // namespace
+
+TEST_CASE("every error type carries its code and a ringzero: message") {
+  check_error(invalid_argument("detail"), errc::invalid_argument);
+  check_error(unsupported("detail"), errc::unsupported);
+  check_error(timeout_error("detail", 3), errc::timeout);
+  check_error(peer_error("detail", 4), errc::peer_failure);
+  check_error(transport_error("detail"), errc::transport);
+  check_error(bootstrap_error("detail"), errc::bootstrap);
+  check_error(checkpoint_error("detail"), errc::checkpoint);
+  check_error(mismatch_error("detail"), errc::mismatch);
+  CHECK(timeout_error("x", 3).peer() == 3);
+  CHECK(peer_error("x", 4).peer() == 4);
+}
+
+TEST_CASE("error codes have distinct names") {
+  std::set<std::string_view> names;
+  for (errc c : {errc::invalid_argument, errc::unsupported, errc::timeout, errc::peer_failure,
+                 errc::transport, errc::bootstrap, errc::checkpoint, errc::mismatch})
+    names.insert(errc_name(c));
+  CHECK(names.size() == 8);
+  CHECK(names.count("error") == 0);
+  CHECK(std::string_view(errc_name(static_cast<errc>(99))) == "error");
+}
+
+TEST_CASE("names parse back; unknown names are invalid arguments") {
+  for (op o : all_ops) CHECK(parse_op(op_name(o)) == o);
+  CHECK_THROWS_AS((void)parse_op("mean"), invalid_argument);
+  for (auto a :
+       {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
+        algorithm::recursive_halving_doubling, algorithm::hierarchical})
+    CHECK(parse_algorithm(algorithm_name(a)) == a);
+  CHECK(parse_algorithm("automatic") == algorithm::automatic);
+  CHECK_THROWS_AS((void)parse_algorithm("butterfly"), invalid_argument);
+  CHECK_FALSE(is_valid(static_cast<op>(5)));
+}
+
+TEST_CASE("malformed RINGZERO_* values are rejected, not ignored") {
+  ::setenv("RINGZERO_TIMEOUT", "soon", 1);
+  CHECK_THROWS_AS((void)detail::env_timeout(), invalid_argument);
+  ::setenv("RINGZERO_TIMEOUT", "-1", 1);
+  CHECK_THROWS_AS((void)detail::env_timeout(), invalid_argument);
+  ::setenv("RINGZERO_TIMEOUT", "0.5", 1);
+  CHECK(detail::env_timeout() == std::chrono::milliseconds(500));
+  ::unsetenv("RINGZERO_TIMEOUT");
+  CHECK(detail::env_timeout() == std::chrono::seconds(300));
+  ::setenv("RINGZERO_CHECK", "yes", 1);
+  CHECK_THROWS_AS((void)detail::env_flag("RINGZERO_CHECK"), invalid_argument);
+  ::unsetenv("RINGZERO_CHECK");
+  CHECK_FALSE(detail::env_flag("RINGZERO_CHECK"));
+}

@@ -1,0 +1,298 @@
+// ringzero-perf, run in this process over the loopback transport: its command line, its
+// bandwidth arithmetic and its table, and full sweeps of every collective, type and op whose
+// checks must find no wrong element, plus the proof that a wrong element fails the run.
+#include <doctest/doctest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "perf.hpp"
+
+namespace perf = ringzero::perf;
+
+namespace {
+
+struct result {
+  int status = -1;
+  std::string out;
+};
+
+// Runs ringzero-perf with `args` (split on spaces) and captures what it prints, error messages
+// included.
+result run(const std::string& args) {
+  std::vector<std::string> words;
+  std::istringstream in(args);
+  for (std::string w; in >> w;) words.push_back(w);
+  const std::vector<std::string_view> views(words.begin(), words.end());
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  result r;
+  r.status = perf::main(views, "ringzero-perf", f, f, nullptr);
+  std::fflush(f);
+  std::rewind(f);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) r.out.append(buf, n);
+  std::fclose(f);
+  return r;
+}
+
+// The data rows of a table: lines that do not start with '#'.
+std::vector<std::string> rows_of(const std::string& out) {
+  std::vector<std::string> rows;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] != '#') rows.push_back(line);
+  return rows;
+}
+
+// The two #wrong columns of a data row (fields 9 and 13).
+std::pair<std::string, std::string> wrong_columns(const std::string& row) {
+  std::istringstream in(row);
+  std::vector<std::string> f;
+  for (std::string w; in >> w;) f.push_back(w);
+  REQUIRE_MESSAGE(f.size() == 13, "row has " << f.size() << " fields: " << row);
+  return {f[8], f[12]};
+}
+
+void check_clean(const std::string& args, std::size_t expected_rows) {
+  const result r = run(args);
+  INFO("ringzero-perf " << args << "\n" << r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("# Out of bounds values : 0 OK") != std::string::npos);
+  const auto rows = rows_of(r.out);
+  CHECK(rows.size() == expected_rows);
+  for (const auto& row : rows) {
+    const auto [oop, ip] = wrong_columns(row);
+    CHECK_MESSAGE(oop == "0", row);
+    CHECK_MESSAGE(ip == "0", row);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sizes take nccl-tests' binary suffixes") {
+  CHECK(perf::parse_size("-b", "8") == 8);
+  CHECK(perf::parse_size("-b", "64K") == 65536);
+  CHECK(perf::parse_size("-b", "1M") == 1048576);
+  CHECK(perf::parse_size("-b", "1.5m") == 1572864);
+  CHECK(perf::parse_size("-b", "2G") == 2147483648ULL);
+  CHECK(perf::parse_size("-b", "4KiB") == 4096);
+  CHECK_THROWS_AS((void)perf::parse_size("-b", "4X"), ringzero::invalid_argument);
+  CHECK_THROWS_AS((void)perf::parse_size("-b", "lots"), ringzero::invalid_argument);
+}
+
+TEST_CASE("the command line reads nccl-tests' flags") {
+  const std::vector<std::string_view> args = {"all_reduce_perf",
+                                              "-b",
+                                              "8",
+                                              "-e",
+                                              "128M",
+                                              "-f",
+                                              "2",
+                                              "-n",
+                                              "7",
+                                              "-w",
+                                              "3",
+                                              "-c",
+                                              "0",
+                                              "-o",
+                                              "all",
+                                              "-d",
+                                              "all",
+                                              "-a",
+                                              "1",
+                                              "-z",
+                                              "1",
+                                              "-t",
+                                              "3",
+                                              "-A",
+                                              "ring",
+                                              "-T",
+                                              "loopback",
+                                              "--root=all"};
+  const perf::options o = perf::parse_args(args);
+  CHECK(o.coll == perf::coll_kind::all_reduce);
+  CHECK(o.min_bytes == 8);
+  CHECK(o.max_bytes == std::size_t{128} << 20);
+  CHECK(o.step_factor == 2);
+  CHECK(o.iters == 7);
+  CHECK(o.warmup_iters == 3);
+  CHECK(o.check == 0);
+  CHECK(o.ops.size() == 5);
+  CHECK(o.types.size() == 10);
+  CHECK(o.average == perf::time_mode::avg);
+  CHECK(o.blocking == 1);
+  CHECK(o.threads == 3);
+  CHECK(o.algo == ringzero::algorithm::ring);
+  CHECK(o.transport == perf::transport_kind::loopback);
+  CHECK(o.root == -1);
+
+  const std::vector<std::string_view> none;
+  CHECK(perf::parse_args(none, "/usr/bin/sendrecv_perf").coll == perf::coll_kind::sendrecv);
+  const std::vector<std::string_view> glued = {"reduce", "-r1", "-dhalf", "-omin"};
+  const perf::options g = perf::parse_args(glued);
+  CHECK(g.root == 1);
+  CHECK(g.types == std::vector<ringzero::dtype>{ringzero::dtype::float16});
+  CHECK(g.ops == std::vector<ringzero::op>{ringzero::op::min});
+}
+
+TEST_CASE("bad command lines are refused with status 2") {
+  CHECK(run("").status == 2);
+  const result bad = run("all_wrong");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("unknown collective 'all_wrong'") != std::string::npos);
+  CHECK(run("all_reduce -b 1M -e 1K").status == 2);
+  CHECK(run("all_reduce -x 1").status == 2);
+  CHECK(run("all_reduce -o median").status == 2);
+  CHECK(run("all_reduce -n").status == 2);
+  const result root = run("broadcast -t 2 -r 5 -b 8 -e 8");
+  CHECK(root.status == 3);
+  CHECK(root.out.find("-r 5: root out of range for 2 ranks") != std::string::npos);
+  const result h = run("--help");
+  CHECK(h.status == 0);
+  CHECK(h.out.find("usage: ringzero-perf") != std::string::npos);
+}
+
+TEST_CASE("sweeps visit nccl-tests' sizes") {
+  const std::vector<std::string_view> f = {"all_reduce", "-b", "8", "-e", "64", "-f", "2"};
+  CHECK(perf::sweep_sizes(perf::parse_args(f)) == std::vector<std::size_t>{8, 16, 32, 64});
+  const std::vector<std::string_view> i = {"all_reduce", "-b", "10", "-e", "35", "-i", "10"};
+  CHECK(perf::sweep_sizes(perf::parse_args(i)) == std::vector<std::size_t>{10, 20, 30});
+}
+
+TEST_CASE("bus bandwidth uses nccl-tests' factors") {
+  using perf::coll_kind;
+  // 4 ranks, 1 s, 1e9 bytes of float in the row's full buffer.
+  const std::size_t count = 250'000'000;
+  auto bw = [&](coll_kind c) {
+    const auto sh = perf::shape_for(c, count * 4, 4, 4);
+    return perf::bandwidth_for(c, sh, 4, 4, 1.0);
+  };
+  CHECK(bw(coll_kind::all_reduce).alg == doctest::Approx(1.0));
+  CHECK(bw(coll_kind::all_reduce).bus == doctest::Approx(1.5));
+  CHECK(bw(coll_kind::reduce_scatter).alg == doctest::Approx(1.0));
+  CHECK(bw(coll_kind::reduce_scatter).bus == doctest::Approx(0.75));
+  CHECK(bw(coll_kind::all_gather).bus == doctest::Approx(0.75));
+  CHECK(bw(coll_kind::broadcast).bus == doctest::Approx(1.0));
+  CHECK(bw(coll_kind::reduce).bus == doctest::Approx(1.0));
+  CHECK(bw(coll_kind::sendrecv).bus == doctest::Approx(1.0));
+
+  const auto rs = perf::shape_for(coll_kind::reduce_scatter, 1000, 4, 3);  // 250 floats
+  CHECK(rs.param == 83);
+  CHECK(rs.send == 249);
+  CHECK(perf::row_bytes(rs, 4) == 996);
+}
+
+TEST_CASE("numbers fit nccl-tests' column widths") {
+  CHECK(perf::fit(3.14159, 7) == "   3.14");
+  CHECK(perf::fit(1234.5, 7) == "1234.50");
+  CHECK(perf::fit(12345.6, 7) == "12345.6");
+  CHECK(perf::fit(1234567.0, 7) == "1234567");
+  CHECK(perf::fit(0.004, 6) == "  0.00");
+  CHECK(perf::fit(123.456, 6) == "123.46");
+  for (double v : {0.0, 1.0, 99.9, 1e3, 1e5, 1e6, 1e9, 1e12}) {
+    CHECK(perf::fit(v, 7).size() == 7);
+    CHECK(perf::fit(v, 6).size() == 6);
+  }
+}
+
+TEST_CASE("the table has nccl-tests' header and one row per size") {
+  const result r = run("all_reduce -t 2 -b 8 -e 1K -f 4 -n 2 -w 1 -A ring");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("# nThread 2 nGpus 1 minBytes 8 maxBytes 1024 step: 4(factor) warmup iters: 1 "
+                   "iters: 2 agg iters: 1 validation: 1 graph: 0") != std::string::npos);
+  CHECK(std::regex_search(r.out, std::regex(R"(#\s+size\s+count\s+type\s+redop\s+root\s+time\s+)"
+                                            R"(algbw\s+busbw\s+#wrong\s+time\s+algbw\s+busbw\s+)"
+                                            R"(#wrong)")));
+  const auto rows = rows_of(r.out);
+  REQUIRE(rows.size() == 4);  // 8, 32, 128, 512
+  CHECK(rows[0].substr(0, 12) == "           8");
+  CHECK(rows[0].find("float     sum      -1") != std::string::npos);
+  CHECK(r.out.find("# Avg bus bandwidth    : ") != std::string::npos);
+  CHECK(r.out.find("# Collective test concluded: all_reduce_perf") != std::string::npos);
+}
+
+TEST_CASE("every collective, type and op checks clean on 2 and 3 loopback ranks") {
+  // 8, 64 and 512 bytes: fewer elements than ranks, about one block each, several chunks.
+  const std::string sweep = " -b 8 -e 512 -f 8 -n 1 -w 0 -d all";
+  for (int ranks : {2, 3}) {
+    const std::string t = " -t " + std::to_string(ranks);
+    // Every root on 3 ranks; on 2, root 1 (a root other than 0 is the case worth covering).
+    const std::string roots = ranks == 3 ? " -r all" : " -r 1";
+    const std::size_t nroots = ranks == 3 ? 3 : 1;
+    check_clean("all_reduce" + t + sweep + " -o all", 3 * 10 * 5);
+    check_clean("reduce_scatter" + t + sweep + " -o all", 3 * 10 * 5);
+    check_clean("all_gather" + t + sweep, 3 * 10);
+    check_clean("broadcast" + t + sweep + roots, 3 * 10 * nroots);
+    check_clean("reduce" + t + sweep + " -o all" + roots, 3 * 10 * 5 * nroots);
+    check_clean("sendrecv" + t + sweep, 3 * 10);
+  }
+}
+
+TEST_CASE("each algorithm that applies checks clean") {
+  const std::string sweep = " -t 3 -b 8 -e 64K -f 16 -n 2 -w 1 -d float -o sum";
+  for (const char* a : {"ring", "tree", "rd", "rhd", "hier"}) {
+    check_clean(std::string("all_reduce -A ") + a + sweep, 4);
+  }
+  check_clean("reduce_scatter -A rhd" + sweep, 4);
+  check_clean("all_gather -A rd" + sweep, 4);
+  check_clean("broadcast -A tree" + sweep, 4);
+  check_clean("reduce -A tree" + sweep, 4);
+}
+
+TEST_CASE("a wrong element is counted and fails the run") {
+  REQUIRE(::setenv("RINGZERO_PERF_CORRUPT", "1", 1) == 0);
+  const result r = run("all_reduce -t 2 -b 64 -e 64 -n 1 -w 0 -A ring");
+  const result g = run("all_gather -t 3 -b 64 -e 64 -n 1 -w 0 -d int8 -A ring");
+  ::unsetenv("RINGZERO_PERF_CORRUPT");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("# Out of bounds values : 2 FAILED") != std::string::npos);
+  const auto rows = rows_of(r.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(wrong_columns(rows[0]) == std::pair<std::string, std::string>{"1", "1"});
+  CHECK(g.status == 1);
+}
+
+TEST_CASE("without -c the #wrong columns say N/A and the run passes") {
+  const result r = run("all_reduce -t 2 -b 64 -e 64 -n 1 -c 0 -A ring");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  const auto rows = rows_of(r.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(wrong_columns(rows[0]) == std::pair<std::string, std::string>{"N/A", "N/A"});
+}
+
+TEST_CASE("-J writes nccl-tests' JSON report") {
+  std::string pattern = (std::filesystem::temp_directory_path() / "ringzero-perf-XXXXXX").string();
+  const int fd = ::mkstemp(pattern.data());
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const std::string path = pattern;
+  ::unlink(path.c_str());  // -J refuses to overwrite; the name is now free and ours
+  const result r = run("all_gather -t 2 -b 64 -e 128 -f 2 -n 1 -A ring -J " + path);
+  CHECK(r.status == 0);
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  REQUIRE(f != nullptr);
+  std::string doc;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) doc.append(buf, n);
+  std::fclose(f);
+  ::unlink(path.c_str());
+  INFO(doc);
+  CHECK(doc.starts_with("{\"version\":2,"));
+  CHECK(doc.find("\"results\":[{\"size\":64,\"count\":8,\"type\":\"float\",\"redop\":\"none\","
+                 "\"root\":\"    -1\",\"out_of_place\":{\"time\":") != std::string::npos);
+  CHECK(doc.find("\"nwrong\":0.000000}") != std::string::npos);
+  CHECK(doc.find("\"out_of_bounds\":{\"count\":0,\"okay\":\"true\"}") != std::string::npos);
+  CHECK(doc.find("\"average_bus_bandwidth\":{\"bandwidth\":") != std::string::npos);
+  CHECK(doc.find("\"end_time\":") != std::string::npos);
+}

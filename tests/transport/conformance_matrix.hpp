@@ -1,0 +1,276 @@
+// The conformance matrix a transport runs with ranks as processes: every collective x
+// algorithm x element type x op x in/out-of-place x count, each checked on every rank against
+// the serial reference of tests/support/reference.hpp (exact for integers, min/max and copies;
+// within the reassociation bound for float sums, products and averages), plus a digest of
+// every output that run_all() compares across ranks.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "reference.hpp"
+#include "ringzero/ringzero.hpp"
+
+namespace conformance {
+
+using ringzero::algorithm;
+using ringzero::collective;
+using ringzero::op;
+
+struct test_case {
+  collective coll = collective::all_reduce;
+  algorithm algo = algorithm::automatic;
+  ringzero::dtype type = ringzero::dtype::float32;
+  op reduction = op::sum;
+  bool in_place = false;
+  std::size_t count = 0;
+  int root = 0;
+
+  [[nodiscard]] std::string name() const {
+    return fmt::format("{} algo={} type={} op={} {} count={} root={}", collective_name(coll),
+                       algorithm_name(algo), dtype_name(type), op_name(reduction),
+                       in_place ? "in-place" : "out-of-place", count, root);
+  }
+};
+
+[[nodiscard]] inline std::vector<algorithm> algorithms_for(collective c, bool multi_node) {
+  std::vector<algorithm> a{algorithm::automatic};
+  for (algorithm x : ringzero::tuning::candidates(c, multi_node)) a.push_back(x);
+  return a;
+}
+
+/// Every case for a world of n ranks over the given element types; hierarchical joins the
+/// all_reduce algorithms when the ranks span several nodes.
+[[nodiscard]] inline std::vector<test_case> matrix(int n, bool multi_node,
+                                                   std::span<const ringzero::dtype> types) {
+  std::vector<std::size_t> counts{
+      0, 1, static_cast<std::size_t>(n) - 1, static_cast<std::size_t>(n), 1009, 65537};
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  std::vector<test_case> cases;
+  for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+                       collective::broadcast, collective::reduce}) {
+    const bool reducing = c != collective::all_gather && c != collective::broadcast;
+    for (algorithm a : algorithms_for(c, multi_node))
+      for (ringzero::dtype t : types)
+        for (op o : ringzero::all_ops) {
+          if (!reducing && o != op::sum) continue;
+          for (bool in_place : {false, true})
+            for (std::size_t count : counts) {
+              test_case tc{c, a, t, o, in_place, count, 0};
+              if (c == collective::broadcast || c == collective::reduce)
+                tc.root = static_cast<int>((count + static_cast<std::size_t>(in_place)) %
+                                           static_cast<std::size_t>(n));
+              cases.push_back(tc);
+            }
+        }
+  }
+  return cases;
+}
+
+/// Distinct inputs per case, the same on every rank.
+[[nodiscard]] inline std::uint64_t seed_of(const test_case& tc) {
+  using ringzero::testing::mix;
+  return mix(mix((static_cast<std::uint64_t>(tc.coll) << 56) ^
+                 (static_cast<std::uint64_t>(tc.type) << 48) ^
+                 (static_cast<std::uint64_t>(tc.reduction) << 40) ^ tc.count) ^
+             static_cast<std::uint64_t>(tc.root));
+}
+
+/// What one case left on one rank.
+struct outcome {
+  std::uint64_t hash = 0;  // digest of everything this rank received
+  std::string failure;     // empty if every check passed
+};
+
+namespace detail {
+
+namespace ref = ringzero::testing;
+
+template <class E>
+void check_reduced(std::span<const E> out, std::uint64_t seed, std::size_t first, int n, op o,
+                   std::string& failure) {
+  for (std::size_t k = 0; k < out.size() && failure.empty(); ++k) {
+    const std::size_t i = first + k;
+    const auto want =
+        ref::reduce_serial<E>(o, n, [&](int r) { return ref::input_value<E>(seed, r, i, o); });
+    if (!ref::matches(want, out[k]))
+      failure =
+          fmt::format("element {}: expected {}, got {}", i, ref::show(want), ref::show(out[k]));
+  }
+}
+
+template <class E>
+void check_copy(std::span<const E> out, std::uint64_t seed, std::size_t first, int from, op o,
+                std::string& failure) {
+  for (std::size_t k = 0; k < out.size() && failure.empty(); ++k) {
+    const E want = ref::input_value<E>(seed, from, first + k, o);
+    if (std::memcmp(&want, &out[k], sizeof(E)) != 0)
+      failure = fmt::format("element {}: expected rank {}'s {}, got {}", first + k, from,
+                            ref::show(want), ref::show(out[k]));
+  }
+}
+
+template <class E>
+void check_untouched(std::span<const E> data, std::span<const E> before, const char* what,
+                     std::string& failure) {
+  if (failure.empty() && !data.empty() &&
+      std::memcmp(data.data(), before.data(), data.size_bytes()) != 0)
+    failure = fmt::format("{} was modified", what);
+}
+
+template <class T, class E>
+outcome run_typed(T& comm, const test_case& tc) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const std::size_t count = tc.count;
+  const auto total = count * static_cast<std::size_t>(n);
+  const ringzero::options opt{.algorithm = tc.algo};
+  const op o = tc.reduction;
+  const std::uint64_t seed = seed_of(tc);
+  outcome res;
+  auto gen = [&](std::size_t len, std::size_t first) {
+    std::vector<E> v(len);
+    for (std::size_t k = 0; k < len; ++k) v[k] = ref::input_value<E>(seed, me, first + k, o);
+    return v;
+  };
+  auto sentinel = [](std::size_t len) {
+    std::vector<E> v(len);
+    if (len) std::memset(static_cast<void*>(v.data()), 0x5a, len * sizeof(E));
+    return v;
+  };
+  auto hash = [&](std::span<const E> s) {
+    res.hash = ref::mix(res.hash ^ ref::digest(std::as_bytes(s)));
+  };
+
+  switch (tc.coll) {
+    case collective::all_reduce: {
+      auto in = gen(count, 0);
+      const auto before = in;
+      auto out = tc.in_place ? std::vector<E>{} : sentinel(count);
+      std::span<E> dst = tc.in_place ? std::span<E>(in) : std::span<E>(out);
+      ringzero::all_reduce(comm, std::span<const E>(in), dst, o, opt);
+      check_reduced<E>(dst, seed, 0, n, o, res.failure);
+      if (!tc.in_place) check_untouched<E>(in, before, "the input", res.failure);
+      hash(dst);
+      break;
+    }
+    case collective::reduce_scatter: {
+      std::vector<E> in(total);
+      for (std::size_t k = 0; k < total; ++k) in[k] = ref::input_value<E>(seed, me, k, o);
+      const auto before = in;
+      const std::size_t mine = count * static_cast<std::size_t>(me);
+      auto out = sentinel(count);
+      std::span<E> dst = tc.in_place ? std::span<E>(in).subspan(mine, count) : std::span<E>(out);
+      ringzero::reduce_scatter(comm, std::span<const E>(in), dst, o, opt);
+      check_reduced<E>(dst, seed, mine, n, o, res.failure);
+      if (!tc.in_place) check_untouched<E>(in, before, "the input", res.failure);
+      hash(dst);
+      break;
+    }
+    case collective::all_gather: {
+      auto out = sentinel(total);
+      const std::size_t mine = count * static_cast<std::size_t>(me);
+      auto own = gen(count, mine);
+      std::span<const E> src = own;
+      if (tc.in_place) {
+        std::copy(own.begin(), own.end(), out.begin() + static_cast<std::ptrdiff_t>(mine));
+        src = std::span<const E>(out).subspan(mine, count);
+      }
+      ringzero::all_gather(comm, src, std::span<E>(out), opt);
+      for (int r = 0; r < n && res.failure.empty(); ++r) {
+        const std::size_t first = count * static_cast<std::size_t>(r);
+        check_copy<E>(std::span<const E>(out).subspan(first, count), seed, first, r, o,
+                      res.failure);
+      }
+      hash(out);
+      break;
+    }
+    case collective::broadcast: {
+      const bool root = me == tc.root;
+      auto in = root ? gen(count, 0) : sentinel(count);
+      const auto before = in;
+      auto out = tc.in_place ? std::vector<E>{} : sentinel(count);
+      std::span<E> dst = tc.in_place ? std::span<E>(in) : std::span<E>(out);
+      ringzero::broadcast(comm, std::span<const E>(in), dst, tc.root, opt);
+      check_copy<E>(dst, seed, 0, tc.root, o, res.failure);
+      if (!tc.in_place) check_untouched<E>(in, before, "the input", res.failure);
+      hash(dst);
+      break;
+    }
+    case collective::reduce: {
+      const bool root = me == tc.root;
+      auto in = gen(count, 0);
+      const auto before = in;
+      auto out = sentinel(count);
+      const auto out_before = out;
+      std::span<E> dst = tc.in_place ? std::span<E>(in) : std::span<E>(out);
+      ringzero::reduce(comm, std::span<const E>(in), dst, o, tc.root, opt);
+      if (root) {
+        check_reduced<E>(dst, seed, 0, n, o, res.failure);
+        hash(dst);
+      } else if (!tc.in_place) {
+        check_untouched<E>(out, out_before, "a non-root output", res.failure);
+      }
+      if (!tc.in_place || !root) {
+        const char* what = tc.in_place ? "a non-root's in-place buffer" : "the input";
+        check_untouched<E>(in, before, what, res.failure);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return res;
+}
+
+}  // namespace detail
+
+/// Runs one case on this rank; collective over comm.
+template <class T>
+[[nodiscard]] outcome run(T& comm, const test_case& tc) {
+  return ringzero::visit_dtype(tc.type, [&](auto tag) {
+    using E = decltype(tag);
+    return detail::run_typed<T, E>(comm, tc);
+  });
+}
+
+/// Runs every case, then compares each case's output hash across ranks (gathered once at the
+/// end). Returns the failures seen on this rank, one line each.
+template <class T>
+[[nodiscard]] std::vector<std::string> run_all(T& comm, std::span<const test_case> cases) {
+  std::vector<std::string> failures;
+  std::vector<std::uint64_t> hashes(cases.size());
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    outcome r = run(comm, cases[c]);
+    hashes[c] = r.hash;
+    if (!r.failure.empty())
+      failures.push_back(fmt::format("rank {}: {}: {}", comm.rank(), cases[c].name(), r.failure));
+  }
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> all(hashes.size() * n);
+  ringzero::all_gather(comm, std::span<const std::uint64_t>(hashes), std::span<std::uint64_t>(all),
+                       {.algorithm = algorithm::ring});
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    // reduce leaves a result on the root only, reduce_scatter a different block on each rank.
+    if (cases[c].coll == collective::reduce || cases[c].coll == collective::reduce_scatter)
+      continue;
+    for (std::size_t r = 1; r < n; ++r)
+      if (all[r * cases.size() + c] != all[c]) {
+        failures.push_back(
+            fmt::format("{}: rank {} and rank 0 hold different bits", cases[c].name(), r));
+        break;
+      }
+  }
+  return failures;
+}
+
+}  // namespace conformance

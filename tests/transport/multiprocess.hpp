@@ -1,0 +1,121 @@
+// Ranks as forked processes, for transports whose ranks must be processes. The parent forks
+// one child per rank before it touches the transport itself, gives them a file_store in a
+// fresh directory, and waits for all of them within a deadline (killing the rest when it
+// passes).
+// A child reports failures on stderr and through its exit code: doctest's checks do not travel
+// back across fork.
+#pragma once
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ringzero/bootstrap/file_store.hpp"
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+
+namespace multiprocess {
+
+/// How each rank ended: its exit code, or -signal if a signal killed it.
+struct outcome {
+  std::vector<int> status;
+  bool timed_out = false;
+
+  [[nodiscard]] bool all_passed() const {
+    for (int s : status)
+      if (s != 0) return false;
+    return !timed_out;
+  }
+  [[nodiscard]] std::string describe() const {
+    std::string s;
+    for (std::size_t r = 0; r < status.size(); ++r)
+      s += fmt::format("rank {}: {}; ", r,
+                       status[r] == 0  ? std::string("passed")
+                       : status[r] < 0 ? fmt::format("killed by signal {}", -status[r])
+                                       : fmt::format("exit code {}", status[r]));
+    if (timed_out) s += "the run passed its deadline and was killed";
+    return s;
+  }
+};
+
+/// Forks n ranks running f(rank, n, store) -> exit code (an exception is exit code 1, its
+/// message on stderr) and waits up to `limit` for all of them.
+template <class F>
+outcome run(int n, std::chrono::seconds limit, F f) {
+  char tmpl[] = "/tmp/ringzero-store-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw ringzero::bootstrap_error("mkdtemp failed");
+  const std::filesystem::path dir(tmpl);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw ringzero::bootstrap_error("fork failed");
+    if (pid == 0) {
+      // A rank that is told to stop just stops: the test framework's handlers stay with the
+      // parent.
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);
+      int code = 0;
+      try {
+        ringzero::log::detail::process_rank().store(r);
+        ringzero::bootstrap::file_store store(dir, limit);
+        code = f(r, n, static_cast<ringzero::bootstrap::store&>(store));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  outcome out;
+  out.status.assign(static_cast<std::size_t>(n), 0);
+  std::vector<bool> reaped(static_cast<std::size_t>(n), false);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (reaped[static_cast<std::size_t>(r)]) continue;
+      int st = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &st, WNOHANG) <= 0) continue;
+      reaped[static_cast<std::size_t>(r)] = true;
+      --left;
+      out.status[static_cast<std::size_t>(r)] =
+          WIFEXITED(st) ? WEXITSTATUS(st) : -(WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      out.timed_out = true;
+      for (int r = 0; r < n; ++r)
+        if (!reaped[static_cast<std::size_t>(r)])
+          ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+      for (int r = 0; r < n; ++r)
+        if (!reaped[static_cast<std::size_t>(r)]) {
+          int st = 0;
+          ::waitpid(pids[static_cast<std::size_t>(r)], &st, 0);
+          out.status[static_cast<std::size_t>(r)] = -SIGKILL;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return out;
+}
+
+}  // namespace multiprocess

@@ -1,0 +1,267 @@
+#include <doctest/doctest.h>
+
+#include "zero_harness.hpp"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ringzero/zero/checkpoint.hpp>
+
+namespace fs = std::filesystem;
+using ringzero::bfloat16;
+using ringzero::float16;
+
+namespace {
+
+// A scratch directory per test program, removed at exit.
+struct scratch {
+  fs::path root = fs::temp_directory_path() / ("ringzero-zero-ckpt-" + std::to_string(::getpid()));
+  scratch() { fs::create_directories(root); }
+  ~scratch() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  fs::path fresh(const std::string& name) const {
+    fs::remove_all(root / name);
+    return root / name;
+  }
+};
+
+const scratch& dirs() {
+  static const scratch s;
+  return s;
+}
+
+template <class P>
+zt::zero::model_layout model() {
+  return zt::make_layout<P>({{37, 5}, {129}, {3, 61, 1}});
+}
+
+/// A 4-rank stage-2 run of 3 steps saved to `dir`; returns its weights.
+template <class P>
+std::vector<float> saved_run(const fs::path& dir,
+                             zt::zero::optimizer_kind opt = zt::zero::optimizer_kind::adamw) {
+  zt::run_options o;
+  o.world = 4;
+  o.stage = 2;
+  o.steps = 3;
+  o.optimizer = opt;
+  o.save_dir = dir;
+  return zt::train<P>(model<P>(), o).params[0];
+}
+
+/// Runs a load at (world, stage) and returns the error message, or "" if it loaded.
+std::string load_error(const fs::path& dir, int world, int stage) {
+  zt::run_options o;
+  o.world = world;
+  o.stage = stage;
+  o.steps = 0;
+  o.load_dir = dir;
+  try {
+    (void)zt::train<float>(model<float>(), o);
+  } catch (const ringzero::checkpoint_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const fs::path& file, std::size_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+}
+
+fs::path shard_file(const fs::path& dir, int rank) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (name.starts_with(fmt::format("shard-{:05}-", rank)) && name.ends_with(".bin"))
+      return e.path();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint loads at another world size and stage with the same weights") {
+  const auto dir = dirs().fresh("roundtrip");
+  const auto saved = saved_run<float>(dir);
+  const auto m = zt::zero::checkpoint_manifest::read(dir);
+  CHECK(m.world_size == 4);
+  CHECK(m.stage == 2);
+  CHECK(m.step == 3);
+  CHECK(m.shards.size() == 4);
+  const std::pair<int, int> targets[] = {{4, 2}, {2, 3}, {3, 1}, {1, 0}, {5, 2}, {4, 0}};
+  for (auto [world, stage] : targets) {
+    CAPTURE(world);
+    CAPTURE(stage);
+    zt::run_options o;
+    o.world = world;
+    o.stage = stage;
+    o.steps = 0;
+    o.load_dir = dir;
+    const auto got = zt::train<float>(model<float>(), o);
+    CHECK(got.step_count == 3);
+    for (const auto& p : got.params) CHECK(p == saved);
+  }
+}
+
+TEST_CASE("resuming continues the run: bitwise at the same world size, to tolerance at another") {
+  const auto dir = dirs().fresh("resume");
+  zt::run_options o;
+  o.world = 4;
+  o.stage = 2;
+  o.steps = 6;
+  const auto uninterrupted = zt::train<float>(model<float>(), o);
+  (void)saved_run<float>(dir);  // the first 3 of those steps
+  o.steps = 3;
+  o.load_dir = dir;
+  o.stage = 3;  // a different stage, same world size: the same bits
+  const auto same = zt::train<float>(model<float>(), o);
+  CHECK(same.step_count == 6);
+  CHECK(same.params[0] == uninterrupted.params[0]);
+  for (std::size_t s = 0; s < 3; ++s)
+    CHECK(same.steps[s].grad_norm == uninterrupted.steps[s + 3].grad_norm);
+  o.world = 2;
+  o.stage = 1;
+  const auto fewer = zt::train<float>(model<float>(), o);
+  const double d = zt::max_rel_diff(fewer.params[0], uninterrupted.params[0]);
+  CHECK_MESSAGE(d < 1e-5, "resumed at 2 ranks: max relative difference ", d);
+}
+
+TEST_CASE("a bf16 checkpoint keeps the fp32 master weights, and fp16 keeps its loss scale") {
+  const auto dir = dirs().fresh("precision");
+  const auto saved = saved_run<bfloat16>(dir);
+  zt::run_options o;
+  o.world = 2;
+  o.stage = 3;
+  o.steps = 0;
+  o.load_dir = dir;
+  CHECK(zt::train<float>(model<float>(), o).params[1] == saved);
+
+  const auto dir16 = dirs().fresh("fp16");
+  (void)saved_run<float16>(dir16);  // scale 1024, doubled after steps 2 (growth interval 2)
+  const auto m = zt::zero::checkpoint_manifest::read(dir16);
+  CHECK(m.loss_scale == 2048.0f);
+  CHECK(m.good_steps == 1);
+  o.load_dir = dir16;
+  o.steps = 2;
+  const auto resumed = zt::train<float16>(model<float16>(), o);
+  CHECK(resumed.steps[0].loss_scale == 2048.0f);
+  CHECK(resumed.steps[1].loss_scale == 4096.0f);
+}
+
+TEST_CASE("a corrupt, incomplete or foreign checkpoint is refused with the file named") {
+  const auto good = dirs().fresh("good");
+  (void)saved_run<float>(good);
+  auto copy = [&](const std::string& name) {
+    const auto d = dirs().fresh(name);
+    fs::copy(good, d);
+    return d;
+  };
+  SUBCASE("a flipped byte in a shard") {
+    const auto d = copy("corrupt");
+    const auto f = shard_file(d, 2);
+    flip_byte(f, fs::file_size(f) / 2);
+    for (auto [world, stage] : {std::pair{2, 3}, std::pair{4, 0}}) {
+      const auto e = load_error(d, world, stage);
+      CHECK_MESSAGE(e.find(f.filename().string()) != std::string::npos, "error: ", e);
+      CHECK(e.find("corrupt") != std::string::npos);
+    }
+  }
+  SUBCASE("a missing shard") {
+    const auto d = copy("missing");
+    const auto f = shard_file(d, 1);
+    fs::remove(f);
+    const auto e = load_error(d, 3, 2);
+    CHECK_MESSAGE(e.find(f.filename().string()) != std::string::npos, "error: ", e);
+    CHECK(e.find("missing") != std::string::npos);
+  }
+  SUBCASE("a truncated shard") {
+    const auto d = copy("truncated");
+    const auto f = shard_file(d, 3);
+    fs::resize_file(f, fs::file_size(f) - 4);
+    const auto e = load_error(d, 2, 1);
+    CHECK_MESSAGE(e.find(f.filename().string()) != std::string::npos, "error: ", e);
+  }
+  SUBCASE("no manifest") {
+    const auto d = copy("nomanifest");
+    fs::remove(d / "manifest.txt");
+    CHECK(load_error(d, 2, 2).find("manifest.txt is missing") != std::string::npos);
+  }
+  SUBCASE("a corrupt manifest") {
+    const auto d = copy("badmanifest");
+    flip_byte(d / "manifest.txt", 40);
+    const auto e = load_error(d, 2, 2);
+    CHECK_MESSAGE(e.find("manifest.txt is corrupt") != std::string::npos, "error: ", e);
+  }
+  SUBCASE("another optimizer's state") {
+    zt::run_options o;
+    o.world = 2;
+    o.steps = 0;
+    o.load_dir = good;
+    o.optimizer = zt::zero::optimizer_kind::sgd;
+    CHECK_THROWS_AS((void)zt::train<float>(model<float>(), o), ringzero::checkpoint_error);
+  }
+  SUBCASE("another model") {
+    zt::run_options o;
+    o.world = 2;
+    o.steps = 0;
+    o.load_dir = good;
+    CHECK_THROWS_AS((void)zt::train<float>(zt::make_layout<float>({{37, 5}, {128}, {3, 61, 1}}), o),
+                    ringzero::checkpoint_error);
+  }
+}
+
+TEST_CASE("saving again replaces the checkpoint and removes the old shard files") {
+  const auto dir = dirs().fresh("again");
+  (void)saved_run<float>(dir);
+  zt::run_options o;
+  o.world = 2;
+  o.stage = 1;
+  o.steps = 1;
+  o.load_dir = dir;
+  o.save_dir = dir;
+  const auto after = zt::train<float>(model<float>(), o);
+  const auto m = zt::zero::checkpoint_manifest::read(dir);
+  CHECK(m.world_size == 2);
+  CHECK(m.step == 4);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    files += e.path().filename().string().starts_with("shard-");
+  CHECK(files == 2);
+  const zt::zero::checkpoint_reader reader(dir);
+  std::vector<float> flat;
+  for (const auto& p : reader.read_all_parameters()) flat.insert(flat.end(), p.begin(), p.end());
+  CHECK(flat == after.params[0]);
+}
+
+TEST_CASE("export_fp32 writes the full model as one safetensors file") {
+  const auto dir = dirs().fresh("export");
+  const auto saved = saved_run<bfloat16>(dir);
+  const auto out = dirs().root / "model.safetensors";
+  const auto bytes = zt::zero::export_fp32(dir, out);
+  CHECK(bytes == fs::file_size(out));
+  std::ifstream f(out, std::ios::binary);
+  std::uint64_t header_len = 0;
+  f.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  CHECK(header_len % 8 == 0);
+  CHECK(header.find(R"("l0.p0":{"dtype":"F32","shape":[37],"data_offsets":[0,148]})") !=
+        std::string::npos);
+  CHECK(header.find(R"("l2.p2":{"dtype":"F32","shape":[1],)") != std::string::npos);
+  std::vector<float> data(saved.size());
+  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size() * 4));
+  CHECK(f.gcount() == static_cast<std::streamsize>(data.size() * 4));
+  CHECK(data == saved);
+  CHECK(8 + header_len + data.size() * 4 == bytes);
+}

@@ -1,0 +1,27 @@
+# The demo as processes under ringzero-run (libfabric) must compute what it computes as threads
+# (loopback), and a checkpoint the processes save must resume in threads as if uninterrupted.
+# cmake -DTRAIN=<ringzero-train> -DRUN=<ringzero-run> -DDIR=<scratch dir> -P train_processes.cmake
+function(final_crc out)
+  execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE text ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "'${ARGN}' failed (${rc}):\n${text}\n${err}")
+  endif()
+  string(REGEX MATCH "final fp32 weights: [0-9]+ values, crc32c [0-9a-f]+" line "${text}")
+  if(NOT line)
+    message(FATAL_ERROR "'${ARGN}' printed no final weights:\n${text}")
+  endif()
+  set(${out} "${line}" PARENT_SCOPE)
+endfunction()
+
+file(REMOVE_RECURSE "${DIR}")
+final_crc(threads ${TRAIN} -n 2 --stage 3 --steps 6)
+final_crc(processes ${RUN} -n 2 ${TRAIN} --stage 3 --steps 6)
+if(NOT threads STREQUAL processes)
+  message(FATAL_ERROR "processes ended with '${processes}', threads with '${threads}'")
+endif()
+final_crc(saved ${RUN} -n 2 ${TRAIN} --stage 2 --steps 3 --save "${DIR}")
+final_crc(resumed ${TRAIN} -n 2 --stage 1 --steps 6 --resume "${DIR}")
+if(NOT resumed STREQUAL threads)
+  message(FATAL_ERROR "resumed from the processes' checkpoint: '${resumed}', uninterrupted: '${threads}'")
+endif()
+file(REMOVE_RECURSE "${DIR}")

@@ -1,0 +1,455 @@
+// ringzero-perf's command line: nccl-tests' flags with nccl-tests' meanings, plus the few that
+// only make sense here (-A algorithm, -T transport, -p provider). Parsing is a pure function of
+// the argument list so it can be tested without running anything.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero::perf {
+
+enum class coll_kind : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  reduce,
+  sendrecv
+};
+
+inline constexpr coll_kind all_colls[] = {coll_kind::all_reduce, coll_kind::reduce_scatter,
+                                          coll_kind::all_gather, coll_kind::broadcast,
+                                          coll_kind::reduce,     coll_kind::sendrecv};
+
+[[nodiscard]] constexpr std::string_view coll_name(coll_kind c) noexcept {
+  switch (c) {
+    case coll_kind::all_reduce:
+      return "all_reduce";
+    case coll_kind::reduce_scatter:
+      return "reduce_scatter";
+    case coll_kind::all_gather:
+      return "all_gather";
+    case coll_kind::broadcast:
+      return "broadcast";
+    case coll_kind::reduce:
+      return "reduce";
+    case coll_kind::sendrecv:
+      return "sendrecv";
+  }
+  return "?";
+}
+
+[[nodiscard]] constexpr bool has_op(coll_kind c) noexcept {
+  return c == coll_kind::all_reduce || c == coll_kind::reduce_scatter || c == coll_kind::reduce;
+}
+[[nodiscard]] constexpr bool has_root(coll_kind c) noexcept {
+  return c == coll_kind::broadcast || c == coll_kind::reduce;
+}
+
+/// Accepts ringzero's names and nccl-tests' program names (all_reduce_perf, sendrecv_perf, ...).
+[[nodiscard]] inline std::optional<coll_kind> parse_coll(std::string_view s) {
+  if (s.ends_with("_perf")) s.remove_suffix(5);
+  for (coll_kind c : all_colls)
+    if (coll_name(c) == s) return c;
+  if (s == "allreduce") return coll_kind::all_reduce;
+  if (s == "reducescatter") return coll_kind::reduce_scatter;
+  if (s == "allgather") return coll_kind::all_gather;
+  if (s == "send_recv") return coll_kind::sendrecv;
+  return std::nullopt;
+}
+
+enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl };
+
+[[nodiscard]] constexpr std::string_view transport_name(transport_kind t) noexcept {
+  switch (t) {
+    case transport_kind::automatic:
+      return "auto";
+    case transport_kind::loopback:
+      return "loopback";
+    case transport_kind::libfabric:
+      return "libfabric";
+    case transport_kind::nccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+/// nccl-tests' -a: which rank's iteration time a row reports.
+enum class time_mode : int { rank0 = 0, avg = 1, min = 2, max = 3 };
+
+[[nodiscard]] constexpr std::string_view time_mode_name(time_mode m) noexcept {
+  switch (m) {
+    case time_mode::rank0:
+      return "rank 0's";
+    case time_mode::avg:
+      return "the mean over ranks";
+    case time_mode::min:
+      return "the minimum over ranks";
+    case time_mode::max:
+      return "the maximum over ranks";
+  }
+  return "?";
+}
+
+/// nccl-tests' order for -o all.
+inline constexpr op nccl_tests_ops[] = {op::sum, op::prod, op::max, op::min, op::avg};
+
+struct options {
+  coll_kind coll = coll_kind::all_reduce;
+  int threads = 1;  ///< -t: loopback ranks (threads of this process)
+  int gpus = 1;     ///< -g: accepted for compatibility; one device per rank
+  std::size_t min_bytes = std::size_t{32} << 20;
+  std::size_t max_bytes = std::size_t{32} << 20;
+  std::size_t step_bytes = std::size_t{1} << 20;
+  std::size_t step_factor = 1;
+  int iters = 20;
+  int warmup_iters = 1;
+  int agg_iters = 1;
+  int cycles = 1;
+  int check = 1;  ///< -c: checked iterations per row (0 = no check)
+  std::vector<op> ops{op::sum};
+  std::vector<dtype> types{dtype::float32};
+  int root = 0;  ///< -r: -1 = every root in turn
+  time_mode average = time_mode::max;
+  int blocking = 0;
+  int report_cputime = 0;
+  std::string json_file;
+  ringzero::algorithm algo = ringzero::algorithm::automatic;
+  transport_kind transport = transport_kind::automatic;
+  std::string provider;
+  int registration = 0;  ///< -R: 0 user buffers, 1 registered, 2 symmetric
+  double timeout_s = 0;  ///< --timeout; 0 = RINGZERO_TIMEOUT
+  bool help = false;
+  std::vector<std::string> argv;  ///< program name and arguments as given, for the JSON report
+};
+
+namespace detail {
+
+[[nodiscard]] inline long long parse_int(std::string_view flag, std::string_view v) {
+  long long x = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  int base = 10;
+  if (v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) {
+    b += 2;
+    base = 16;
+  }
+  auto [p, ec] = std::from_chars(b, e, x, base);
+  if (ec != std::errc{} || p != e || v.empty())
+    throw invalid_argument(fmt::format("{}: '{}' is not an integer", flag, v));
+  return x;
+}
+
+[[nodiscard]] inline int parse_int_in(std::string_view flag, std::string_view v, long long lo,
+                                      long long hi) {
+  const long long x = parse_int(flag, v);
+  if (x < lo || x > hi)
+    throw invalid_argument(fmt::format("{}: {} is outside [{}, {}]", flag, x, lo, hi));
+  return static_cast<int>(x);
+}
+
+}  // namespace detail
+
+/// A byte count with an optional binary suffix, as nccl-tests reads it: 8, 64K, 1.5M, 2G
+/// (K = 1024). A trailing "B" or "iB" after the suffix is accepted.
+[[nodiscard]] inline std::size_t parse_size(std::string_view flag, std::string_view v) {
+  std::string s(v);
+  std::size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    throw invalid_argument(fmt::format("{}: '{}' is not a size", flag, v));
+  }
+  std::string_view rest = std::string_view(s).substr(pos);
+  double unit = 1;
+  if (!rest.empty()) {
+    switch (rest[0]) {
+      case 'k':
+      case 'K':
+        unit = 1024.0;
+        break;
+      case 'm':
+      case 'M':
+        unit = 1024.0 * 1024;
+        break;
+      case 'g':
+      case 'G':
+        unit = 1024.0 * 1024 * 1024;
+        break;
+      default:
+        unit = 0;
+    }
+    if (unit != 0) rest.remove_prefix(1);
+    if (rest == "iB" || rest == "B") rest = {};
+    if (unit == 0 || !rest.empty())
+      throw invalid_argument(
+          fmt::format("{}: '{}' has an unknown suffix (use K, M or G)", flag, v));
+  }
+  const double bytes = x * unit;
+  if (!(bytes >= 0) || !std::isfinite(bytes))
+    throw invalid_argument(fmt::format("{}: '{}' is not a non-negative size", flag, v));
+  return static_cast<std::size_t>(bytes);
+}
+
+inline constexpr std::string_view usage_text = R"(usage: ringzero-perf <collective> [flags]
+  collective: all_reduce reduce_scatter all_gather broadcast reduce sendrecv
+              (nccl-tests names such as all_reduce_perf are accepted too)
+nccl-tests flags:
+  -t,--nthreads <n>         loopback: ranks as threads of this process (default 1)
+  -g,--ngpus <n>            devices per rank; only 1 is supported
+  -b,--minbytes <size>      smallest size, K/M/G suffixes (default 32M)
+  -e,--maxbytes <size>      largest size (default 32M)
+  -i,--stepbytes <size>     fixed increment between sizes (default 1M)
+  -f,--stepfactor <n>       multiplicative factor between sizes (overrides -i)
+  -n,--iters <n>            timed iterations per size (default 20)
+  -w,--warmup_iters <n>     untimed iterations per size, before the sweep (default 1)
+  -m,--agg_iters <n>        collectives per timed iteration (default 1)
+  -N,--run_cycles <n>       repeat the sweep n times (default 1)
+  -c,--check <n>            checked iterations per row, 0 = no check (default 1)
+  -o,--op <op|all>          sum prod min max avg, or all (default sum)
+  -d,--datatype <type|all>  int8 uint8 int32 uint32 int64 uint64 half float double
+                            bfloat16, or all (default float)
+  -r,--root <root|all>      root of broadcast and reduce; all (or -1) = each in turn
+  -z,--blocking <0|1|2>     1: barrier after every collective (see docs/performance.md)
+  -a,--average <0|1|2|3>    reported time: 0 rank 0, 1 mean, 2 min, 3 max over ranks
+                            (default 3; nccl-tests' default is 1)
+  -C,--report_cputime <0|1> accepted; CPU time equals wall time for a CPU library
+  -J,--output_file <file>   also write nccl-tests' JSON report to <file>
+  -R,--local_register <0|1|2> 0 user buffers, 1 registered, 2 symmetric
+ringzero flags:
+  -A,--algorithm <a>        ring tree rd rhd hier auto (default auto)
+  -T,--transport <t>        loopback libfabric nccl (default: libfabric when a launcher
+                            set WORLD_SIZE and it is built in, else loopback)
+  -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
+     --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
+  -h,--help
+)";
+
+/// Parses the arguments after the program name. The collective may come first or be implied by
+/// the program's own name (a link called all_reduce_perf).
+[[nodiscard]] inline options parse_args(std::span<const std::string_view> args,
+                                        std::string_view program = "ringzero-perf") {
+  options o;
+  o.argv.emplace_back(program);
+  for (auto a : args) o.argv.emplace_back(a);
+  std::size_t i = 0;
+  const auto slash = program.find_last_of('/');
+  if (slash != std::string_view::npos) program.remove_prefix(slash + 1);
+  bool have_coll = false;
+  if (auto c = parse_coll(program)) {
+    o.coll = *c;
+    have_coll = true;
+  }
+  if (!have_coll) {
+    if (args.empty() || args[0].starts_with("-")) {
+      if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+        o.help = true;
+        return o;
+      }
+      throw invalid_argument(
+          "missing collective (all_reduce, reduce_scatter, all_gather, "
+          "broadcast, reduce or sendrecv)");
+    }
+    auto c = parse_coll(args[0]);
+    if (!c) throw invalid_argument(fmt::format("unknown collective '{}'", args[0]));
+    o.coll = *c;
+    i = 1;
+  }
+
+  struct flag {
+    char short_name;
+    std::string_view long_name;
+  };
+  static constexpr flag flags[] = {
+      {'t', "nthreads"},       {'g', "ngpus"},       {'b', "minbytes"},       {'e', "maxbytes"},
+      {'i', "stepbytes"},      {'f', "stepfactor"},  {'n', "iters"},          {'w', "warmup_iters"},
+      {'m', "agg_iters"},      {'N', "run_cycles"},  {'c', "check"},          {'o', "op"},
+      {'d', "datatype"},       {'r', "root"},        {'z', "blocking"},       {'a', "average"},
+      {'C', "report_cputime"}, {'J', "output_file"}, {'R', "local_register"}, {'A', "algorithm"},
+      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"}};
+
+  for (; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      return o;
+    }
+    char key = 0;
+    std::string_view name;
+    std::optional<std::string_view> inline_value;
+    if (a.starts_with("--")) {
+      name = a.substr(2);
+      if (auto eq = name.find('='); eq != std::string_view::npos) {
+        inline_value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      }
+      bool found = false;
+      for (const auto& f : flags)
+        if (f.long_name == name) {
+          key = f.short_name;
+          found = true;
+        }
+      if (!found) throw invalid_argument(fmt::format("unknown option '{}'", a));
+    } else if (a.size() >= 2 && a[0] == '-') {
+      key = a[1];
+      bool found = false;
+      for (const auto& f : flags)
+        if (f.short_name == key && key != '\0') {
+          name = f.long_name;
+          found = true;
+        }
+      if (!found) throw invalid_argument(fmt::format("unknown option '{}'", a));
+      if (a.size() > 2) inline_value = a.substr(2);
+    } else {
+      throw invalid_argument(fmt::format("unexpected argument '{}'", a));
+    }
+    std::string_view v;
+    if (inline_value) {
+      v = *inline_value;
+    } else {
+      if (i + 1 >= args.size()) throw invalid_argument(fmt::format("option '{}' needs a value", a));
+      v = args[++i];
+    }
+    const std::string fl = key ? fmt::format("-{}", key) : fmt::format("--{}", name);
+    constexpr long long big = 1LL << 30;
+    switch (key) {
+      case 't':
+        o.threads = detail::parse_int_in(fl, v, 1, 4096);
+        break;
+      case 'g':
+        o.gpus = detail::parse_int_in(fl, v, 1, 1024);
+        if (o.gpus != 1)
+          throw unsupported(
+              "-g: one device per rank; start more ranks instead (-t, ringzero-run -n)");
+        break;
+      case 'b':
+        o.min_bytes = parse_size(fl, v);
+        break;
+      case 'e':
+        o.max_bytes = parse_size(fl, v);
+        break;
+      case 'i':
+        o.step_bytes = parse_size(fl, v);
+        break;
+      case 'f':
+        o.step_factor = static_cast<std::size_t>(detail::parse_int_in(fl, v, 1, big));
+        break;
+      case 'n':
+        o.iters = detail::parse_int_in(fl, v, 1, big);
+        break;
+      case 'w':
+        o.warmup_iters = detail::parse_int_in(fl, v, 0, big);
+        break;
+      case 'm':
+        o.agg_iters = detail::parse_int_in(fl, v, 1, big);
+        break;
+      case 'N':
+        o.cycles = detail::parse_int_in(fl, v, 1, big);
+        break;
+      case 'c':
+        o.check = detail::parse_int_in(fl, v, 0, big);
+        break;
+      case 'o':
+        if (v == "all")
+          o.ops.assign(std::begin(nccl_tests_ops), std::end(nccl_tests_ops));
+        else
+          o.ops = {parse_op(v)};
+        break;
+      case 'd':
+        if (v == "all")
+          o.types.assign(std::begin(all_dtypes), std::end(all_dtypes));
+        else
+          o.types = {parse_dtype(v)};
+        break;
+      case 'r':
+        o.root = v == "all" ? -1 : detail::parse_int_in(fl, v, -1, 1 << 20);
+        break;
+      case 'z':
+        o.blocking = detail::parse_int_in(fl, v, 0, 2);
+        break;
+      case 'a':
+        o.average = static_cast<time_mode>(detail::parse_int_in(fl, v, 0, 3));
+        break;
+      case 'C':
+        o.report_cputime = detail::parse_int_in(fl, v, 0, 1);
+        break;
+      case 'J':
+        o.json_file = std::string(v);
+        break;
+      case 'R':
+        o.registration = detail::parse_int_in(fl, v, 0, 2);
+        break;
+      case 'A':
+        o.algo = parse_algorithm(v);
+        break;
+      case 'T':
+        if (v == "loopback")
+          o.transport = transport_kind::loopback;
+        else if (v == "libfabric" || v == "ofi")
+          o.transport = transport_kind::libfabric;
+        else if (v == "nccl")
+          o.transport = transport_kind::nccl;
+        else if (v == "auto")
+          o.transport = transport_kind::automatic;
+        else
+          throw invalid_argument(
+              fmt::format("-T: unknown transport '{}' (loopback, libfabric or nccl)", v));
+        break;
+      case 'p':
+        o.provider = std::string(v);
+        break;
+      case '\0': {
+        std::size_t pos = 0;
+        double s = 0;
+        try {
+          s = std::stod(std::string(v), &pos);
+        } catch (const std::exception&) {
+          pos = 0;
+        }
+        if (pos != v.size() || !(s > 0))
+          throw invalid_argument(fmt::format("--timeout: '{}' is not a positive number", v));
+        o.timeout_s = s;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (o.min_bytes > o.max_bytes)
+    throw invalid_argument(fmt::format("invalid sizes for 'minbytes' and 'maxbytes': {} > {}",
+                                       o.min_bytes, o.max_bytes));
+  if (o.step_factor <= 1 && o.step_bytes == 0 && o.min_bytes != o.max_bytes)
+    throw invalid_argument("-i 0 without -f would never reach -e");
+  return o;
+}
+
+/// The sizes a sweep visits, as nccl-tests walks them: multiply by -f when it is above 1,
+/// otherwise add -i.
+[[nodiscard]] inline std::vector<std::size_t> sweep_sizes(const options& o) {
+  std::vector<std::size_t> v;
+  for (std::size_t s = o.min_bytes; s <= o.max_bytes;) {
+    v.push_back(s);
+    std::size_t next = o.step_factor > 1 ? s * o.step_factor : s + o.step_bytes;
+    if (o.step_factor > 1 && s == 0) next = 1;
+    if (next <= s) break;
+    s = next;
+  }
+  return v;
+}
+
+}  // namespace ringzero::perf

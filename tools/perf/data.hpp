@@ -1,0 +1,250 @@
+// What ringzero-perf moves and how it checks it: buffer shapes and bandwidth formulas as
+// nccl-tests defines them (doc/PERFORMANCE.md there), deterministic per-rank inputs, and the
+// reference each rank compares its output with.
+//
+// Inputs are small integers (sum/min/max/avg: -11..11, or 0..22 for unsigned types; prod: 1 or
+// 2), so every reduction order gives the same exact result in every type for the rank counts a
+// benchmark uses; integer types are compared exactly and floating types with a small relative
+// tolerance, which only matters for avg (one rounded division) and very large worlds.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "cli.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/reduce/cpu.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero::perf {
+
+/// Element counts of one row, in nccl-tests' terms: `param` is the count the collective is
+/// called with (the count column), send/recv the buffer lengths, and the in-place offsets are
+/// where, per rank, the input and output sit inside the receive buffer.
+struct shape {
+  std::size_t send = 0;
+  std::size_t recv = 0;
+  std::size_t param = 0;
+  std::size_t send_inplace_offset = 0;
+  std::size_t recv_inplace_offset = 0;
+};
+
+/// `bytes` is the row's nominal size: the whole vector for all_reduce, broadcast, reduce and
+/// sendrecv; the full (n-block) buffer for reduce_scatter and all_gather.
+[[nodiscard]] inline shape shape_for(coll_kind c, std::size_t bytes, std::size_t type_size, int n) {
+  const std::size_t count = bytes / type_size;
+  const auto ranks = static_cast<std::size_t>(n);
+  shape s;
+  switch (c) {
+    case coll_kind::reduce_scatter:
+      s.recv = count / ranks;
+      s.send = s.recv * ranks;
+      s.param = s.recv;
+      s.recv_inplace_offset = s.recv;
+      break;
+    case coll_kind::all_gather:
+      s.send = count / ranks;
+      s.recv = s.send * ranks;
+      s.param = s.send;
+      s.send_inplace_offset = s.send;
+      break;
+    default:
+      s.send = s.recv = s.param = count;
+  }
+  return s;
+}
+
+/// The size column: the larger of the two buffers, in bytes.
+[[nodiscard]] inline std::size_t row_bytes(const shape& s, std::size_t type_size) {
+  return std::max(s.send, s.recv) * type_size;
+}
+
+struct bandwidth {
+  double alg = 0;  ///< GB/s, GB = 1e9 bytes
+  double bus = 0;
+};
+
+/// algbw = S/t with S the full buffer; busbw = algbw times nccl-tests' factor: 2(n-1)/n for
+/// all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for the rest.
+[[nodiscard]] inline bandwidth bandwidth_for(coll_kind c, const shape& s, std::size_t type_size,
+                                             int n, double seconds) {
+  if (!(seconds > 0)) return {};
+  const double dn = n;
+  double bytes = static_cast<double>(s.param * type_size);
+  double factor = 1;
+  switch (c) {
+    case coll_kind::all_reduce:
+      factor = 2 * (dn - 1) / dn;
+      break;
+    case coll_kind::reduce_scatter:
+    case coll_kind::all_gather:
+      bytes *= dn;
+      factor = (dn - 1) / dn;
+      break;
+    default:
+      break;
+  }
+  const double alg = bytes / 1e9 / seconds;
+  return {alg, alg * factor};
+}
+
+template <element E>
+[[nodiscard]] constexpr E from_int(long v) noexcept {
+  if constexpr (std::is_same_v<E, float16> || std::is_same_v<E, bfloat16>)
+    return E(static_cast<float>(v));
+  else
+    return static_cast<E>(v);
+}
+
+/// Element i of rank `rank`'s input for a given check round.
+template <element E>
+[[nodiscard]] E input_value(int rank, std::size_t i, std::uint32_t seed, op o) noexcept {
+  const auto r = static_cast<std::size_t>(rank);
+  if (o == op::prod) return from_int<E>((i + 3 * r + seed) % 7 == 0 ? 2 : 1);
+  const long v = static_cast<long>((i * 7 + r * 13 + std::size_t{seed} * 3) % 23);
+  return from_int<E>(std::is_unsigned_v<E> ? v : v - 11);
+}
+
+/// input_value repeats every 161 elements (23 for the additive pattern, 7 for prod), so inputs
+/// and references are built from one period and the check costs one compare per element. Data
+/// landing a multiple of 161 elements away from its place would pass; blocks and chunks are
+/// powers of two or count/n long, which 161 = 7 * 23 divides only by coincidence.
+inline constexpr std::size_t pattern_period = 161;
+
+template <element E>
+using pattern = std::array<E, pattern_period>;
+
+template <element E>
+[[nodiscard]] pattern<E> input_pattern(int rank, std::uint32_t seed, op o) noexcept {
+  pattern<E> p;
+  for (std::size_t k = 0; k < pattern_period; ++k) p[k] = input_value<E>(rank, k, seed, o);
+  return p;
+}
+
+template <element E>
+void fill_input(E* dst, std::size_t count, int rank, std::uint32_t seed, op o) noexcept {
+  const pattern<E> p = input_pattern<E>(rank, seed, o);
+  for (std::size_t i = 0, k = 0; i < count; ++i) {
+    dst[i] = p[k];
+    if (++k == pattern_period) k = 0;
+  }
+}
+
+/// Output buffers are filled with this byte before a checked run, so an element the collective
+/// never wrote is caught: 0xA5 repeated is not an integer in any floating type and lies outside
+/// the range of expected values of the integer types for worlds of up to 7 ranks.
+inline constexpr unsigned char poison_byte = 0xA5;
+
+template <element E>
+[[nodiscard]] constexpr double tolerance() noexcept {
+  if constexpr (std::is_same_v<E, float16>)
+    return 2e-3;
+  else if constexpr (std::is_same_v<E, bfloat16>)
+    return 1.6e-2;
+  else if constexpr (std::is_same_v<E, float>)
+    return 1e-5;
+  else
+    return 1e-12;
+}
+
+template <element E>
+[[nodiscard]] constexpr double to_double(E v) noexcept {
+  if constexpr (std::is_same_v<E, float16> || std::is_same_v<E, bfloat16>)
+    return static_cast<float>(v);
+  else
+    return static_cast<double>(v);
+}
+
+template <element E>
+[[nodiscard]] bool matches(E got, E want) noexcept {
+  if constexpr (std::is_integral_v<E>) {
+    return got == want;
+  } else {
+    const double g = to_double(got);
+    const double w = to_double(want);
+    if (std::isnan(w)) return std::isnan(g);
+    if (std::isinf(w)) return g == w;
+    return std::abs(g - w) <= tolerance<E>() * std::max(1.0, std::abs(w));
+  }
+}
+
+/// What one rank's output must hold.
+struct check_spec {
+  coll_kind coll = coll_kind::all_reduce;
+  shape sh;
+  int ranks = 1;
+  int rank = 0;
+  int root = 0;
+  op reduction = op::sum;
+  std::uint32_t seed = 0;
+};
+
+/// Whether this rank's output is defined (reduce leaves non-root outputs alone).
+[[nodiscard]] inline bool has_output(const check_spec& s) {
+  return s.coll != coll_kind::reduce || s.rank == s.root;
+}
+
+/// Counts elements of `out` (s.sh.recv elements, this rank's output) that differ from the
+/// reference. With `corrupt_first` the first element is judged as if it had arrived
+/// bit-flipped, which is how tests prove that a wrong element makes the run fail.
+template <element E>
+[[nodiscard]] std::int64_t count_wrong(const check_spec& s, const E* out, bool corrupt_first) {
+  if (!has_output(s) || s.sh.recv == 0) return 0;
+  const int n = s.ranks;
+  std::int64_t wrong = 0;
+  E first_want{};
+  // Compares out[begin, begin+len) with `want` read from position `phase` of its period.
+  auto compare = [&](const pattern<E>& want, std::size_t begin, std::size_t len,
+                     std::size_t phase) {
+    if (begin == 0 && len > 0) first_want = want[phase % pattern_period];
+    for (std::size_t j = 0, k = phase % pattern_period; j < len; ++j) {
+      if (!matches(out[begin + j], want[k])) ++wrong;
+      if (++k == pattern_period) k = 0;
+    }
+  };
+  switch (s.coll) {
+    case coll_kind::all_reduce:
+    case coll_kind::reduce:
+    case coll_kind::reduce_scatter: {
+      pattern<E> want = input_pattern<E>(0, s.seed, s.reduction);
+      for (int r = 1; r < n; ++r) {
+        const pattern<E> other = input_pattern<E>(r, s.seed, s.reduction);
+        reduction::combine(s.reduction, want.data(), other.data(), want.data(), pattern_period);
+      }
+      if (s.reduction == op::avg) reduction::finish_avg(want.data(), pattern_period, n);
+      // reduce_scatter's output is block rank() of the full vector.
+      const std::size_t phase =
+          s.coll == coll_kind::reduce_scatter ? static_cast<std::size_t>(s.rank) * s.sh.param : 0;
+      compare(want, 0, s.sh.recv, phase);
+      break;
+    }
+    case coll_kind::all_gather:
+      for (int r = 0; r < n; ++r)
+        compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.send,
+                s.sh.send, 0);
+      break;
+    case coll_kind::broadcast:
+      compare(input_pattern<E>(s.root, s.seed, s.reduction), 0, s.sh.recv, 0);
+      break;
+    case coll_kind::sendrecv:
+      compare(input_pattern<E>((s.rank - 1 + n) % n, s.seed, s.reduction), 0, s.sh.recv, 0);
+      break;
+  }
+  if (corrupt_first) {
+    unsigned char bytes[sizeof(E)];
+    std::memcpy(bytes, &out[0], sizeof(E));
+    for (auto& x : bytes) x = static_cast<unsigned char>(~x);
+    E flipped;
+    std::memcpy(&flipped, bytes, sizeof(E));
+    wrong += (matches(out[0], first_want) ? 1 : 0) - (matches(flipped, first_want) ? 1 : 0);
+  }
+  return wrong;
+}
+
+}  // namespace ringzero::perf

@@ -1,0 +1,69 @@
+// ringzero-perf on the libfabric transport: one rank per process, started by a launcher
+// (ringzero-run -n N, torchrun, mpirun, srun), host buffers. -p picks the provider; -R 1 asks the
+// transport to register buffers even where the provider does not need it.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+// The libfabric communicator must be declared before bench.hpp's calls to the collectives.
+#include "ringzero/transport/libfabric.hpp"
+
+#include "bench.hpp"
+#include "cli.hpp"
+#include "perf.hpp"
+
+namespace ringzero::perf {
+
+template <class Communicator = libfabric::communicator>
+[[nodiscard]] Communicator make_libfabric_communicator(const options& o) {
+  libfabric::options opts;
+  opts.provider = o.provider;
+  if (o.timeout_s > 0)
+    opts.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
+  opts.register_memory = o.registration >= 1;
+  if constexpr (requires { Communicator::from_env(opts); }) {
+    return Communicator::from_env(opts);
+  } else {
+    throw unsupported("-T libfabric: this ringzero has no libfabric::communicator::from_env");
+  }
+}
+
+[[nodiscard]] inline int run_libfabric(const options& o, const context& ctx) {
+  auto comm = make_libfabric_communicator(o);
+  const bool prints = comm.rank() == 0;
+  std::optional<printer> p;
+  if (prints) p.emplace(o, ctx);
+  run_info info;
+  info.program = ctx.program;
+  info.transport = fmt::format("libfabric, provider {}, {} rank{} as processes", comm.provider(),
+                               comm.size(), comm.size() == 1 ? "" : "s");
+  info.algorithm = algorithm_line(o);
+  switch (o.registration) {
+    case 0:
+      info.buffers = "user memory; registered only where the provider needs it (-R 0)";
+      break;
+    case 1:
+      info.buffers = "user memory, registered with the provider (-R 1)";
+      break;
+    default:
+      info.buffers =
+          "-R 2 accepted, but the libfabric transport has no symmetric memory: user "
+          "memory, registered (-R 1)";
+  }
+  host_backend<libfabric::communicator> b(
+      comm, o, fmt::format("libfabric {} on {}", comm.provider(), cpu_model()));
+  try {
+    const outcome r = run_rank(b, o, prints ? &*p : nullptr, info);
+    return status_of(r);
+  } catch (const std::exception& e) {
+    if (p) p->rep().failure(e.what());
+    fmt::print(ctx.err, "ringzero-perf: rank {}: {}\n", comm.rank(), e.what());
+    return exit_status::failure;
+  }
+}
+
+}  // namespace ringzero::perf

@@ -1,0 +1,35 @@
+// ringzero-perf: nccl-tests' all_reduce_perf & co. for ringzero's transports. Usage and output:
+// docs/performance.md; `ringzero-perf --help`.
+#include <string_view>
+#include <vector>
+
+// Transport headers first: their collectives overload the names bench.hpp calls, and a
+// qualified call in a template only sees the overloads declared before it.
+#if RINGZERO_PERF_WITH_LIBFABRIC
+#include "ringzero/transport/libfabric.hpp"
+#endif
+#if RINGZERO_PERF_WITH_NCCL
+#include "ringzero/transport/nccl.hpp"
+#endif
+
+#if RINGZERO_PERF_WITH_LIBFABRIC
+#include "libfabric_backend.hpp"
+#endif
+#if RINGZERO_PERF_WITH_NCCL
+#include "nccl_backend.hpp"
+#endif
+#include "perf.hpp"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  ringzero::perf::transports extra;
+#if RINGZERO_PERF_WITH_LIBFABRIC
+  extra.libfabric = ringzero::perf::run_libfabric;
+#endif
+#if RINGZERO_PERF_WITH_NCCL
+  extra.nccl = ringzero::perf::run_nccl;
+#endif
+  return ringzero::perf::main(args, argv[0], stdout, stderr, environ, extra);
+}

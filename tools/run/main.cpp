@@ -1,0 +1,545 @@
+// ringzero-run: starts N ranks of a program on this host, the way torchrun would, and babysits
+// them: every output line is tagged with its rank, Ctrl-C and SIGTERM reach every rank, and
+// the first rank to fail takes the job down with a message saying which rank and why.
+//
+//   ringzero-run -n 4 ./train --steps 100
+//
+// Each rank runs in its own process group (so one signal reaches a rank's helpers too), with
+// stdin from /dev/null and the variables detect_launch() reads.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/version.hpp"
+
+extern char** environ;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr const char* usage_text =
+    "usage: ringzero-run -n N [options] [--] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts N ranks of PROGRAM on this host. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and RINGZERO_TOKEN\n"
+    "(random, per job), and its output lines are prefixed with \"[RANK] \".\n"
+    "\n"
+    "options:\n"
+    "  -n, --nproc N      number of ranks (required)\n"
+    "  --port P           MASTER_PORT to use instead of a free one\n"
+    "  --timeout S        stop the job after S seconds (exit status 124)\n"
+    "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+    "  -h, --help         show this help\n"
+    "  --version          show the version\n"
+    "\n"
+    "SIGINT and SIGTERM are forwarded to every rank; a second one kills them. When a rank exits\n"
+    "with a non-zero status or is killed by a signal, the other ranks are stopped and\n"
+    "ringzero-run exits with that rank's status (128+N for signal N).\n";
+
+constexpr std::size_t max_line_bytes = 64 * 1024;
+
+struct options {
+  int nproc = 0;
+  int port = 0;
+  double timeout_s = 0;
+  double grace_s = 5;
+  std::vector<std::string> command;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  fmt::print(stderr, "ringzero-run: {}\n(ringzero-run --help shows the usage)\n", msg);
+  std::exit(2);
+}
+
+double parse_seconds(std::string_view name, std::string_view v) {
+  double d = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  if (ec != std::errc{} || p != v.data() + v.size() || !(d > 0))
+    usage_error(fmt::format("{} needs a positive number of seconds, not '{}'", name, v));
+  return d;
+}
+
+int parse_int(std::string_view name, std::string_view v, int lo, int hi) {
+  int x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size() || x < lo || x > hi)
+    usage_error(fmt::format("{} needs an integer in [{}, {}], not '{}'", name, lo, hi, v));
+  return x;
+}
+
+options parse_args(int argc, char** argv) {
+  options o;
+  int i = 1;
+  // Accepts "--opt VALUE", "--opt=VALUE" and, for -n, "-nVALUE".
+  auto value = [&](std::string_view arg, std::string_view name) -> std::optional<std::string> {
+    if (arg == name) {
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", name));
+      return std::string(argv[++i]);
+    }
+    if (arg.size() > name.size() && arg.starts_with(name) && arg[name.size()] == '=')
+      return std::string(arg.substr(name.size() + 1));
+    if (name == "-n" && arg.size() > 2 && arg.starts_with("-n") && arg[2] != '-')
+      return std::string(arg.substr(2));
+    return std::nullopt;
+  };
+  for (; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      std::fputs(usage_text, stdout);
+      std::exit(0);
+    }
+    if (a == "--version") {
+      fmt::print("ringzero-run {}\n", ringzero::version_string);
+      std::exit(0);
+    }
+    if (auto v = value(a, "-n"))
+      o.nproc = parse_int("-n", *v, 1, 4096);
+    else if (auto v2 = value(a, "--nproc"))
+      o.nproc = parse_int("--nproc", *v2, 1, 4096);
+    else if (auto v3 = value(a, "--port"))
+      o.port = parse_int("--port", *v3, 1, 65535);
+    else if (auto v4 = value(a, "--timeout"))
+      o.timeout_s = parse_seconds("--timeout", *v4);
+    else if (auto v5 = value(a, "--grace"))
+      o.grace_s = parse_seconds("--grace", *v5);
+    else if (a.starts_with("-") && a.size() > 1)
+      usage_error(fmt::format("unknown option '{}'", a));
+    else
+      break;
+  }
+  for (; i < argc; ++i) o.command.emplace_back(argv[i]);
+  if (o.nproc == 0) usage_error("-n N (the number of ranks) is required");
+  if (o.command.empty()) usage_error("no program to run");
+  return o;
+}
+
+// --- signals: handlers only write the signal number into a pipe the main loop polls ---------
+
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const int saved = errno;
+  const auto b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+void install_signal_handlers() {
+  if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    fmt::print(stderr, "ringzero-run: pipe2 failed: {}\n", std::strerror(errno));
+    std::exit(1);
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &sa, nullptr);
+  // Output to a closed pipe (e.g. `| head`) must not kill the launcher while ranks run.
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+// --- the job's environment --------------------------------------------------------------------
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string random_token() {
+  std::random_device rd;
+  std::string t;
+  for (int i = 0; i < 4; ++i) t += fmt::format("{:08x}", rd());
+  return t;
+}
+
+std::vector<std::string> rank_environment(const options& o, int rank, int port,
+                                          const std::string& token) {
+  static constexpr std::string_view ours[] = {
+      "RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",     "LOCAL_WORLD_SIZE=",
+      "MASTER_ADDR=", "MASTER_PORT=", "RINGZERO_TOKEN=", "RINGZERO_LAUNCHER="};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v = *e;
+    if (std::none_of(std::begin(ours), std::end(ours),
+                     [&](std::string_view p) { return v.starts_with(p); }))
+      env.emplace_back(v);
+  }
+  env.push_back(fmt::format("RANK={}", rank));
+  env.push_back(fmt::format("WORLD_SIZE={}", o.nproc));
+  env.push_back(fmt::format("LOCAL_RANK={}", rank));
+  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", o.nproc));
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back(fmt::format("MASTER_PORT={}", port));
+  env.push_back("RINGZERO_TOKEN=" + token);
+  env.push_back("RINGZERO_LAUNCHER=ringzero-run");
+  return env;
+}
+
+// --- output: whole lines, each tagged with its rank --------------------------------------------
+
+void write_all(int fd, std::string_view s) {
+  while (!s.empty()) {
+    const ssize_t n = ::write(fd, s.data(), s.size());
+    if (n > 0) {
+      s.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    return;  // EPIPE and friends: nobody reads our output any more; keep running the job
+  }
+}
+
+struct stream {
+  int fd = -1;      ///< our end of the rank's pipe; -1 once closed
+  int out_fd = -1;  ///< where its lines go (1 or 2)
+  std::string partial;
+
+  // Emits every complete line (and an over-long partial one) with the prefix.
+  void emit(const std::string& prefix, bool at_eof) {
+    std::string batch;
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t nl = partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      batch += prefix;
+      batch.append(partial, start, nl + 1 - start);
+      start = nl + 1;
+    }
+    partial.erase(0, start);
+    if (!partial.empty() && (at_eof || partial.size() >= max_line_bytes)) {
+      batch += prefix;
+      batch += partial;
+      batch += '\n';
+      partial.clear();
+    }
+    if (!batch.empty()) write_all(out_fd, batch);
+  }
+
+  // Reads what is there without blocking; closes the stream at end of file.
+  void drain(const std::string& prefix) {
+    char buf[65536];
+    while (fd >= 0) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n > 0) {
+        partial.append(buf, static_cast<std::size_t>(n));
+        emit(prefix, false);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      close();
+      emit(prefix, true);
+    }
+  }
+
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
+struct rank_process {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  std::string prefix;
+  stream out, err;
+};
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int s = WTERMSIG(status);
+    const char* name = ::strsignal(s);
+    return fmt::format("was killed by signal {} ({})", s, name != nullptr ? name : "?");
+  }
+  return fmt::format("ended with status {:#x}", status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+class job {
+ public:
+  explicit job(options o) : opt_(std::move(o)), ranks_(static_cast<std::size_t>(opt_.nproc)) {}
+
+  int run() {
+    const int port = opt_.port != 0 ? opt_.port : free_port();
+    if (port == 0) {
+      fmt::print(stderr, "ringzero-run: could not find a free TCP port on 127.0.0.1\n");
+      return 1;
+    }
+    const std::string token = random_token();
+    const auto started = clock_type::now();
+    for (int r = 0; r < opt_.nproc; ++r)
+      if (!spawn(r, port, token)) {
+        stop(SIGTERM);
+        break;
+      }
+    if (opt_.timeout_s > 0)
+      job_deadline_ = started + std::chrono::duration_cast<clock_type::duration>(
+                                    std::chrono::duration<double>(opt_.timeout_s));
+    loop();
+    if (spawn_failed_) return 127;
+    if (first_failure_ >= 0)
+      return exit_code_of(ranks_[static_cast<std::size_t>(first_failure_)].status);
+    if (interrupted_by_ != 0) return 128 + interrupted_by_;
+    if (timed_out_) return 124;
+    return 0;
+  }
+
+ private:
+  bool spawn(int r, int port, const std::string& token) {
+    auto& rp = ranks_[static_cast<std::size_t>(r)];
+    rp.prefix = fmt::format("[{}] ", r);
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      fmt::print(stderr, "ringzero-run: pipe2 failed: {}\n", std::strerror(errno));
+      spawn_failed_ = true;
+      return false;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, s);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(
+        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+
+    std::vector<std::string> env = rank_environment(opt_, r, port, token);
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    for (auto& a : opt_.command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (rc != 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      fmt::print(stderr, "ringzero-run: cannot start '{}': {}\n", opt_.command[0],
+                 std::strerror(rc));
+      spawn_failed_ = true;
+      return false;
+    }
+    ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+    ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+    rp.pid = pid;
+    rp.running = true;
+    rp.out = {out[0], 1, {}};
+    rp.err = {err[0], 2, {}};
+    ++running_;
+    return true;
+  }
+
+  // Sends `sig` to every running rank's process group and arms the SIGKILL deadline.
+  void stop(int sig) {
+    for (auto& rp : ranks_)
+      if (rp.running && ::kill(-rp.pid, sig) != 0) ::kill(rp.pid, sig);
+    if (sig != SIGKILL && !stopping_)
+      kill_deadline_ = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                               std::chrono::duration<double>(opt_.grace_s));
+    stopping_ = true;
+  }
+
+  void on_signal(int sig) {
+    if (sig == SIGCHLD) return reap();
+    if (!stopping_) {
+      interrupted_by_ = sig;
+      stop(sig);
+    } else {
+      stop(SIGKILL);
+    }
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        auto& rp = ranks_[r];
+        if (rp.pid != pid || !rp.running) continue;
+        rp.running = false;
+        rp.status = status;
+        --running_;
+        // The rank's last words come before the verdict on it.
+        rp.out.drain(rp.prefix);
+        rp.err.drain(rp.prefix);
+        const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (failed && !stopping_) {
+          first_failure_ = static_cast<int>(r);
+          fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
+                     pid, describe(status));
+          std::fflush(stderr);
+          stop(SIGTERM);
+        }
+      }
+    }
+  }
+
+  void loop() {
+    std::vector<pollfd> fds;
+    std::vector<stream*> streams;
+    std::optional<clock_type::time_point> linger_until;
+    for (;;) {
+      fds.clear();
+      streams.clear();
+      fds.push_back({signal_pipe[0], POLLIN, 0});
+      for (auto& rp : ranks_)
+        for (stream* s : {&rp.out, &rp.err})
+          if (s->fd >= 0) {
+            fds.push_back({s->fd, POLLIN, 0});
+            streams.push_back(s);
+          }
+      if (running_ == 0) {
+        if (streams.empty()) return;
+        // A rank's child may still hold its output open; give it a moment, then stop reading.
+        if (!linger_until) linger_until = clock_type::now() + std::chrono::seconds(1);
+        if (clock_type::now() >= *linger_until) {
+          for (auto& rp : ranks_) {
+            rp.out.close();
+            rp.out.emit(rp.prefix, true);
+            rp.err.close();
+            rp.err.emit(rp.prefix, true);
+          }
+          return;
+        }
+      }
+      const int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(linger_until));
+      if (rc < 0 && errno != EINTR) {
+        fmt::print(stderr, "ringzero-run: poll failed: {}\n", std::strerror(errno));
+        stop(SIGKILL);
+      }
+      if (rc > 0 && fds[0].revents != 0) {
+        unsigned char sigs[64];
+        const ssize_t n = ::read(signal_pipe[0], sigs, sizeof sigs);
+        for (ssize_t k = 0; k < n; ++k) on_signal(sigs[k]);
+      }
+      if (rc > 0)
+        for (std::size_t k = 0; k < streams.size(); ++k)
+          if (fds[k + 1].revents != 0) {
+            auto& rp = owner_of(streams[k]);
+            streams[k]->drain(rp.prefix);
+          }
+      check_deadlines();
+    }
+  }
+
+  rank_process& owner_of(const stream* s) {
+    for (auto& rp : ranks_)
+      if (&rp.out == s || &rp.err == s) return rp;
+    return ranks_.front();
+  }
+
+  int poll_timeout_ms(const std::optional<clock_type::time_point>& linger_until) const {
+    auto next = clock_type::time_point::max();
+    if (kill_deadline_ && running_ > 0) next = std::min(next, *kill_deadline_);
+    if (job_deadline_ && !stopping_) next = std::min(next, *job_deadline_);
+    if (linger_until) next = std::min(next, *linger_until);
+    if (next == clock_type::time_point::max()) return -1;
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - clock_type::now()).count();
+    return static_cast<int>(std::clamp<long long>(ms, 0, 60 * 60 * 1000));
+  }
+
+  void check_deadlines() {
+    const auto now = clock_type::now();
+    if (job_deadline_ && !stopping_ && now >= *job_deadline_) {
+      timed_out_ = true;
+      fmt::print(stderr, "ringzero-run: the job ran past --timeout {} s; stopping the ranks\n",
+                 opt_.timeout_s);
+      std::fflush(stderr);
+      stop(SIGTERM);
+    }
+    if (kill_deadline_ && running_ > 0 && now >= *kill_deadline_) {
+      std::string left;
+      for (std::size_t r = 0; r < ranks_.size(); ++r)
+        if (ranks_[r].running) left += fmt::format("{}{}", left.empty() ? "" : ", ", r);
+      fmt::print(stderr,
+                 "ringzero-run: rank(s) {} still running {} s after being told to stop; "
+                 "killing them\n",
+                 left, opt_.grace_s);
+      std::fflush(stderr);
+      stop(SIGKILL);
+      kill_deadline_.reset();
+    }
+  }
+
+  options opt_;
+  std::vector<rank_process> ranks_;
+  int running_ = 0;
+  bool stopping_ = false;
+  bool spawn_failed_ = false;
+  bool timed_out_ = false;
+  int interrupted_by_ = 0;
+  int first_failure_ = -1;
+  std::optional<clock_type::time_point> kill_deadline_;
+  std::optional<clock_type::time_point> job_deadline_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o = parse_args(argc, argv);
+  install_signal_handlers();
+  return job(std::move(o)).run();
+}
