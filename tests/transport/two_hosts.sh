@@ -55,6 +55,19 @@ for try in $(seq 100); do
   sleep 0.1
 done
 ((up == 2)) || { echo "the veth pair did not come up"; exit 1; }
+# Also wait out IPv6 duplicate address detection where IPv6 is on: a real host's link-local
+# IPv6 address is ready before any job starts, and the provider then lists it next to the
+# IPv4 one. The endpoint must pick the address peers can reach, so the test sees both.
+for try in $(seq 50); do
+  pending=0
+  for i in 0 1; do
+    [[ -e /proc/sys/net/ipv6 ]] || continue
+    ip -n "${ns[$i]}" -6 addr show dev "${veth[$i]}" scope link | grep -q 'inet6' || pending=1
+    ip -n "${ns[$i]}" -6 addr show dev "${veth[$i]}" | grep -q tentative && pending=1
+  done
+  ((pending == 0)) && break
+  sleep 0.1
+done
 
 # The namespaces are fresh, so any port is free in them.
 port=29500
@@ -65,7 +78,7 @@ for rank in 0 1 2 3; do
   ip netns exec "${ns[$h]}" unshare --uts env \
     RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$((rank % 2)) LOCAL_WORLD_SIZE=2 \
     MASTER_ADDR="${addr[0]}" MASTER_PORT=$port RINGZERO_TOKEN="$token" \
-    FI_TCP_IFACE="${veth[$h]}" RINGZERO_TIMEOUT=60 \
+    FI_TCP_IFACE="${veth[$h]}" RINGZERO_TIMEOUT=60 RINGZERO_DEBUG=INFO \
     sh -c 'hostname "$0" && exec "$@"' "${host[$h]}" \
     timeout "$limit" "$program" --no-skip "--test-case=$case_name" >"$logs/$rank" 2>&1 &
   pids+=($!)

@@ -47,12 +47,20 @@ struct chunking {
   std::size_t chunk = 1;
   std::size_t count = 1;
 
-  /// At most 65536 chunks per block, so chunk ids fit their 16 tag bits.
+  /// The most chunks of one message an algorithm posts at once (ring, recursive doubling and
+  /// halving, Bruck): past it chunks grow instead. Every posted receive holds a provider
+  /// entry, and libfabric's shm provider has 1024 for posted receives and early arrivals
+  /// together; 256 MiB in 256 KiB chunks on 4 ranks used them all and deadlocked. 32 chunks
+  /// in flight per message keep the pipeline as full as 1024 do.
+  static constexpr std::size_t burst = 32;
+
+  /// At most `max_chunks` (and 65536, so chunk ids fit their 16 tag bits) chunks per block.
   [[nodiscard]] static chunking make(std::size_t max_length, std::size_t elem_size,
-                                     std::size_t chunk_bytes) {
+                                     std::size_t chunk_bytes, std::size_t max_chunks = 65536) {
     chunking c;
+    max_chunks = std::clamp<std::size_t>(max_chunks, 1, 65536);
     c.chunk = std::max<std::size_t>(1, chunk_bytes / std::max<std::size_t>(1, elem_size));
-    c.chunk = std::max(c.chunk, (max_length + 65535) / 65536);
+    c.chunk = std::max(c.chunk, (max_length + max_chunks - 1) / max_chunks);
     c.count = std::max<std::size_t>(1, (max_length + c.chunk - 1) / c.chunk);
     return c;
   }

@@ -10,6 +10,7 @@
 // reduced by exactly one chain of ranks and then copied, so all ranks end with identical bits.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -123,10 +124,12 @@ void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chu
   const std::size_t nc = ch.count;
   auto block_recv = [&](int s) { return static_cast<std::size_t>(mod(r - 1 - s, n)); };
 
-  // Received blocks land in their final place, so every receive can be posted up front.
+  // Received blocks land in their final place, so receives need no slots; they are posted
+  // two steps ahead (in the order the left neighbour sends), which keeps the link busy while
+  // bounding the receives a transport must hold to 2 * nc whatever the world size.
   std::vector<pending> recvs(static_cast<std::size_t>(steps) * nc);
   std::vector<pending> sends(static_cast<std::size_t>(steps) * nc);
-  for (int s = 0; s < steps; ++s) {
+  auto post_recvs = [&](int s) {
     const std::size_t b = block_recv(s);
     for (std::size_t c = 0; c < nc; ++c) {
       const auto rg = ch.of(bl.length[b], c);
@@ -138,7 +141,8 @@ void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chu
       p = ex.recv(prev, step0 + s, static_cast<std::uint32_t>(c),
                   writable_bytes_of(out + bl.offset[b] + rg.begin, rg.size));
     }
-  }
+  };
+  for (int s = 0; s < std::min(steps, 2); ++s) post_recvs(s);
   auto post_send = [&](int s, std::size_t b) {
     for (std::size_t c = 0; c < nc; ++c) {
       const auto rg = ch.of(bl.length[b], c);
@@ -158,6 +162,9 @@ void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chu
     for (std::size_t c = 0; c < nc; ++c) {
       ex.wait(recvs[static_cast<std::size_t>(s) * nc + c]);
       if (s + 1 < steps) {
+        // Two steps of sends at most: the right neighbour has only two steps of receives
+        // posted, and anything further would wait there as an early arrival.
+        if (s >= 1) ex.wait(sends[static_cast<std::size_t>(s - 1) * nc + c]);
         const auto rg = ch.of(bl.length[b], c);
         auto& p = sends[static_cast<std::size_t>(s + 1) * nc + c];
         if (rg.size == 0) {
@@ -168,13 +175,14 @@ void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chu
                     bytes_of(out + bl.offset[b] + rg.begin, rg.size));
       }
     }
+    if (s + 2 < steps) post_recvs(s + 2);
   }
   for (auto& p : sends) ex.wait(p);
 }
 
 template <class E>
 std::size_t chunk_bytes_for(const options& opt, const cost_params& cp) {
-  return opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes;
+  return std::max(opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes, cp.min_chunk_bytes);
 }
 
 }  // namespace detail
@@ -186,8 +194,8 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::even(out.size(), n);
-  const auto ch =
-      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.cost()));
+  const auto ch = chunking::make(bl.max_length, sizeof(E),
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
   E* o_base = out.data();
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(2 * bl.max_length * sizeof(E)).data());
   detail::reduce_scatter_phase(
@@ -201,8 +209,8 @@ void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, cons
   ringzero::detail::exchange<T> ex(comm, "reduce_scatter", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(out.size(), n);
-  const auto ch =
-      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.cost()));
+  const auto ch = chunking::make(bl.max_length, sizeof(E),
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
   // Scratch holds two receive slots and two partial-result slots: partials travel through
   // scratch so the input is never written, and the last step reduces straight into out.
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(4 * bl.max_length * sizeof(E)).data());
@@ -222,8 +230,8 @@ void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options&
   ringzero::detail::exchange<T> ex(comm, "all_gather", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(in.size(), n);
-  const auto ch =
-      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.cost()));
+  const auto ch = chunking::make(bl.max_length, sizeof(E),
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
   E* own = out.data() + bl.offset[static_cast<std::size_t>(comm.rank())];
   if (own != in.data()) std::memcpy(own, in.data(), in.size_bytes());
   detail::all_gather_phase(ex, bl, out.data(), ch, 0);

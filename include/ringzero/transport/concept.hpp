@@ -21,6 +21,11 @@ struct cost_params {
   double gamma = 1.0 / 10e9;
   /// Pipelining granularity for ring/chain/tree algorithms.
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// The smallest chunk the transport accepts, whatever options::chunk_bytes asks: above its
+  /// eager threshold, so that a send completes only once the receiver has matched it. The
+  /// algorithms bound their chunks in flight by waiting for sends; a send that completes on
+  /// the sender alone (eager) would let it run ahead and pile early arrivals on the receiver.
+  std::size_t min_chunk_bytes = 0;
 };
 
 /// Where a rank sits: ranks with the same node id share a host (hierarchical algorithms).

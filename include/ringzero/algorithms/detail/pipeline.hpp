@@ -34,7 +34,8 @@ template <element E, transport T>
 
 template <transport T>
 [[nodiscard]] std::size_t chunk_bytes_of(const T& comm, const options& opt) {
-  return opt.chunk_bytes ? opt.chunk_bytes : comm.cost().chunk_bytes;
+  const cost_params& cp = comm.cost();
+  return std::max(opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes, cp.min_chunk_bytes);
 }
 
 /// Chunk length (elements) for a message of `len` elements; sender and receiver of one message
@@ -44,10 +45,16 @@ template <element E>
   return chunking::make(len, sizeof(E), chunk_bytes).chunk;
 }
 
+/// Chunk length for a message whose chunks are all posted at once: at most chunking::burst.
+template <element E>
+[[nodiscard]] std::size_t burst_chunk_elems(std::size_t len, std::size_t chunk_bytes) {
+  return chunking::make(len, sizeof(E), chunk_bytes, chunking::burst).chunk;
+}
+
 template <transport T, element E>
 void post_sends(exchange<T>& ex, int peer, int step, std::span<const E> data,
                 std::size_t chunk_bytes, std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = chunk_elems<E>(data.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.send(peer, step, static_cast<std::uint32_t>(id),
                            std::as_bytes(data.subspan(i, std::min(c, data.size() - i)))));
@@ -56,7 +63,7 @@ void post_sends(exchange<T>& ex, int peer, int step, std::span<const E> data,
 template <transport T, element E>
 void post_recvs(exchange<T>& ex, int peer, int step, std::span<E> data, std::size_t chunk_bytes,
                 std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = chunk_elems<E>(data.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.recv(peer, step, static_cast<std::uint32_t>(id),
                            std::as_writable_bytes(data.subspan(i, std::min(c, data.size() - i)))));
@@ -88,7 +95,7 @@ void swap_chunks(exchange<T>& ex, int to, std::span<const E> mine, int from, std
   std::vector<typename exchange<T>::pending> recvs, sends;
   post_recvs(ex, from, step, theirs, chunk_bytes, recvs);
   post_sends(ex, to, step, mine, chunk_bytes, sends);
-  const std::size_t c = chunk_elems<E>(theirs.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(theirs.size(), chunk_bytes);
   for (std::size_t i = 0; i < recvs.size(); ++i) {
     if (overlap) ex.wait(sends[i]);
     ex.wait(recvs[i]);
@@ -121,12 +128,17 @@ enum class flow : std::uint8_t {
 /// one thread; drive() runs them.
 ///
 /// Receives from children land in `window` slots per child, so a child is at most `window`
-/// chunks ahead of its parent and scratch stays small whatever the message size.
+/// chunks ahead of its parent and scratch stays small whatever the message size. Sends to the
+/// parent, receives from it and sends to each child are each kept to `inflight` chunks, so
+/// the messages in flight stay bounded whatever the message size: a transport can only queue
+/// so many (libfabric's shm provider runs out of receive entries otherwise), and chunks
+/// posted far ahead gain nothing once the link is busy.
 template <transport T, element E>
 class tree_pipeline {
  public:
   using pending = typename exchange<T>::pending;
   static constexpr std::size_t window = 2;
+  static constexpr std::size_t inflight = 8;
 
   /// Scratch elements a pipeline with this node, flow and chunk length needs.
   [[nodiscard]] static std::size_t scratch_elems(const tree_node& node, flow f, std::size_t chunk) {
@@ -163,8 +175,8 @@ class tree_pipeline {
       if (!root()) down_recvs_.resize(chunks_);
       down_sends_.resize(chunks_ * k);
     }
-    if (flow_ == flow::broadcast && root())
-      for (std::size_t c = 0; c < chunks_; ++c) send_down(c);
+    // A broadcast root has every chunk from the start.
+    if (flow_ == flow::broadcast && root()) ready_ = chunks_;
   }
 
   tree_pipeline(const tree_pipeline&) = delete;
@@ -186,7 +198,8 @@ class tree_pipeline {
     if (broadcasts() && !root()) {
       // In all_reduce the final chunk overwrites the partial we sent up: that send must be
       // gone before the receive is posted.
-      const std::size_t limit = flow_ == flow::all_reduce ? up_head_ : chunks_;
+      const std::size_t limit =
+          std::min(flow_ == flow::all_reduce ? up_head_ : chunks_, down_head_ + inflight);
       while (down_posted_ < limit &&
              (flow_ != flow::all_reduce || ex_.test(up_sends_[down_posted_]))) {
         const auto r = range(down_posted_);
@@ -197,17 +210,26 @@ class tree_pipeline {
         moved = true;
       }
       while (down_head_ < down_posted_ && ex_.test(down_recvs_[down_head_])) {
-        send_down(down_head_++);
+        ++down_head_;
+        ready_ = down_head_;
+        moved = true;
+      }
+    }
+    if (broadcasts()) {
+      while (down_sent_ < ready_ && (down_sent_ < inflight || sent_down(down_sent_ - inflight))) {
+        send_down(down_sent_++);
         moved = true;
       }
     }
     return moved;
   }
 
-  /// Everything this rank receives has arrived; only its own sends may still be in flight.
+  /// Everything this rank receives has arrived and everything it sends is posted; only its
+  /// own sends may still be in flight.
   [[nodiscard]] bool done() const {
     if (reduces() && up_head_ < chunks_) return false;
     if (broadcasts() && !root() && down_head_ < chunks_) return false;
+    if (broadcasts() && !node_.children.empty() && down_sent_ < chunks_) return false;
     return true;
   }
 
@@ -248,9 +270,20 @@ class tree_pipeline {
   [[nodiscard]] bool ready_to_combine(std::size_t c) {
     for (std::size_t k = 0; k < node_.children.size(); ++k)
       if (!ex_.test(child_recvs_[k * window + c % window])) return false;
-    // The partial slot is reused every `window` chunks; its last send must have left.
-    if (keeps_partials(node_, flow_) && c >= window && !ex_.test(up_sends_[c - window]))
-      return false;
+    // The partial slot is reused every `window` chunks, so its last send must have left;
+    // other senders keep `inflight` chunks on their way up.
+    if (!root()) {
+      const std::size_t lag = keeps_partials(node_, flow_) ? window : inflight;
+      if (c >= lag && !ex_.test(up_sends_[c - lag])) return false;
+    }
+    return true;
+  }
+
+  /// Chunk c has left for every child.
+  [[nodiscard]] bool sent_down(std::size_t c) {
+    const std::size_t k = node_.children.size();
+    for (std::size_t i = 0; i < k; ++i)
+      if (!ex_.test(down_sends_[c * k + i])) return false;
     return true;
   }
 
@@ -276,7 +309,7 @@ class tree_pipeline {
     }
     if (k == 0 && own != out_ + r.begin) std::memcpy(out_ + r.begin, own, r.size * sizeof(E));
     if (op_ == op::avg) reduction::finish_avg(out_ + r.begin, r.size, ranks_);
-    if (flow_ == flow::all_reduce) send_down(c);
+    if (flow_ == flow::all_reduce) ready_ = c + 1;
   }
 
   void send_down(std::size_t c) {
@@ -308,7 +341,9 @@ class tree_pipeline {
   std::size_t posted_ = 0;       ///< chunks whose child receives are posted
   std::size_t up_head_ = 0;      ///< chunks combined (and sent up)
   std::size_t down_posted_ = 0;  ///< chunks whose receive from the parent is posted
-  std::size_t down_head_ = 0;    ///< chunks received from the parent and sent on
+  std::size_t down_head_ = 0;    ///< chunks received from the parent
+  std::size_t ready_ = 0;        ///< chunks final in out_, ready to go down
+  std::size_t down_sent_ = 0;    ///< chunks sent to the children
 };
 
 /// Drives pipelines until each has everything it receives, then waits for their sends.

@@ -27,6 +27,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstddef>
@@ -115,16 +116,26 @@ using info_ptr = std::unique_ptr<fi_info, info_deleter>;
   return false;
 }
 
-/// The provider's first candidate, preferring IPv4 addresses (link-local IPv6 names do not
-/// travel between hosts without their scope) and, when ranks span hosts, addresses other than
-/// loopback: an interface that is not up yet drops out of the list, and the loopback entry that
-/// remains would strand this rank.
+/// True for IPv6 link-local candidates (fe80::/10): their names lack the interface scope, so
+/// a peer that connects to one gets EINVAL from connect() instead of a connection.
+[[nodiscard]] inline bool is_link_local(const fi_info* i) noexcept {
+  if (!i->src_addr || i->addr_format != FI_SOCKADDR_IN6 || i->src_addrlen < sizeof(sockaddr_in6))
+    return false;
+  return IN6_IS_ADDR_LINKLOCAL(&static_cast<const sockaddr_in6*>(i->src_addr)->sin6_addr);
+}
+
+/// The best of the provider's candidates, first in the provider's order among equals. A
+/// candidate is worse when peers could not reach it: loopback once ranks span hosts (an
+/// interface that is not up yet drops out of the list, and the loopback entry that remains
+/// would strand this rank), then IPv6 link-local (the order of the list differs between
+/// kernels, so relying on the first entry works on one machine and hangs on the next), then
+/// any IPv6 address when an IPv4 one is on offer.
 [[nodiscard]] inline const fi_info* pick(const fi_info* list, bool one_host) {
   const fi_info* best = list;
   int best_score = -1;
   for (const fi_info* i = list; i; i = i->next) {
-    const int score =
-        (i->addr_format != FI_SOCKADDR_IN6 ? 1 : 0) + (one_host || !is_loopback(i) ? 2 : 0);
+    const int score = (one_host || !is_loopback(i) ? 4 : 0) + (is_link_local(i) ? 0 : 2) +
+                      (i->addr_format != FI_SOCKADDR_IN6 ? 1 : 0);
     if (score > best_score) {
       best = i;
       best_score = score;
@@ -145,6 +156,10 @@ struct op_context {
   int world_peer = -1;
   int peer = -1;  ///< peer as the posting communicator numbers it, for messages
   std::size_t length = 0;
+  bool posted = false;  ///< handed to the provider (else waiting in the endpoint's queue)
+  void* buffer = nullptr;
+  fi_addr_t address = FI_ADDR_UNSPEC;
+  std::uint64_t tag = 0;
   mr_cache::entry* mr = nullptr;
   std::string error;
   bool peer_loss = false;
@@ -171,10 +186,25 @@ class endpoint {
           cfg.provider.empty() ? "" : " named ", cfg.provider, fi_text(rc)));
     info_.reset(fi_dupinfo(pick(list.get(), cfg.one_host)));
     if (!info_) throw transport_error("fi_dupinfo failed: out of memory");
+    // Only a warning: hosts that share one network namespace (containers with host
+    // networking) do reach each other over loopback.
+    if (!cfg.one_host && (is_loopback(info_.get()) || is_link_local(info_.get())))
+      log::warn(
+          "libfabric: ranks span hosts but provider {} offers only a loopback or link-local "
+          "address here; peers on other hosts may not reach this rank (is the interface up? "
+          "FI_TCP_IFACE names the one tcp should use)",
+          info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?");
     provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?";
     mr_mode_ = info_->domain_attr->mr_mode;
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
     inject_size_ = info_->tx_attr->inject_size;
+    // A safety net under the algorithms' own bounds (chunking::burst, tree_pipeline::inflight):
+    // an operation the provider has no room for waits here, in order, instead of failing
+    // (-FI_ENOMEM from shm once rx_attr->size receives are posted) or spinning inside the
+    // call. Half of each queue, because shm takes entries for early (unexpected) arrivals
+    // from the same pool as posted receives.
+    recv_cap_ = std::max<std::size_t>(info_->rx_attr->size / 2, 4);
+    send_cap_ = std::max<std::size_t>(info_->tx_attr->size / 2, 4);
     max_msg_size_ = info_->ep_attr->max_msg_size;
     // The tag bits a provider matches end at the highest bit of its mem_tag_format.
     const std::uint64_t tag_format = info_->ep_attr->mem_tag_format;
@@ -204,11 +234,11 @@ class endpoint {
     check(fi_enable(ep_.get()), "fi_enable", provider_);
     mrs_.emplace(domain_.get(), ep_.get(), mr_mode_, provider_);
     log::info(
-        "libfabric: provider {} fabric {} domain {}, mr_mode {:#x}, mode {:#x}, {} tag bits, "
-        "inject {} B",
+        "libfabric: provider {} fabric {} domain {} address {}, mr_mode {:#x}, mode {:#x}, {} "
+        "tag bits, inject {} B",
         provider_, info_->fabric_attr->name ? info_->fabric_attr->name : "?",
-        info_->domain_attr->name ? info_->domain_attr->name : "?", mr_mode_, info_->mode,
-        tag_width_, inject_size_);
+        info_->domain_attr->name ? info_->domain_attr->name : "?", address_text(name()), mr_mode_,
+        info_->mode, tag_width_, inject_size_);
   }
 
   endpoint(const endpoint&) = delete;
@@ -237,6 +267,15 @@ class endpoint {
     check(rc, "fi_getname", provider_);
     buf.resize(len);
     return buf;
+  }
+
+  /// A name as text (the provider's own format, e.g. fi_sockaddr_in://198.51.100.1:41234),
+  /// for logs and errors.
+  [[nodiscard]] std::string address_text(const std::vector<std::byte>& name) const {
+    char buf[128] = {};
+    std::size_t len = sizeof(buf);
+    if (!fi_av_straddr(av_.get(), name.data(), buf, &len)) return "?";
+    return std::string(buf, ::strnlen(buf, sizeof(buf)));
   }
 
   /// Inserts every rank's name (index = world rank).
@@ -270,25 +309,24 @@ class endpoint {
     mrs_->forget(p, n);
   }
 
-  /// Posts a tagged send; nullptr when it was injected (complete on return).
+  /// Posts a tagged send; nullptr when it was injected (complete on return). A send beyond
+  /// the flow-control limit waits in the endpoint and is posted as earlier ones complete.
   [[nodiscard]] op_context* send(int world_peer, int peer, std::uint64_t tag,
                                  std::span<const std::byte> data) {
     std::lock_guard lock(mutex_);
     check_size(data.size(), peer, "send to");
     const fi_addr_t to = addrs_[static_cast<std::size_t>(world_peer)];
-    if (inject_size_ > 0 && data.size() <= inject_size_) {
-      retry(peer, "send to",
-            [&] { return fi_tinject(ep_.get(), data.data(), data.size(), to, tag); });
-      return nullptr;
+    // Injecting past queued sends could reorder two messages with one tag.
+    if (inject_size_ > 0 && data.size() <= inject_size_ && waiting_sends_.empty()) {
+      const ssize_t rc = fi_tinject(ep_.get(), data.data(), data.size(), to, tag);
+      if (rc == 0) return nullptr;
+      if (rc != -FI_EAGAIN) throw post_failed("send to", peer, rc);
     }
     op_context* c = make(world_peer, peer, true, data.size(), data.data());
-    try {
-      retry(peer, "send to",
-            [&] { return fi_tsend(ep_.get(), data.data(), data.size(), desc(c), to, tag, c); });
-    } catch (...) {
-      recycle(c);
-      throw;
-    }
+    c->buffer = const_cast<std::byte*>(data.data());  // only read: fi_tsend takes const
+    c->address = to;
+    c->tag = tag;
+    submit(c);
     return c;
   }
 
@@ -296,18 +334,25 @@ class endpoint {
                                  std::span<std::byte> data) {
     std::lock_guard lock(mutex_);
     check_size(data.size(), peer, "receive from");
-    const fi_addr_t from = addrs_[static_cast<std::size_t>(world_peer)];
     op_context* c = make(world_peer, peer, false, data.size(), data.data());
-    try {
-      retry(peer, "receive from", [&] {
-        return fi_trecv(ep_.get(), data.data(), data.size(), desc(c), from, tag, 0, c);
-      });
-    } catch (...) {
-      recycle(c);
-      throw;
-    }
+    c->buffer = data.data();
+    c->address = addrs_[static_cast<std::size_t>(world_peer)];
+    c->tag = tag;
+    submit(c);
     return c;
   }
+
+  /// Operations handed to the provider and not yet complete, and those waiting to be.
+  [[nodiscard]] std::size_t posted_operations() const {
+    std::lock_guard lock(mutex_);
+    return posted_sends_ + posted_recvs_;
+  }
+  [[nodiscard]] std::size_t waiting_operations() const {
+    std::lock_guard lock(mutex_);
+    return waiting_sends_.size() + waiting_recvs_.size();
+  }
+  [[nodiscard]] std::size_t send_limit() const noexcept { return send_cap_; }
+  [[nodiscard]] std::size_t receive_limit() const noexcept { return recv_cap_; }
 
   /// Reads completions; true once c finished, and c is freed. When it throws, c is freed
   /// (or, if it could not be cancelled, left to the endpoint) too.
@@ -355,6 +400,13 @@ class endpoint {
 
  private:
   void abandon_locked(op_context* c) noexcept {
+    if (c->state == op_context::status::pending && !c->posted) {
+      // Still waiting in the endpoint: the provider never saw it.
+      auto& queue = c->is_send ? waiting_sends_ : waiting_recvs_;
+      queue.erase(std::remove(queue.begin(), queue.end(), c), queue.end());
+      recycle(c);
+      return;
+    }
     if (c->state == op_context::status::pending) {
       fi_cancel(&ep_.get()->fid, c);
       const auto limit =
@@ -377,26 +429,6 @@ class endpoint {
       }
     }
     recycle(c);
-  }
-
-  template <class Post>
-  void retry(int peer, const char* what, Post post) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (;;) {
-      const ssize_t rc = post();
-      if (rc == 0) return;
-      if (rc != -FI_EAGAIN)
-        throw transport_error(fmt::format("posting a {} rank {} on provider {} failed: {}", what,
-                                          peer, provider_, fi_text(rc)));
-      progress_locked();
-      if (std::chrono::steady_clock::now() > deadline)
-        throw timeout_error(
-            fmt::format("provider {} had no room for a {} rank {} for {:g} s (-FI_EAGAIN: the "
-                        "connection to it may have failed, FI_LOG_LEVEL=warn shows why; "
-                        "RINGZERO_TIMEOUT sets the limit)",
-                        provider_, what, peer, std::chrono::duration<double>(timeout_).count()),
-            peer);
-    }
   }
 
   void check_size(std::size_t bytes, int peer, const char* what) const {
@@ -449,10 +481,10 @@ class endpoint {
       if (n > 0) {
         for (ssize_t i = 0; i < n; ++i)
           complete(static_cast<op_context*>(done[i].op_context), done[i].len);
-        if (n < 16) return;
+        if (n < 16) break;
         continue;
       }
-      if (n == -FI_EAGAIN) return;
+      if (n == -FI_EAGAIN) break;
       if (n == -FI_EAVAIL) {
         read_error();
         continue;
@@ -460,9 +492,71 @@ class endpoint {
       throw transport_error(
           fmt::format("fi_cq_read failed on provider {}: {}", provider_, fi_text(n)));
     }
+    drain(waiting_recvs_, posted_recvs_, recv_cap_);
+    drain(waiting_sends_, posted_sends_, send_cap_);
+  }
+
+  /// Queues c behind any waiting operation of its direction, then posts what fits. When c is
+  /// first in line and only the provider refuses it (-FI_EAGAIN: shm maps a peer's region on
+  /// the first message, rxm sets up a connection), progress and retry briefly before leaving
+  /// it queued: a caller that posts a send and then waits elsewhere (on the store, say)
+  /// expects the message to be on its way.
+  void submit(op_context* c) {
+    auto& queue = c->is_send ? waiting_sends_ : waiting_recvs_;
+    auto& posted = c->is_send ? posted_sends_ : posted_recvs_;
+    const std::size_t cap = c->is_send ? send_cap_ : recv_cap_;
+    queue.push_back(c);
+    drain(queue, posted, cap);
+    if (queue.size() != 1 || queue.front() != c || posted >= cap) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    try {
+      while (!c->posted && c->state == op_context::status::pending &&
+             std::chrono::steady_clock::now() < until)
+        progress_locked();  // drains the queues too
+    } catch (...) {
+      if (!c->posted) {  // nobody holds c yet: the caller gets the exception, not a request
+        queue.erase(std::remove(queue.begin(), queue.end(), c), queue.end());
+        recycle(c);
+      }
+      throw;
+    }
+  }
+
+  /// Posts waiting operations in order while the limit allows and the provider accepts them.
+  /// A refusal (-FI_EAGAIN) leaves the rest for the next progress call; an error fails that
+  /// operation alone, and its test() reports it.
+  void drain(std::deque<op_context*>& queue, std::size_t& posted, std::size_t cap) {
+    while (!queue.empty() && posted < cap) {
+      op_context* c = queue.front();
+      const ssize_t rc =
+          c->is_send ? fi_tsend(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, c)
+                     : fi_trecv(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, 0, c);
+      if (rc == -FI_EAGAIN) return;
+      queue.pop_front();
+      if (rc != 0) {
+        c->state = op_context::status::failed;
+        c->error = post_failed(c->is_send ? "send to" : "receive from", c->peer, rc).what();
+        continue;
+      }
+      c->posted = true;
+      ++posted;
+    }
+  }
+
+  [[nodiscard]] transport_error post_failed(const char* what, int peer, ssize_t rc) const {
+    return transport_error(fmt::format("posting a {} rank {} on provider {} failed: {}", what, peer,
+                                       provider_, fi_text(rc)));
+  }
+
+  /// Bookkeeping for an operation the provider has finished with.
+  void retire(op_context* c) noexcept {
+    if (!c->posted) return;
+    c->posted = false;
+    --(c->is_send ? posted_sends_ : posted_recvs_);
   }
 
   void complete(op_context* c, std::size_t len) {
+    retire(c);
     if (c->orphaned) return recycle(c);
     if (!c->is_send && len != c->length) {
       c->state = op_context::status::failed;
@@ -493,6 +587,7 @@ class endpoint {
       log::warn("libfabric: completion error without an operation: {}", text);
       return;
     }
+    retire(c);
     if (c->orphaned) return recycle(c);
     // Providers disagree on the sign of err.
     const int code = err.err < 0 ? -err.err : err.err;
@@ -536,6 +631,12 @@ class endpoint {
   std::vector<std::string> failures_;  ///< why a world rank is known unreachable, or empty
   mutable std::mutex mutex_;
   std::deque<op_context> pool_;  ///< stable addresses: the provider holds pointers
+  std::deque<op_context*> waiting_sends_;
+  std::deque<op_context*> waiting_recvs_;
+  std::size_t posted_sends_ = 0;
+  std::size_t posted_recvs_ = 0;
+  std::size_t send_cap_ = 64;
+  std::size_t recv_cap_ = 128;
   std::vector<op_context*> free_;
 };
 
