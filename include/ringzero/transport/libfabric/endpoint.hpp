@@ -508,7 +508,7 @@ class endpoint {
     queue.push_back(c);
     drain(queue, posted, cap);
     if (queue.size() != 1 || queue.front() != c || posted >= cap) return;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     try {
       while (!c->posted && c->state == op_context::status::pending &&
              std::chrono::steady_clock::now() < until)
