@@ -37,11 +37,15 @@ foreach(header IN LISTS ringzero_component_headers)
 endforeach()
 
 # --- tools -------------------------------------------------------------------------------------
-foreach(tool IN ITEMS ringzero-run ringzero-perf ringzero-export)
+foreach(tool IN ITEMS ringzero-run ringzero-perf ringzero-export ringzero-model)
   if(TARGET ${tool})
     install(TARGETS ${tool} RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
   endif()
 endforeach()
+if(TARGET ringzero-model)
+  install(DIRECTORY "${PROJECT_SOURCE_DIR}/tools/model/fabrics/"
+          DESTINATION "${CMAKE_INSTALL_DATADIR}/ringzero/fabrics")
+endif()
 
 # --- CMake package -----------------------------------------------------------------------------
 configure_package_config_file(

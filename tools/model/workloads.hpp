@@ -1,0 +1,163 @@
+// The arithmetic behind ringzero-model's ZeRO and architecture tables: bytes each GPU sends per
+// training step and the time the fabric model gives them, for a model of psi parameters with
+// 16-bit parameters and gradients and AdamW state in fp32 (K = 12 bytes per parameter), as
+// docs/zero.md defines the stages.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string_view>
+
+#include "ringzero/tuning/fabric.hpp"
+
+namespace ringzero::model {
+
+inline constexpr double grad_bytes_per_param = 2;  // bf16 parameters and gradients
+inline constexpr double optimizer_bytes_per_param = 12;  // fp32 master + two fp32 moments
+
+enum class sharding { stage0, stage1, stage2, stage3, hybrid };
+
+[[nodiscard]] constexpr std::string_view sharding_name(sharding s) noexcept {
+  switch (s) {
+    case sharding::stage0:
+      return "0 (replicated)";
+    case sharding::stage1:
+      return "1";
+    case sharding::stage2:
+      return "2";
+    case sharding::stage3:
+      return "3";
+    case sharding::hybrid:
+      return "3 in node, replicated across";
+  }
+  return "?";
+}
+
+/// Model state per GPU in bytes (docs/zero.md, "Memory"): 2Ψ parameters, 2Ψ gradients and 12Ψ
+/// optimizer state, each divided by the ranks that shard it. Hybrid sharding shards as stage 3
+/// inside a node of g GPUs and replicates across nodes.
+[[nodiscard]] inline double memory_per_gpu(sharding s, double psi, int n, int g) {
+  const double p = grad_bytes_per_param * psi, k = optimizer_bytes_per_param * psi;
+  switch (s) {
+    case sharding::stage0:
+      return p + p + k;
+    case sharding::stage1:
+      return p + p + k / n;
+    case sharding::stage2:
+      return p + (p + k) / n;
+    case sharding::stage3:
+      return (p + p + k) / n;
+    case sharding::hybrid:
+      return (p + p + k) / g;
+  }
+  return 0;
+}
+
+/// Per step: bytes a GPU sends inside its node and to other nodes (mean over the GPUs), and
+/// the predicted time.
+struct step_cost {
+  double intra_bytes = 0;
+  double inter_bytes = 0;
+  double seconds = 0;
+};
+
+namespace detail {
+
+/// The best two-level prediction for `c` on `bytes` over `nodes` nodes.
+[[nodiscard]] inline double best(const tuning::fabric& f, collective c, double bytes, int nodes) {
+  return tuning::predict(f, c, tuning::select(f, c, bytes, nodes), bytes, nodes);
+}
+
+}  // namespace detail
+
+/// One step's gradient and parameter traffic (no overlap with compute): stage 0 all_reduces
+/// the gradients; stages 1 and 2 reduce_scatter them and all_gather the updated parameters;
+/// stage 3 also all_gathers the parameters for the forward and again for the backward pass;
+/// hybrid does stage 3's collectives inside the node and all_reduces each GPU's 1/g shard of
+/// the gradients across nodes.
+[[nodiscard]] inline step_cost zero_step(const tuning::fabric& f, sharding s, double psi,
+                                         int nodes) {
+  const int g = f.gpus_per_node, n = nodes * g;
+  const double bytes = grad_bytes_per_param * psi;
+  const double frac = static_cast<double>(n - 1) / n;
+  // One hop in g of a ring leaves the node; hierarchical sends the same 1/g across.
+  const double leaves = nodes > 1 ? 1.0 / g : 0.0;
+  auto split = [&](double sent) {
+    return step_cost{sent * (1 - leaves), sent * leaves, 0.0};
+  };
+  step_cost out;
+  switch (s) {
+    case sharding::stage0:
+      out = split(2 * frac * bytes);
+      out.seconds = detail::best(f, collective::all_reduce, bytes, nodes);
+      break;
+    case sharding::stage1:
+    case sharding::stage2:
+      out = split(2 * frac * bytes);
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes) +
+                    detail::best(f, collective::all_gather, bytes, nodes);
+      break;
+    case sharding::stage3:
+      out = split(3 * frac * bytes);
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes) +
+                    2 * detail::best(f, collective::all_gather, bytes, nodes);
+      break;
+    case sharding::hybrid: {
+      const double local = static_cast<double>(g - 1) / g;
+      const double across = static_cast<double>(nodes - 1) / nodes;
+      out.intra_bytes = 3 * local * bytes;
+      out.inter_bytes = 2 * across * bytes / g;
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, 1) +
+                    2 * detail::best(f, collective::all_gather, bytes, 1);
+      if (nodes > 1)
+        out.seconds += tuning::predict_best(collective::all_reduce, bytes / g, nodes,
+                                            tuning::inter_node(f));
+      break;
+    }
+  }
+  return out;
+}
+
+/// A data-parallel gradient exchange as another architecture does it, per step.
+struct exchange_cost {
+  double link_bytes = 0;  ///< bytes the busiest link carries in one direction
+  double seconds = 0;
+};
+
+/// The node's NICs together, achieved rate.
+[[nodiscard]] inline double node_nic_bandwidth(const tuning::fabric& f) {
+  return f.nics_per_node * f.nic_bandwidth * f.efficiency;
+}
+
+/// One parameter server node: every node pushes its gradient (already summed inside the node)
+/// and pulls the parameters back, so the server's NICs carry nodes × the gradient each way.
+[[nodiscard]] inline exchange_cost central_server(const tuning::fabric& f, double psi, int nodes) {
+  const double bytes = grad_bytes_per_param * psi;
+  const double link = nodes * bytes;
+  return {link, f.inter_latency + link / node_nic_bandwidth(f)};
+}
+
+/// Parameter servers sharded over every node (BytePS-style, one shard per node): each node
+/// pushes and pulls (nodes-1)/nodes of the gradient and serves as much for its own shard, the
+/// same 2(N-1)/N of the gradient per direction a node-level ring moves.
+[[nodiscard]] inline exchange_cost sharded_servers(const tuning::fabric& f, double psi,
+                                                   int nodes) {
+  const double bytes = grad_bytes_per_param * psi;
+  const double link = 2.0 * (nodes - 1) / nodes * bytes;
+  return {link, 2 * f.inter_latency + link / node_nic_bandwidth(f)};
+}
+
+/// Horovod-style: gradients fused into `fusion` -byte buffers, each all_reduced by one flat ring
+/// over every GPU (one channel, so one GPU's share of the NICs), buffers one after another.
+[[nodiscard]] inline exchange_cost fused_ring(const tuning::fabric& f, double psi, int nodes,
+                                              double fusion) {
+  const double bytes = grad_bytes_per_param * psi;
+  const int n = nodes * f.gpus_per_node;
+  const double buffers = std::ceil(bytes / fusion);
+  const double each = bytes / buffers;
+  const cost_params p = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
+  return {2.0 * (n - 1) / n * bytes,
+          buffers * tuning::predict(collective::all_reduce, algorithm::ring, each, n, p)};
+}
+
+}  // namespace ringzero::model
