@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
+#include <string_view>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -34,7 +37,7 @@ inline constexpr double kib = 1024.0, mib = kib * kib, gib = mib * kib;
     b /= 1024;
     ++u;
   }
-  if (b == std::floor(b)) return fmt::format("{:.0f} {}", b, names[u]);
+  if (b == std::floor(b) || b >= 100) return fmt::format("{:.0f} {}", b, names[u]);
   return fmt::format("{:.3g} {}", b, names[u]);
 }
 
@@ -52,26 +55,44 @@ inline constexpr double kib = 1024.0, mib = kib * kib, gib = mib * kib;
   return fmt::format("{:.1f}", bytes / 1e9);
 }
 
-/// The sizes where the two-level pick for `c` on `nodes` nodes changes, from 8 B to 8 GiB, as
-/// "tree → 45.3 KiB → hier": a scan in steps of 2^(1/8), each change located by bisection.
-template <class Pick>
-[[nodiscard]] std::string crossovers(Pick pick) {
-  std::string out;
-  double lo = 8;
-  algorithm current = pick(lo);
-  out = std::string(algorithm_name(current));
+/// The algorithms within 1 % of the cheapest at `bytes`, joined by "/" in name order: a
+/// near-tie is shown as one, since which of them a model picks there is rounding.
+template <class Cost>
+[[nodiscard]] std::string contenders(Cost cost, const std::vector<algorithm>& candidates,
+                                     double bytes) {
+  double best = std::numeric_limits<double>::infinity();
+  for (algorithm a : candidates) best = std::min(best, cost(a, bytes));
+  std::vector<std::pair<double, algorithm>> close;
+  for (algorithm a : candidates)
+    if (const double t = cost(a, bytes); t <= best * 1.01) close.emplace_back(t, a);
+  std::stable_sort(close.begin(), close.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::string_view> names;
+  for (const auto& c : close) names.push_back(algorithm_name(c.second));
+  std::sort(names.begin(), names.end());
+  std::string out(names.front());
+  for (std::size_t i = 1; i < names.size(); ++i) out += "/" + std::string(names[i]);
+  return out;
+}
+
+/// Where the cheapest algorithm under `cost` changes between 8 B and 8 GiB, as
+/// "rd → 45.3 KiB → hier": a scan in steps of 2^(1/8), each change located by bisection.
+template <class Cost>
+[[nodiscard]] std::string crossovers(Cost cost, const std::vector<algorithm>& candidates) {
+  const auto label = [&](double x) { return contenders(cost, candidates, x); };
+  std::string current = label(8);
+  std::string out = current;
   const double step = std::pow(2.0, 1.0 / 8);
-  for (double x = lo * step; x <= 8 * gib * 1.0001; x *= step) {
-    const algorithm a = pick(x);
-    if (a != current) {
-      double l = x / step, h = x;
-      for (int i = 0; i < 60; ++i) {
-        const double m = std::sqrt(l * h);
-        (pick(m) == current ? l : h) = m;
-      }
-      out += " → " + format_bytes(std::round(h)) + " → " + std::string(algorithm_name(a));
-      current = a;
+  for (double x = 8 * step; x <= 8 * gib * 1.0001; x *= step) {
+    const std::string next = label(x);
+    if (next == current) continue;
+    double l = x / step, h = x;
+    for (int i = 0; i < 60; ++i) {
+      const double m = std::sqrt(l * h);
+      (label(m) == current ? l : h) = m;
     }
+    out += " → " + format_bytes(std::round(h)) + " → " + next;
+    current = next;
   }
   return out;
 }
@@ -192,31 +213,40 @@ template <class Pick>
   return s;
 }
 
-/// Where the picks change with size: the two-level model's choice, and the one-level choice
-/// algorithm::automatic makes today with the inter-node constants alone.
+/// Where the picks change with size: under the two-level model, and under the one-level
+/// model algorithm::automatic uses today when the transport reports the inter-node constants.
 [[nodiscard]] inline std::string crossover_section(const fabric_file& file) {
   const tuning::fabric& f = file.fabric;
   const collective c = collective::all_reduce;
   std::string s = fmt::format(
-      "{}: all_reduce picks from 8 B to 8 GiB (an arrow carries the size where the next pick "
-      "starts).\n\n"
-      "| nodes | two-level model | `auto` today (inter-node constants) | two-level time lost "
-      "by today's pick, worst |\n"
+      "{}: cheapest all_reduce from 8 B to 8 GiB; an arrow carries the size where the next "
+      "starts, a/b is a tie within 1 %.\n\n"
+      "| nodes | two-level model | one-level model (`auto` today) | time lost by `auto` today, "
+      "worst size |\n"
       "|---|---|---|---|\n",
       f.name);
   for (int nodes : node_counts()) {
-    double worst = 0;
+    const std::vector<algorithm> cands = tuning::candidates(c, nodes > 1);
+    const int n = nodes * f.gpus_per_node;
+    const cost_params one = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
+    const auto two_level = [&](algorithm a, double x) { return tuning::predict(f, c, a, x, nodes); };
+    const auto one_level = [&](algorithm a, double x) {
+      return a == algorithm::hierarchical ? tuning::predict_hierarchical(x, n, nodes, one)
+                                          : tuning::predict(c, a, x, n, one);
+    };
+    double worst = 0, worst_at = 8;
     for (double x = 8; x <= 8 * gib; x *= 2) {
-      const double best = tuning::predict(f, c, tuning::select(f, c, x, nodes), x, nodes);
-      const double today =
-          tuning::predict(f, c, tuning::select_one_level(f, c, x, nodes), x, nodes);
-      worst = std::max(worst, today / best - 1);
+      const double best = two_level(tuning::select(f, c, x, nodes), x);
+      const double lost = two_level(tuning::select_one_level(f, c, x, nodes), x) / best - 1;
+      if (lost > worst) {
+        worst = lost;
+        worst_at = x;
+      }
     }
-    s += fmt::format(
-        "| {} | {} | {} | {:.0f} % |\n", nodes,
-        crossovers([&](double x) { return tuning::select(f, c, x, nodes); }),
-        crossovers([&](double x) { return tuning::select_one_level(f, c, x, nodes); }),
-        worst * 100);
+    s += fmt::format("| {} | {} | {} | {} |\n", nodes, crossovers(two_level, cands),
+                     crossovers(one_level, cands),
+                     worst > 0 ? fmt::format("{:.0f} % at {}", worst * 100, format_bytes(worst_at))
+                               : std::string("0 %"));
   }
   return s;
 }
@@ -234,8 +264,8 @@ inline constexpr int zero_nodes[] = {4, 32};
                   "of it across nodes (GB) |";
   std::string rule = "|---|---|---|---|---|---|";
   for (const fabric_file& file : files) {
-    s += fmt::format(" time on {} |", file.fabric.name);
-    rule += "---|";
+    s += fmt::format(" {} ringzero | {} striped rings |", file.fabric.name, file.fabric.name);
+    rule += "---|---|";
   }
   s += "\n" + rule + "\n";
   const tuning::fabric& first = files.front().fabric;
@@ -250,7 +280,9 @@ inline constexpr int zero_nodes[] = {4, 32};
                          format_gb(volume.intra_bytes + volume.inter_bytes),
                          format_gb(volume.inter_bytes));
         for (const fabric_file& file : files)
-          s += fmt::format(" {} |", format_time(zero_step(file.fabric, st, m.psi, nodes).seconds));
+          for (pricing how : {pricing::ringzero, pricing::striped})
+            s += fmt::format(" {} |",
+                             format_time(zero_step(file.fabric, st, m.psi, nodes, how).seconds));
         s += "\n";
       }
   return s;

@@ -61,10 +61,17 @@ struct step_cost {
   double seconds = 0;
 };
 
+/// Which collectives price a step: ringzero's own algorithms (the two-level pick), or rings
+/// striped over every NIC as NCCL runs them (what a ringzero communicator on the NCCL
+/// transport gets, since it hands collectives to NCCL).
+enum class pricing { ringzero, striped };
+
 namespace detail {
 
-/// The best two-level prediction for `c` on `bytes` over `nodes` nodes.
-[[nodiscard]] inline double best(const tuning::fabric& f, collective c, double bytes, int nodes) {
+/// The predicted time of `c` on `bytes` over `nodes` nodes under `how`.
+[[nodiscard]] inline double best(const tuning::fabric& f, collective c, double bytes, int nodes,
+                                 pricing how = pricing::ringzero) {
+  if (how == pricing::striped) return tuning::predict_striped_ring(f, c, bytes, nodes);
   return tuning::predict(f, c, tuning::select(f, c, bytes, nodes), bytes, nodes);
 }
 
@@ -76,7 +83,7 @@ namespace detail {
 /// hybrid does stage 3's collectives inside the node and all_reduces each GPU's 1/g shard of
 /// the gradients across nodes.
 [[nodiscard]] inline step_cost zero_step(const tuning::fabric& f, sharding s, double psi,
-                                         int nodes) {
+                                         int nodes, pricing how = pricing::ringzero) {
   const int g = f.gpus_per_node, n = nodes * g;
   const double bytes = grad_bytes_per_param * psi;
   const double frac = static_cast<double>(n - 1) / n;
@@ -89,26 +96,26 @@ namespace detail {
   switch (s) {
     case sharding::stage0:
       out = split(2 * frac * bytes);
-      out.seconds = detail::best(f, collective::all_reduce, bytes, nodes);
+      out.seconds = detail::best(f, collective::all_reduce, bytes, nodes, how);
       break;
     case sharding::stage1:
     case sharding::stage2:
       out = split(2 * frac * bytes);
-      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes) +
-                    detail::best(f, collective::all_gather, bytes, nodes);
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes, how) +
+                    detail::best(f, collective::all_gather, bytes, nodes, how);
       break;
     case sharding::stage3:
       out = split(3 * frac * bytes);
-      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes) +
-                    2 * detail::best(f, collective::all_gather, bytes, nodes);
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, nodes, how) +
+                    2 * detail::best(f, collective::all_gather, bytes, nodes, how);
       break;
     case sharding::hybrid: {
       const double local = static_cast<double>(g - 1) / g;
       const double across = static_cast<double>(nodes - 1) / nodes;
       out.intra_bytes = 3 * local * bytes;
       out.inter_bytes = 2 * across * bytes / g;
-      out.seconds = detail::best(f, collective::reduce_scatter, bytes, 1) +
-                    2 * detail::best(f, collective::all_gather, bytes, 1);
+      out.seconds = detail::best(f, collective::reduce_scatter, bytes, 1, how) +
+                    2 * detail::best(f, collective::all_gather, bytes, 1, how);
       if (nodes > 1)
         out.seconds += tuning::predict_best(collective::all_reduce, bytes / g, nodes,
                                             tuning::inter_node(f));
@@ -129,22 +136,29 @@ struct exchange_cost {
   return f.nics_per_node * f.nic_bandwidth * f.efficiency;
 }
 
-/// One parameter server node: every node pushes its gradient (already summed inside the node)
-/// and pulls the parameters back, so the server's NICs carry nodes × the gradient each way.
+/// Summing a gradient inside the node first and spreading the result afterwards (best
+/// reduce_scatter and all_gather over NVLink): what lets a node talk to servers as one worker.
+[[nodiscard]] inline double in_node(const tuning::fabric& f, double bytes) {
+  return detail::best(f, collective::reduce_scatter, bytes, 1) +
+         detail::best(f, collective::all_gather, bytes, 1);
+}
+
+/// One parameter server node: every node sums its gradient inside, pushes it and pulls the
+/// parameters back, so the server's NICs carry nodes × the gradient each way.
 [[nodiscard]] inline exchange_cost central_server(const tuning::fabric& f, double psi, int nodes) {
   const double bytes = grad_bytes_per_param * psi;
   const double link = nodes * bytes;
-  return {link, f.inter_latency + link / node_nic_bandwidth(f)};
+  return {link, in_node(f, bytes) + f.inter_latency + link / node_nic_bandwidth(f)};
 }
 
-/// Parameter servers sharded over every node (BytePS-style, one shard per node): each node
-/// pushes and pulls (nodes-1)/nodes of the gradient and serves as much for its own shard, the
+/// Parameter servers sharded over every node (BytePS-style, one shard per node): each node sums
+/// its gradient inside, then pushes and pulls (nodes-1)/nodes of the gradient and serves as much for its own shard, the
 /// same 2(N-1)/N of the gradient per direction a node-level ring moves.
 [[nodiscard]] inline exchange_cost sharded_servers(const tuning::fabric& f, double psi,
                                                    int nodes) {
   const double bytes = grad_bytes_per_param * psi;
   const double link = 2.0 * (nodes - 1) / nodes * bytes;
-  return {link, 2 * f.inter_latency + link / node_nic_bandwidth(f)};
+  return {link, in_node(f, bytes) + 2 * f.inter_latency + link / node_nic_bandwidth(f)};
 }
 
 /// Horovod-style: gradients fused into `fusion` -byte buffers, each all_reduced by one flat ring
