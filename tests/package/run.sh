@@ -156,12 +156,16 @@ step_install() {
   grep -A1 'requested no architecture check' "$cmakedir/ringzeroConfigVersion.cmake" |
     grep -q 'if("TRUE")' ||
     fail "ringzeroConfigVersion.cmake checks the pointer size; a header-only package must not"
-  for tool in ringzero-run ringzero-perf; do
+  for tool in ringzero-run ringzero-perf ringzero-model; do
     if [[ -n $(find "$tree" -name "$tool" -type f -perm -u+x -print -quit) ]]; then
       [[ -x $prefix/bin/$tool ]] || fail "$tool was built but not installed"
       echo "installed $tool"
     fi
   done
+  if [[ -x $prefix/bin/ringzero-model ]]; then
+    "$prefix/bin/ringzero-model" --section published "$prefix/share/ringzero/fabrics/p5.fabric" \
+      >/dev/null || fail "the installed ringzero-model cannot read its installed fabric files"
+  fi
   make_snapshot
 }
 

@@ -53,12 +53,12 @@ struct unit {
   double scale;
 };
 
-inline constexpr unit bandwidth_units[] = {{"GB/s", 1e9},  {"Gb/s", 1e9 / 8}, {"MB/s", 1e6},
-                                           {"Mb/s", 1e6 / 8}, {"TB/s", 1e12}, {"B/s", 1.0}};
+inline constexpr unit bandwidth_units[] = {{"GB/s", 1e9},     {"Gb/s", 1e9 / 8}, {"MB/s", 1e6},
+                                           {"Mb/s", 1e6 / 8}, {"TB/s", 1e12},    {"B/s", 1.0}};
 inline constexpr unit time_units[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1.0}};
-inline constexpr unit size_units[] = {{"B", 1.0},          {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                      {"GiB", 1073741824.0}, {"KB", 1e3},   {"MB", 1e6},
-                                      {"GB", 1e9}};
+inline constexpr unit size_units[] = {
+    {"B", 1.0},  {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+    {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9}};
 
 inline std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -102,7 +102,8 @@ class line_parser {
 
   int count(std::string_view text) const {
     const double v = quantity(text, std::span<const unit>());
-    if (v != std::floor(v) || v > 1e6) fail("expected a whole number, got '" + std::string(text) + "'");
+    if (v != std::floor(v) || v > 1e6)
+      fail("expected a whole number, got '" + std::string(text) + "'");
     return static_cast<int>(v);
   }
 
@@ -168,14 +169,15 @@ class line_parser {
       out.published.push_back({p.count(nodes), p.quantity(size, detail::size_units),
                                p.quantity(busbw, detail::bandwidth_units)});
     } else {
-      p.fail("unknown key (expected name, gpus_per_node, intra_bandwidth, intra_latency, "
-             "nics_per_node, nic_bandwidth, inter_latency, efficiency, reduce_bandwidth, chunk "
-             "or published)");
+      p.fail(
+          "unknown key (expected name, gpus_per_node, intra_bandwidth, intra_latency, "
+          "nics_per_node, nic_bandwidth, inter_latency, efficiency, reduce_bandwidth, chunk "
+          "or published)");
     }
   }
-  for (const char* key : {"name", "gpus_per_node", "intra_bandwidth", "intra_latency",
-                          "nics_per_node", "nic_bandwidth", "inter_latency", "efficiency",
-                          "reduce_bandwidth"}) {
+  for (const char* key :
+       {"name", "gpus_per_node", "intra_bandwidth", "intra_latency", "nics_per_node",
+        "nic_bandwidth", "inter_latency", "efficiency", "reduce_bandwidth"}) {
     bool found = false;
     for (const std::string& s : seen) found = found || s == key;
     if (!found) throw invalid_argument(std::string(source) + ": missing key '" + key + "'");

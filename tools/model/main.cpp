@@ -85,12 +85,15 @@ config parse(int argc, char** argv) {
       std::exit(0);
     } else if (a == "-c" || a == "--collective") {
       const std::string_view v = value();
-      if (v == "all_reduce") c.coll = collective::all_reduce;
-      else if (v == "reduce_scatter") c.coll = collective::reduce_scatter;
-      else if (v == "all_gather") c.coll = collective::all_gather;
+      if (v == "all_reduce")
+        c.coll = collective::all_reduce;
+      else if (v == "reduce_scatter")
+        c.coll = collective::reduce_scatter;
+      else if (v == "all_gather")
+        c.coll = collective::all_gather;
       else
-        throw invalid_argument(fmt::format(
-            "--collective: '{}' is not all_reduce, reduce_scatter or all_gather", v));
+        throw invalid_argument(
+            fmt::format("--collective: '{}' is not all_reduce, reduce_scatter or all_gather", v));
     } else if (a == "-N" || a == "--nodes") {
       c.nodes.clear();
       std::istringstream list{std::string(value())};
@@ -151,10 +154,10 @@ std::string section(const std::vector<fabric_file>& files, std::string_view name
   if (name == "all_reduce") return per_fabric(model::all_reduce_section);
   if (name == "scatter_gather") return per_fabric(model::scatter_gather_section);
   if (name == "crossover") return per_fabric(model::crossover_section);
-  throw invalid_argument(fmt::format(
-      "unknown section '{}' (expected fabrics, published, all_reduce, scatter_gather, "
-      "crossover, zero or architectures)",
-      name));
+  throw invalid_argument(
+      fmt::format("unknown section '{}' (expected fabrics, published, all_reduce, scatter_gather, "
+                  "crossover, zero or architectures)",
+                  name));
 }
 
 constexpr std::string_view begin_marker = "<!-- ringzero-model: ";

@@ -9,9 +9,9 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <utility>
-#include <string>
 #include <vector>
 
 #include "fabric_file.hpp"
@@ -142,8 +142,8 @@ template <class Cost>
         format_bytes(p.bytes), format_gbps(p.busbw), format_gbps(model), error * 100,
         algorithm_name(pick),
         format_gbps(busbw(tuning::predict(f, collective::all_reduce, pick, p.bytes, p.nodes))),
-        format_gbps(busbw(
-            tuning::predict(f, collective::all_reduce, algorithm::ring, p.bytes, p.nodes))));
+        format_gbps(
+            busbw(tuning::predict(f, collective::all_reduce, algorithm::ring, p.bytes, p.nodes))));
   }
   s += fmt::format("\n{} of {} points within 15 %; largest error {:.1f} %.\n", within,
                    file.published.size(), worst * 100);
@@ -167,9 +167,9 @@ template <class Cost>
     const auto pick_at = [&](double bytes, bool as_time) {
       const algorithm a = tuning::select(f, c, bytes, nodes);
       const double t = tuning::predict(f, c, a, bytes, nodes);
-      return fmt::format("{} {}", algorithm_name(a),
-                         as_time ? format_time(t)
-                                 : format_gbps(tuning::bus_bandwidth(c, bytes, n, t)));
+      return fmt::format(
+          "{} {}", algorithm_name(a),
+          as_time ? format_time(t) : format_gbps(tuning::bus_bandwidth(c, bytes, n, t)));
     };
     const auto at_8gib = [&](algorithm a) -> std::string {
       const double t = tuning::predict(f, c, a, 8 * gib, nodes);
@@ -181,8 +181,8 @@ template <class Cost>
         pick_at(8, true), pick_at(mib, false), pick_at(64 * mib, false), pick_at(8 * gib, false),
         at_8gib(algorithm::ring), at_8gib(algorithm::tree), at_8gib(algorithm::recursive_doubling),
         at_8gib(algorithm::recursive_halving_doubling), at_8gib(algorithm::hierarchical),
-        format_gbps(tuning::bus_bandwidth(
-            c, 8 * gib, n, tuning::predict_striped_ring(f, c, 8 * gib, nodes))));
+        format_gbps(tuning::bus_bandwidth(c, 8 * gib, n,
+                                          tuning::predict_striped_ring(f, c, 8 * gib, nodes))));
   }
   return s;
 }
@@ -229,7 +229,9 @@ template <class Cost>
     const std::vector<algorithm> cands = tuning::candidates(c, nodes > 1);
     const int n = nodes * f.gpus_per_node;
     const cost_params one = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
-    const auto two_level = [&](algorithm a, double x) { return tuning::predict(f, c, a, x, nodes); };
+    const auto two_level = [&](algorithm a, double x) {
+      return tuning::predict(f, c, a, x, nodes);
+    };
     const auto one_level = [&](algorithm a, double x) {
       return a == algorithm::hierarchical ? tuning::predict_hierarchical(x, n, nodes, one)
                                           : tuning::predict(c, a, x, n, one);
@@ -260,8 +262,9 @@ inline constexpr int zero_nodes[] = {4, 32};
 
 /// Stages 0-3 and hybrid sharding for 7B and 70B parameters on 4 and 32 nodes.
 [[nodiscard]] inline std::string zero_section(const std::vector<fabric_file>& files) {
-  std::string s = "| model | nodes (GPUs) | stage | model state per GPU (GB) | sent per GPU (GB) | "
-                  "of it across nodes (GB) |";
+  std::string s =
+      "| model | nodes (GPUs) | stage | model state per GPU (GB) | sent per GPU (GB) | "
+      "of it across nodes (GB) |";
   std::string rule = "|---|---|---|---|---|---|";
   for (const fabric_file& file : files) {
     s += fmt::format(" {} ringzero | {} striped rings |", file.fabric.name, file.fabric.name);
@@ -304,7 +307,8 @@ inline constexpr int architecture_nodes = 16;
   s += "\n" + rule + "\n";
   const auto row = [&](const char* name, const char* link, double link_bytes, auto seconds) {
     s += fmt::format("| {} | {} | {} |", name, link, format_gb(link_bytes));
-    for (const fabric_file& file : files) s += fmt::format(" {} |", format_time(seconds(file.fabric)));
+    for (const fabric_file& file : files)
+      s += fmt::format(" {} |", format_time(seconds(file.fabric)));
     s += "\n";
   };
   const tuning::fabric& first = files.front().fabric;
@@ -317,16 +321,14 @@ inline constexpr int architecture_nodes = 16;
       sharded_servers(first, psi, nodes).link_bytes,
       [&](const tuning::fabric& f) { return sharded_servers(f, psi, nodes).seconds; });
   row("ring all_reduce, 64 MiB tensor fusion (Horovod)", "each GPU's NIC share",
-      fused_ring(first, psi, nodes, horovod_fusion_bytes).link_bytes,
-      [&](const tuning::fabric& f) {
+      fused_ring(first, psi, nodes, horovod_fusion_bytes).link_bytes, [&](const tuning::fabric& f) {
         return fused_ring(f, psi, nodes, horovod_fusion_bytes).seconds;
       });
   row("ringzero hierarchical all_reduce", "each GPU's NIC share",
       2.0 * (nodes - 1) / nodes * grads / first.gpus_per_node, [&](const tuning::fabric& f) {
         return tuning::predict(f, collective::all_reduce, algorithm::hierarchical, grads, nodes);
       });
-  row("reduce_scatter + all_gather (ZeRO 1-2)", "each GPU's NIC share",
-      2.0 * (n - 1) / n * grads,
+  row("reduce_scatter + all_gather (ZeRO 1-2)", "each GPU's NIC share", 2.0 * (n - 1) / n * grads,
       [&](const tuning::fabric& f) { return zero_step(f, sharding::stage1, psi, nodes).seconds; });
   return s;
 }

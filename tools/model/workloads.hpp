@@ -12,7 +12,7 @@
 
 namespace ringzero::model {
 
-inline constexpr double grad_bytes_per_param = 2;  // bf16 parameters and gradients
+inline constexpr double grad_bytes_per_param = 2;        // bf16 parameters and gradients
 inline constexpr double optimizer_bytes_per_param = 12;  // fp32 master + two fp32 moments
 
 enum class sharding { stage0, stage1, stage2, stage3, hybrid };
@@ -82,16 +82,14 @@ namespace detail {
 /// stage 3 also all_gathers the parameters for the forward and again for the backward pass;
 /// hybrid does stage 3's collectives inside the node and all_reduces each GPU's 1/g shard of
 /// the gradients across nodes.
-[[nodiscard]] inline step_cost zero_step(const tuning::fabric& f, sharding s, double psi,
-                                         int nodes, pricing how = pricing::ringzero) {
+[[nodiscard]] inline step_cost zero_step(const tuning::fabric& f, sharding s, double psi, int nodes,
+                                         pricing how = pricing::ringzero) {
   const int g = f.gpus_per_node, n = nodes * g;
   const double bytes = grad_bytes_per_param * psi;
   const double frac = static_cast<double>(n - 1) / n;
   // One hop in g of a ring leaves the node; hierarchical sends the same 1/g across.
   const double leaves = nodes > 1 ? 1.0 / g : 0.0;
-  auto split = [&](double sent) {
-    return step_cost{sent * (1 - leaves), sent * leaves, 0.0};
-  };
+  auto split = [&](double sent) { return step_cost{sent * (1 - leaves), sent * leaves, 0.0}; };
   step_cost out;
   switch (s) {
     case sharding::stage0:
@@ -117,8 +115,8 @@ namespace detail {
       out.seconds = detail::best(f, collective::reduce_scatter, bytes, 1, how) +
                     2 * detail::best(f, collective::all_gather, bytes, 1, how);
       if (nodes > 1)
-        out.seconds += tuning::predict_best(collective::all_reduce, bytes / g, nodes,
-                                            tuning::inter_node(f));
+        out.seconds +=
+            tuning::predict_best(collective::all_reduce, bytes / g, nodes, tuning::inter_node(f));
       break;
     }
   }
@@ -152,10 +150,9 @@ struct exchange_cost {
 }
 
 /// Parameter servers sharded over every node (BytePS-style, one shard per node): each node sums
-/// its gradient inside, then pushes and pulls (nodes-1)/nodes of the gradient and serves as much for its own shard, the
-/// same 2(N-1)/N of the gradient per direction a node-level ring moves.
-[[nodiscard]] inline exchange_cost sharded_servers(const tuning::fabric& f, double psi,
-                                                   int nodes) {
+/// its gradient inside, then pushes and pulls (nodes-1)/nodes of the gradient and serves as much
+/// for its own shard, the same 2(N-1)/N of the gradient per direction a node-level ring moves.
+[[nodiscard]] inline exchange_cost sharded_servers(const tuning::fabric& f, double psi, int nodes) {
   const double bytes = grad_bytes_per_param * psi;
   const double link = 2.0 * (nodes - 1) / nodes * bytes;
   return {link, in_node(f, bytes) + 2 * f.inter_latency + link / node_nic_bandwidth(f)};

@@ -36,9 +36,9 @@ struct fabric {
   double intra_bandwidth = 0;  ///< one GPU to the others of its node (NVLink, NVSwitch)
   double intra_latency = 0;    ///< seconds per message inside the node
   int nics_per_node = 1;
-  double nic_bandwidth = 0;   ///< one NIC
-  double inter_latency = 0;   ///< seconds per message between nodes
-  double efficiency = 1;      ///< achieved / line rate, in (0, 1]
+  double nic_bandwidth = 0;     ///< one NIC
+  double inter_latency = 0;     ///< seconds per message between nodes
+  double efficiency = 1;        ///< achieved / line rate, in (0, 1]
   double reduce_bandwidth = 0;  ///< bytes per second one GPU reduces (gamma = 1 / this)
   std::size_t chunk_bytes = std::size_t{1} << 20;  ///< pipeline chunk of ring and tree
 };
@@ -97,9 +97,9 @@ struct fabric {
 [[nodiscard]] inline algorithm select_one_level(const fabric& f, collective c, double bytes,
                                                 int nodes) {
   const cost_params p = nodes > 1 ? inter_node(f) : intra_node(f);
-  return select(c, bytes, nodes * f.gpus_per_node, p,
-                topology{.node = 0, .local_rank = 0, .local_size = f.gpus_per_node,
-                         .node_count = nodes});
+  return select(
+      c, bytes, nodes * f.gpus_per_node, p,
+      topology{.node = 0, .local_rank = 0, .local_size = f.gpus_per_node, .node_count = nodes});
 }
 
 /// A ring striped over every NIC of the node, as NCCL's channels run it (one ring per channel,
