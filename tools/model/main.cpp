@@ -293,7 +293,7 @@ int main(int argc, char** argv) {
       for (const fabric_file& f : files) table(cfg, f);
     return 0;
   } catch (const ringzero::error& e) {
-    fmt::print(stderr, "ringzero-model: {}\n", e.what());
+    fmt::print(stderr, "{}\n", e.what());
     return 2;
   }
 }
