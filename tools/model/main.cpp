@@ -31,7 +31,9 @@ using model::fabric_file;
 constexpr const char* usage = R"(usage: ringzero-model [options] FABRIC...
 
 Predicts ring, tree, rd, rhd and hierarchical collectives on the nodes a FABRIC file
-describes (tools/model/fabrics/*.fabric), with the cost model algorithm::automatic uses.
+describes (tools/model/fabrics/*.fabric), with the cost model algorithm::automatic uses, and
+for comparison a ring striped over every NIC of a node, as NCCL runs it. `pick` is the
+two-level model's choice, `auto-today` the one-level choice of algorithm::automatic.
 
   -c, --collective NAME  all_reduce (default), reduce_scatter or all_gather
   -N, --nodes LIST       comma-separated node counts (default 1,2,4,...,4096)
@@ -239,7 +241,7 @@ void table(const config& cfg, const fabric_file& file) {
     fmt::print("#{:>12}", "size");
     for (algorithm a : algos)
       fmt::print(" {:>12} {:>8}", fmt::format("{} time", algorithm_name(a)), "busbw");
-    fmt::print(" {:>6} {:>10}\n", "pick", "auto-today");
+    fmt::print(" {:>12} {:>8} {:>6} {:>10}\n", "striped time", "busbw", "pick", "auto-today");
     for (double x = cfg.min_bytes; x <= cfg.max_bytes * (1 + 1e-9); x *= cfg.factor) {
       const double bytes = std::round(x);
       fmt::print(" {:>12.0f}", bytes);
@@ -251,6 +253,9 @@ void table(const config& cfg, const fabric_file& file) {
         else
           fmt::print(" {:>12} {:>8}", "-", "-");
       }
+      const double striped = tuning::predict_striped_ring(f, cfg.coll, bytes, nodes);
+      fmt::print(" {:>12.2f} {:>8.2f}", striped * 1e6,
+                 tuning::bus_bandwidth(cfg.coll, bytes, n, striped) / 1e9);
       fmt::print(" {:>6} {:>10}\n", algorithm_name(tuning::select(f, cfg.coll, bytes, nodes)),
                  algorithm_name(tuning::select_one_level(f, cfg.coll, bytes, nodes)));
     }

@@ -118,6 +118,7 @@ template <class Cost>
 /// ringzero's own algorithms would reach there.
 [[nodiscard]] inline std::string published_section(const fabric_file& file) {
   const tuning::fabric& f = file.fabric;
+  if (file.published.empty()) return fmt::format("{}: no published points.\n", f.name);
   std::string s = fmt::format(
       "{}: all_reduce bus bandwidth in GB/s.\n\n"
       "| nodes | GPUs | size | published | model (striped ring) | error | ringzero pick | "
