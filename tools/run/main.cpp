@@ -7,6 +7,7 @@
 // Each rank runs in its own process group (so one signal reaches a rank's helpers too), with
 // stdin from /dev/null and the variables detect_launch() reads.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -298,6 +299,19 @@ std::string describe(int status) {
   return fmt::format("ended with status {:#x}", status);
 }
 
+// libfabric's shm provider keeps each endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>
+// and removes it when the endpoint closes; a rank killed outright cannot, so the launcher does.
+void remove_shm_regions(pid_t pid) {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  const std::string prefix = fmt::format("{}:", pid);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name(e->d_name);
+    if (name.starts_with(prefix)) ::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -325,6 +339,8 @@ class job {
       job_deadline_ = started + std::chrono::duration_cast<clock_type::duration>(
                                     std::chrono::duration<double>(opt_.timeout_s));
     loop();
+    for (const auto& rp : ranks_)
+      if (rp.pid > 0) remove_shm_regions(rp.pid);
     if (spawn_failed_) return 127;
     if (first_failure_ >= 0)
       return exit_code_of(ranks_[static_cast<std::size_t>(first_failure_)].status);
@@ -412,10 +428,18 @@ class job {
   }
 
   void reap() {
+    // Everything that ended by now, first: of a rank killed by a signal and a rank that exited
+    // with an error because of it, the killed one is the culprit, in whatever order they end.
+    std::vector<std::pair<pid_t, int>> ended;
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) return;
+      if (pid <= 0) break;
+      ended.emplace_back(pid, status);
+    }
+    std::stable_partition(ended.begin(), ended.end(),
+                          [](const auto& e) { return WIFSIGNALED(e.second); });
+    for (const auto& [pid, status] : ended) {
       for (std::size_t r = 0; r < ranks_.size(); ++r) {
         auto& rp = ranks_[r];
         if (rp.pid != pid || !rp.running) continue;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -143,12 +144,18 @@ class exchange {
 
   [[nodiscard]] timeout_error timed_out(const pending& p) const {
     const double secs = std::chrono::duration<double>(timeout_).count();
-    return timeout_error(
-        fmt::format("{} ({}) on rank {} of {}: step {} timed out after {:g} s waiting for rank {} "
-                    "to {} (sequence {}; RINGZERO_TIMEOUT sets the limit)",
-                    collective_, algorithm_, comm_.rank(), comm_.size(), p.step, secs, p.peer,
-                    p.is_send ? "receive our message" : "send its message", seq_),
-        p.peer);
+    std::string what = fmt::format(
+        "{} ({}) on rank {} of {}: step {} timed out after {:g} s waiting for rank {} "
+        "to {} (sequence {}; RINGZERO_TIMEOUT sets the limit)",
+        collective_, algorithm_, comm_.rank(), comm_.size(), p.step, secs, p.peer,
+        p.is_send ? "receive our message" : "send its message", seq_);
+    // The rank waited for is often only the dead one's neighbour: a transport that knows who
+    // died (libfabric's watchdog) names it, and the error carries it as the culprit.
+    if constexpr (requires { comm_.failed_rank(); }) {
+      if (const int dead = comm_.failed_rank(); dead >= 0 && dead != p.peer)
+        return timeout_error(fmt::format("{}; rank {} has died", what, dead), dead);
+    }
+    return timeout_error(what, p.peer);
   }
 
   T& comm_;

@@ -17,6 +17,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +146,7 @@ class communicator {
   void forget_memory(const void* p, std::size_t n) { ep_->forget_memory(p, n); }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_live("isend");
     check_peer(peer, "isend");
     request r;
     r.ep_ = ep_;
@@ -154,6 +156,7 @@ class communicator {
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_live("irecv");
     check_peer(peer, "irecv");
     request r;
     r.ep_ = ep_;
@@ -177,6 +180,24 @@ class communicator {
   }
 
   void progress() { ep_->progress(); }
+
+  /// The rank (numbered as in this communicator) the watchdog found dead, or -1: none known,
+  /// or the dead rank is not a member. Waits on this communicator fail naming it.
+  [[nodiscard]] int failed_rank() const noexcept {
+    if (!ep_) return -1;
+    const int world = ep_->failed_rank();
+    if (world < 0) return -1;
+    const auto it = std::find(members_.begin(), members_.end(), world);
+    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+  }
+
+  /// Fails every wait on this communicator, and on every communicator sharing its endpoint
+  /// (split ones, the world), with peer_error carrying `why`: now, including waits blocked in
+  /// another thread, and every call after. For a thread that must stop a collective another
+  /// thread is blocked in (a failure found elsewhere, a signal handler's flag). Thread-safe.
+  void abort(const std::string& why = "abort() was called") {
+    if (ep_) ep_->abort(why);
+  }
 
   /// Collective over this communicator, as MPI_Comm_split / ncclCommSplit: ranks passing the
   /// same color >= 0 form a communicator ranked by (key, rank here); a negative color returns
@@ -215,6 +236,11 @@ class communicator {
   }
   [[nodiscard]] std::uint64_t full_tag(tag_t tag) const noexcept {
     return (static_cast<std::uint64_t>(comm_id_) << tag_bits) | tag;
+  }
+  void check_live(const char* what) const {
+    if (!ep_)
+      throw invalid_argument(fmt::format(
+          "{}: this libfabric communicator was moved from; use the one it was moved to", what));
   }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size() || peer == rank_)

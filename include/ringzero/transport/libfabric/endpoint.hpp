@@ -28,6 +28,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstddef>
@@ -40,6 +41,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ringzero/error.hpp"
@@ -48,6 +50,7 @@
 #include "ringzero/transport/detail/split.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
+#include "ringzero/transport/libfabric/watchdog.hpp"
 
 namespace ringzero::libfabric::detail {
 
@@ -245,6 +248,7 @@ class endpoint {
   endpoint& operator=(const endpoint&) = delete;
 
   ~endpoint() {
+    dog_.reset();
     // Closing the endpoint ends every operation still posted; only then may the memory the
     // provider was using (registrations, contexts) go.
     ep_.reset();
@@ -291,6 +295,37 @@ class endpoint {
     }
   }
 
+  /// Starts the watchdog (watchdog.hpp) over the ranks in `peers` (index = world rank).
+  void watch(int rank, std::vector<process_id> peers,
+             const std::vector<std::vector<std::byte>>& names) {
+    watchdog::config cfg;
+    cfg.rank = rank;
+    cfg.peers = std::move(peers);
+    cfg.timeout = timeout_;
+    if (provider_ == "shm") {
+      for (const auto& n : names) cfg.regions.push_back(shm_region(n));
+      if (static_cast<std::size_t>(rank) < cfg.regions.size())
+        cfg.own_region = cfg.regions[static_cast<std::size_t>(rank)];
+    }
+    dog_ = std::make_unique<watchdog>(std::move(cfg));
+  }
+
+  /// The world rank the watchdog found dead, or -1.
+  [[nodiscard]] int failed_rank() const noexcept { return dog_ ? dog_->failed_rank() : -1; }
+  [[nodiscard]] const watchdog* dog() const noexcept { return dog_.get(); }
+
+  /// Fails every operation waiting on this endpoint, now and from now on, with `why`. Safe to
+  /// call from any thread, without waiting for a thread that is inside a call.
+  void abort(const std::string& why) {
+    {
+      std::lock_guard lock(abort_mutex_);
+      if (aborted_.load(std::memory_order_acquire)) return;
+      abort_reason_ = why;
+    }
+    aborted_.store(true, std::memory_order_release);
+  }
+  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+
   [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
   [[nodiscard]] const std::shared_ptr<ringzero::detail::comm_ids>& ids() const noexcept {
     return ids_;
@@ -314,11 +349,13 @@ class endpoint {
   [[nodiscard]] op_context* send(int world_peer, int peer, std::uint64_t tag,
                                  std::span<const std::byte> data) {
     std::lock_guard lock(mutex_);
+    check_aborted();
     check_size(data.size(), peer, "send to");
     const fi_addr_t to = addrs_[static_cast<std::size_t>(world_peer)];
     // Injecting past queued sends could reorder two messages with one tag.
     if (inject_size_ > 0 && data.size() <= inject_size_ && waiting_sends_.empty()) {
-      const ssize_t rc = fi_tinject(ep_.get(), data.data(), data.size(), to, tag);
+      const ssize_t rc = watched(
+          dog_.get(), [&] { return fi_tinject(ep_.get(), data.data(), data.size(), to, tag); });
       if (rc == 0) return nullptr;
       if (rc != -FI_EAGAIN) throw post_failed("send to", peer, rc);
     }
@@ -333,6 +370,7 @@ class endpoint {
   [[nodiscard]] op_context* recv(int world_peer, int peer, std::uint64_t tag,
                                  std::span<std::byte> data) {
     std::lock_guard lock(mutex_);
+    check_aborted();
     check_size(data.size(), peer, "receive from");
     op_context* c = make(world_peer, peer, false, data.size(), data.data());
     c->buffer = data.data();
@@ -361,8 +399,40 @@ class endpoint {
     if (c->state == op_context::status::pending) progress_locked();
     switch (c->state) {
       case op_context::status::pending: {
+        if (aborted()) {
+          const int peer = c->peer;
+          const bool is_send = c->is_send;
+          abandon_locked(c);
+          throw peer_error(fmt::format("the communicator was aborted ({}) while a {} rank {} was "
+                                       "pending",
+                                       abort_reason(), is_send ? "send to" : "receive from", peer),
+                           -1);
+        }
+        // Waits on live ranks fail too: a collective with a dead member cannot finish. A
+        // short delay first lets completions a rank sent just before it exited arrive.
+        if (const int dead = failed_rank();
+            dead >= 0 && dog_->failure_age_ms() >= settle_ms && dead != c->world_peer) {
+          const int peer = c->peer;
+          const bool is_send = c->is_send;
+          abandon_locked(c);
+          throw peer_error(fmt::format("rank {} died ({}); this rank was waiting for a {} rank {} "
+                                       "over {}",
+                                       dead, dog_->failure(), is_send ? "send to" : "receive from",
+                                       peer, provider_),
+                           dead);
+        }
         const auto& dead = failures_[static_cast<std::size_t>(c->world_peer)];
-        if (dead.empty()) return false;
+        if (dead.empty() &&
+            !(failed_rank() == c->world_peer && dog_->failure_age_ms() >= settle_ms))
+          return false;
+        if (dead.empty()) {
+          const int peer = c->peer;
+          std::string what =
+              fmt::format("rank {} died ({}) during a {} it over {}", peer, dog_->failure(),
+                          c->is_send ? "send to" : "receive from", provider_);
+          abandon_locked(c);
+          throw peer_error(what, peer);
+        }
         const int peer = c->peer;
         std::string what = fmt::format("rank {} is unreachable over {}: {}", peer, provider_, dead);
         abandon_locked(c);
@@ -377,8 +447,24 @@ class endpoint {
     }
     const std::string what = c->error;
     const bool lost = c->peer_loss;
+    const bool cancelled = c->state == op_context::status::cancelled;
     const int peer = c->peer;
     recycle(c);
+    if (cancelled) {
+      // Only abandon() cancels, and it never hands the operation back: the provider cancelled
+      // it, as rxm does when a connection closes. The closing is this rank's news of a death
+      // somewhere; the watchdog says whose.
+      const int dead = await_culprit();
+      if (dead >= 0)
+        throw peer_error(
+            fmt::format("rank {} died ({}); provider {} then cancelled a pending operation ({})",
+                        dead, dog_->failure(), provider_, what),
+            dead);
+      throw peer_error(fmt::format("{} by provider {} (its connection to rank {} closed: has it "
+                                   "died?)",
+                                   what, provider_, peer),
+                       peer);
+    }
     if (lost) throw peer_error(what, peer);
     throw transport_error(what);
   }
@@ -399,6 +485,61 @@ class endpoint {
   }
 
  private:
+  static constexpr std::int64_t settle_ms = 200;
+
+  /// The world rank the watchdog found dead, waiting up to half a second for it to look: a
+  /// failure seen first as a closed connection is named once the watchdog has probed.
+  [[nodiscard]] int await_culprit() const {
+    if (!dog_) return -1;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    int dead = dog_->failed_rank();
+    while (dead < 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      dead = dog_->failed_rank();
+    }
+    return dead;
+  }
+
+  [[nodiscard]] std::string abort_reason() const {
+    std::lock_guard lock(abort_mutex_);
+    return abort_reason_;
+  }
+
+  void check_aborted() const {
+    if (aborted())
+      throw peer_error(fmt::format("the communicator was aborted: {}", abort_reason()), -1);
+  }
+
+  /// libfabric's shm provider names its region after the endpoint: fi_shm://<name> maps to
+  /// /dev/shm/<name>.
+  [[nodiscard]] std::string shm_region(const std::vector<std::byte>& name) const {
+    std::string text = address_text(name);
+    constexpr std::string_view scheme = "fi_shm://";
+    if (!text.starts_with(scheme) || text.size() == scheme.size() ||
+        text.find('/', scheme.size()) != std::string::npos)
+      return {};
+    return "/" + text.substr(scheme.size());
+  }
+
+  /// Every posted or queued operation, for RINGZERO_DEBUG=INFO when a wait gives up.
+  void log_pending() const {
+    if (!log::enabled(log::level::info)) return;
+    std::string list;
+    std::size_t n = 0;
+    for (const op_context& o : pool_) {
+      if (o.state != op_context::status::pending ||
+          std::find(free_.begin(), free_.end(), &o) != free_.end())
+        continue;
+      if (++n > 64) continue;
+      list += fmt::format("\n  {} rank {} (world {}), {} bytes, sequence {}, step {}, chunk {}{}",
+                          o.is_send ? "send to" : "receive from", o.peer, o.world_peer, o.length,
+                          (o.tag >> 28) & 0x7fffffu, (o.tag >> 16) & 0xfffu, o.tag & 0xffffu,
+                          o.posted ? "" : " (queued in the endpoint)");
+    }
+    if (n > 64) list += fmt::format("\n  ... and {} more", n - 64);
+    log::info("libfabric: {} pending operations when a wait gave up:{}", n, list);
+  }
+
   void abandon_locked(op_context* c) noexcept {
     if (c->state == op_context::status::pending && !c->posted) {
       // Still waiting in the endpoint: the provider never saw it.
@@ -408,9 +549,22 @@ class endpoint {
       return;
     }
     if (c->state == op_context::status::pending) {
-      fi_cancel(&ep_.get()->fid, c);
-      const auto limit =
-          c->is_send ? std::min(timeout_, std::chrono::nanoseconds(10'000'000)) : timeout_;
+      if (!logged_pending_) {
+        logged_pending_ = true;
+        try {
+          log_pending();
+        } catch (...) {
+          // Only a diagnostic: the cancellation below matters more.
+        }
+      }
+      watched(dog_.get(), [&] { return fi_cancel(&ep_.get()->fid, c); });
+      // Once a rank is dead or the communicator aborted, operations that have not finished
+      // will not: drain briefly, so that the error reaches the caller in time.
+      const bool failing = aborted() || failed_rank() >= 0 ||
+                           !failures_[static_cast<std::size_t>(c->world_peer)].empty();
+      const auto limit = c->is_send || failing
+                             ? std::min(timeout_, std::chrono::nanoseconds(10'000'000))
+                             : timeout_;
       const auto deadline = std::chrono::steady_clock::now() + limit;
       try {
         while (c->state == op_context::status::pending &&
@@ -420,10 +574,16 @@ class endpoint {
         log::warn("libfabric: draining a cancelled operation failed: {}", e.what());
       }
       if (c->state == op_context::status::pending) {
-        log::warn(
-            "libfabric: a {} rank {} could not be cancelled; its buffer must stay valid "
-            "until the communicator is destroyed",
-            c->is_send ? "send to" : "receive from", c->peer);
+        // One warning per endpoint: after a failure, every pending operation ends up here.
+        if (orphans_++ == 0)
+          log::warn(
+              "libfabric: a {} rank {} could not be cancelled; its buffer, and those of any "
+              "further operations that cannot be cancelled, must stay valid until the "
+              "communicator is destroyed",
+              c->is_send ? "send to" : "receive from", c->peer);
+        else
+          log::info("libfabric: a {} rank {} could not be cancelled either",
+                    c->is_send ? "send to" : "receive from", c->peer);
         c->orphaned = true;
         return;
       }
@@ -477,7 +637,7 @@ class endpoint {
   void progress_locked() {
     fi_cq_tagged_entry done[16];
     for (;;) {
-      const ssize_t n = fi_cq_read(cq_.get(), done, 16);
+      const ssize_t n = watched(dog_.get(), [&] { return fi_cq_read(cq_.get(), done, 16); });
       if (n > 0) {
         for (ssize_t i = 0; i < n; ++i)
           complete(static_cast<op_context*>(done[i].op_context), done[i].len);
@@ -528,9 +688,11 @@ class endpoint {
   void drain(std::deque<op_context*>& queue, std::size_t& posted, std::size_t cap) {
     while (!queue.empty() && posted < cap) {
       op_context* c = queue.front();
-      const ssize_t rc =
-          c->is_send ? fi_tsend(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, c)
-                     : fi_trecv(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, 0, c);
+      const ssize_t rc = watched(dog_.get(), [&] {
+        return c->is_send
+                   ? fi_tsend(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, c)
+                   : fi_trecv(ep_.get(), c->buffer, c->length, desc(c), c->address, c->tag, 0, c);
+      });
       if (rc == -FI_EAGAIN) return;
       queue.pop_front();
       if (rc != 0) {
@@ -572,7 +734,7 @@ class endpoint {
 
   void read_error() {
     fi_cq_err_entry err{};
-    const ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+    const ssize_t rc = watched(dog_.get(), [&] { return fi_cq_readerr(cq_.get(), &err, 0); });
     if (rc == -FI_EAGAIN) return;
     if (rc < 0)
       throw transport_error(
@@ -609,7 +771,10 @@ class endpoint {
     c->peer_loss = true;
     c->error = fmt::format("{} rank {} failed over {}: {}", c->is_send ? "send to" : "receive from",
                            c->peer, provider_, text);
-    if (is_peer_loss(code)) failures_[static_cast<std::size_t>(c->world_peer)] = text;
+    if (is_peer_loss(code)) {
+      failures_[static_cast<std::size_t>(c->world_peer)] = text;
+      if (dog_) dog_->report(c->world_peer, fmt::format("its connection failed: {}", text));
+    }
   }
 
   std::chrono::nanoseconds timeout_;
@@ -638,6 +803,13 @@ class endpoint {
   std::size_t send_cap_ = 64;
   std::size_t recv_cap_ = 128;
   std::vector<op_context*> free_;
+  bool logged_pending_ = false;
+  std::size_t orphans_ = 0;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;
+  // Last: stopped first, before anything it watches goes.
+  std::unique_ptr<watchdog> dog_;
 };
 
 }  // namespace ringzero::libfabric::detail

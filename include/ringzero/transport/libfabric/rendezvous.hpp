@@ -1,8 +1,10 @@
 // Building the world communicator's endpoint through a store:
-//   1. every rank publishes its host name (node placement, and whether shm can serve all);
+//   1. every rank publishes its host name (node placement, and whether shm can serve all) and
+//      its process identity (the watchdog's liveness checks between ranks on one host);
 //   2. rank 0 picks the provider, opens its endpoint and publishes the provider's name; the
 //      others open the same provider;
-//   3. every rank publishes fi_getname() and inserts everyone's name into its address vector;
+//   3. every rank publishes fi_getname() and inserts everyone's name into its address vector,
+//      then starts its endpoint's watchdog;
 //   4. a last round of keys tells each rank that all others have finished reading, and rank 0
 //      that all others are done with the store, so a rank 0 that serves it may close it.
 // A rank that fails to open its endpoint publishes the reason in place of its name, so the
@@ -72,9 +74,15 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
 
   world w;
   keys::set_text(s, key("host", rank), log::detail::host_name());
+  keys::set_text(s, key("process", rank), self_process().text());
   w.hosts.resize(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r)
+  std::vector<process_id> processes(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
     w.hosts[static_cast<std::size_t>(r)] = keys::get_text(s, key("host", r));
+    // Unparsable (another build of ringzero?): that rank is simply not probed.
+    if (auto p = process_id::parse(keys::get_text(s, key("process", r))))
+      processes[static_cast<std::size_t>(r)] = std::move(*p);
+  }
   const bool one_host =
       std::all_of(w.hosts.begin(), w.hosts.end(), [&](const auto& h) { return h == w.hosts[0]; });
 
@@ -107,6 +115,7 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
   w.ep->connect(names);
+  w.ep->watch(rank, std::move(processes), names);
 
   keys::set_text(s, key("ready", rank), "1");
   std::vector<std::string> ready;

@@ -1,0 +1,278 @@
+// The deadline's enforcer and the job's culprit finder, one thread per endpoint.
+//
+// Two failures cannot be handled from the thread that runs a collective:
+//   - a provider call that never returns: libfabric's shm provider takes a spinlock that lives
+//     in a peer's shared region, and a peer killed while holding it leaves every caller
+//     spinning for good, so no deadline check after that call is ever reached;
+//   - a dead rank that is not the one a wait is blocked on: the survivors' waits time out on
+//     their live neighbours and name them.
+// The watchdog thread does both. Every `interval` (20 ms: short, so that it sees the rank
+// killed first before a neighbour that failed because of it exits too) it probes each rank that
+// runs on this host (same host name and pid namespace) through /proc: a rank whose process is gone,
+// a zombie, or a different process under the same pid (start time differs) has died, and the
+// endpoint's waits then fail naming it. And if one provider call has been running for longer than
+// the deadline (or for `grace` once a rank is known dead), the thread writes why to stderr, removes
+// this process's shared-memory region, and ends the process with exit status
+// `watchdog_exit_status`: the same choice PyTorch makes beside NCCL (its watchdog tears the
+// process down when a collective outlives its timeout), because a thread stuck in someone
+// else's lock cannot be unwound, and ending the process is the only way its caller and its
+// launcher learn of it. RINGZERO_WATCHDOG=0 turns the termination off (the probing stays).
+#pragma once
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ringzero/detail/env.hpp"
+#include "ringzero/log.hpp"
+
+namespace ringzero::libfabric::detail {
+
+/// Exit status of a process the watchdog ended (EX_SOFTWARE).
+inline constexpr int watchdog_exit_status = 70;
+
+/// Who a process is, as other processes on its host can check it: published at rendezvous.
+struct process_id {
+  std::string host;  ///< host name and pid namespace: pids mean the same only where both match
+  long pid = 0;
+  std::uint64_t start = 0;  ///< start time in clock ticks since boot: tells a reused pid apart
+
+  [[nodiscard]] std::string text() const { return fmt::format("{} {} {}", pid, start, host); }
+
+  [[nodiscard]] static std::optional<process_id> parse(std::string_view s) {
+    process_id p;
+    const auto sp1 = s.find(' ');
+    if (sp1 == std::string_view::npos) return std::nullopt;
+    const auto sp2 = s.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos) return std::nullopt;
+    const char* b = s.data();
+    if (std::from_chars(b, b + sp1, p.pid).ec != std::errc{} || p.pid <= 0) return std::nullopt;
+    if (std::from_chars(b + sp1 + 1, b + sp2, p.start).ec != std::errc{}) return std::nullopt;
+    p.host = std::string(s.substr(sp2 + 1));
+    return p;
+  }
+};
+
+enum class process_state { alive, stopped, gone, unknown };
+
+/// State letter and start time of /proc/<pid>/stat; the command name (field 2) may hold
+/// spaces and parentheses, so fields are counted from its last ')'.
+[[nodiscard]] inline bool read_stat(long pid, char& state, std::uint64_t& start) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!f || !std::getline(f, line)) return false;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  // Fields 3 (state) to 22 (starttime).
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return false;
+    if (i == 3) state = field.empty() ? '?' : field[0];
+  }
+  return std::from_chars(field.data(), field.data() + field.size(), start).ec == std::errc{};
+}
+
+[[nodiscard]] inline process_id self_process() {
+  process_id p;
+  p.pid = static_cast<long>(::getpid());
+  char state = '?';
+  if (!read_stat(p.pid, state, p.start)) p.start = 0;
+  std::string ns = "?";
+  char buf[64] = {};
+  if (const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1); n > 0)
+    ns.assign(buf, static_cast<std::size_t>(n));
+  p.host = fmt::format("{}/{}", log::detail::host_name(), ns);
+  return p;
+}
+
+/// How `p` is doing, seen from a process on the same host (`unknown` from elsewhere).
+[[nodiscard]] inline process_state probe(const process_id& p, const process_id& self) {
+  if (p.host != self.host || p.start == 0) return process_state::unknown;
+  char state = '?';
+  std::uint64_t start = 0;
+  if (!read_stat(p.pid, state, start) || start != p.start) return process_state::gone;
+  if (state == 'Z' || state == 'X' || state == 'x') return process_state::gone;
+  if (state == 'T' || state == 't') return process_state::stopped;
+  return process_state::alive;
+}
+
+class watchdog {
+ public:
+  struct config {
+    int rank = 0;
+    std::vector<process_id> peers;  ///< by world rank
+    std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
+    /// How long a provider call may run once a rank is known dead.
+    std::chrono::nanoseconds grace{std::chrono::seconds(2)};
+    std::chrono::milliseconds interval{20};
+    std::string own_region;            ///< this process's /dev/shm region (shm), or empty
+    std::vector<std::string> regions;  ///< every rank's /dev/shm region (shm), or empty
+  };
+
+  explicit watchdog(config cfg)
+      : cfg_(std::move(cfg)),
+        self_(self_process()),
+        terminate_(ringzero::detail::getenv_str("RINGZERO_WATCHDOG").value_or("1") != "0") {
+    thread_ = std::thread([this] { run(); });
+  }
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+  ~watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  /// The world rank known to have died, or -1.
+  [[nodiscard]] int failed_rank() const noexcept { return failed_.load(std::memory_order_acquire); }
+  /// How it was found out, once failed_rank() >= 0.
+  [[nodiscard]] std::string failure() const {
+    std::lock_guard lock(mutex_);
+    return reason_;
+  }
+  /// Milliseconds since the failure was found out (0 when none is known).
+  [[nodiscard]] std::int64_t failure_age_ms() const noexcept {
+    const std::int64_t at = failed_at_.load(std::memory_order_acquire);
+    return at == 0 ? 0 : now_ms() - at;
+  }
+  /// World ranks on this host that are stopped (SIGSTOP, a debugger): why a wait may stall.
+  [[nodiscard]] std::vector<int> stopped_ranks() const {
+    std::lock_guard lock(mutex_);
+    return stopped_;
+  }
+
+  /// Records that some rank other than this one failed (a reset connection, say).
+  void report(int world_rank, std::string why) {
+    if (world_rank < 0 || world_rank == cfg_.rank) return;
+    int expected = -1;
+    if (!failed_.compare_exchange_strong(expected, world_rank, std::memory_order_acq_rel)) return;
+    {
+      std::lock_guard lock(mutex_);
+      reason_ = std::move(why);
+    }
+    failed_at_.store(now_ms(), std::memory_order_release);
+  }
+
+  /// Brackets one provider call: the thread checks how long the current one has run.
+  void enter() noexcept { call_since_.store(now_ms(), std::memory_order_release); }
+  void leave() noexcept { call_since_.store(0, std::memory_order_release); }
+
+ private:
+  [[nodiscard]] static std::int64_t now_ms() noexcept {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      check_peers();
+      check_call();
+      lock.lock();
+      cv_.wait_for(lock, cfg_.interval, [&] { return stop_; });
+    }
+  }
+
+  void check_peers() {
+    std::vector<int> stopped;
+    for (std::size_t r = 0; r < cfg_.peers.size(); ++r) {
+      if (static_cast<int>(r) == cfg_.rank) continue;
+      const process_id& p = cfg_.peers[r];
+      switch (probe(p, self_)) {
+        case process_state::gone:
+          if (failed_rank() < 0) {
+            report(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
+            // A process killed outright leaves its shm region behind; every survivor removes
+            // it (removing a name that is already gone is harmless).
+            if (r < cfg_.regions.size() && !cfg_.regions[r].empty())
+              ::shm_unlink(cfg_.regions[r].c_str());
+          }
+          break;
+        case process_state::stopped:
+          stopped.push_back(static_cast<int>(r));
+          break;
+        case process_state::alive:
+        case process_state::unknown:
+          break;
+      }
+    }
+    std::lock_guard lock(mutex_);
+    stopped_ = std::move(stopped);
+  }
+
+  void check_call() {
+    const std::int64_t since = call_since_.load(std::memory_order_acquire);
+    if (since == 0 || !terminate_) return;
+    const std::int64_t ran = now_ms() - since;
+    const int dead = failed_rank();
+    const auto limit_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(dead >= 0 ? cfg_.grace : cfg_.timeout)
+            .count();
+    if (ran < limit_ms) return;
+    const std::string cause =
+        dead >= 0 ? fmt::format("rank {} died ({})", dead, failure())
+                  : std::string("no rank is known to have died (is one stopped or unreachable?)");
+    log::detail::write(
+        log::level::warn,
+        fmt::format("watchdog: rank {}: a libfabric call has not returned for {:.1f} s; {}. A "
+                    "provider call cannot be interrupted (shm waits on a lock a dead rank may "
+                    "hold), so this process ends now with exit status {} (RINGZERO_TIMEOUT sets "
+                    "the deadline; RINGZERO_WATCHDOG=0 keeps the process instead)",
+                    cfg_.rank, static_cast<double>(ran) / 1000.0, cause, watchdog_exit_status));
+    std::fflush(stderr);
+    if (!cfg_.own_region.empty()) ::shm_unlink(cfg_.own_region.c_str());
+    std::_Exit(watchdog_exit_status);
+  }
+
+  config cfg_;
+  process_id self_;
+  bool terminate_;
+  std::atomic<int> failed_{-1};
+  std::atomic<std::int64_t> failed_at_{0};
+  std::atomic<std::int64_t> call_since_{0};
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::string reason_;
+  std::vector<int> stopped_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Runs f, one provider call, under `dog`'s eye (nothing to watch when dog is null).
+template <class F>
+auto watched(watchdog* dog, F&& f) {
+  if (!dog) return f();
+  dog->enter();
+  struct leave {
+    watchdog* d;
+    ~leave() { d->leave(); }
+  } guard{dog};
+  return f();
+}
+
+}  // namespace ringzero::libfabric::detail
