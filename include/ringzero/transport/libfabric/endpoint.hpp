@@ -296,17 +296,11 @@ class endpoint {
   }
 
   /// Starts the watchdog (watchdog.hpp) over the ranks in `peers` (index = world rank).
-  void watch(int rank, std::vector<process_id> peers,
-             const std::vector<std::vector<std::byte>>& names) {
+  void watch(int rank, std::vector<process_id> peers) {
     watchdog::config cfg;
     cfg.rank = rank;
     cfg.peers = std::move(peers);
     cfg.timeout = timeout_;
-    if (provider_ == "shm") {
-      for (const auto& n : names) cfg.regions.push_back(shm_region(n));
-      if (static_cast<std::size_t>(rank) < cfg.regions.size())
-        cfg.own_region = cfg.regions[static_cast<std::size_t>(rank)];
-    }
     dog_ = std::make_unique<watchdog>(std::move(cfg));
   }
 
@@ -508,17 +502,6 @@ class endpoint {
   void check_aborted() const {
     if (aborted())
       throw peer_error(fmt::format("the communicator was aborted: {}", abort_reason()), -1);
-  }
-
-  /// libfabric's shm provider names its region after the endpoint: fi_shm://<name> maps to
-  /// /dev/shm/<name>.
-  [[nodiscard]] std::string shm_region(const std::vector<std::byte>& name) const {
-    std::string text = address_text(name);
-    constexpr std::string_view scheme = "fi_shm://";
-    if (!text.starts_with(scheme) || text.size() == scheme.size() ||
-        text.find('/', scheme.size()) != std::string::npos)
-      return {};
-    return "/" + text.substr(scheme.size());
   }
 
   /// Every posted or queued operation, for RINGZERO_DEBUG=INFO when a wait gives up.

@@ -115,7 +115,7 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
   w.ep->connect(names);
-  w.ep->watch(rank, std::move(processes), names);
+  w.ep->watch(rank, std::move(processes));
 
   keys::set_text(s, key("ready", rank), "1");
   std::vector<std::string> ready;

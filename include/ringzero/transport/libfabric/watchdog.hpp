@@ -19,9 +19,8 @@
 // launcher learn of it. RINGZERO_WATCHDOG=0 turns the termination off (the probing stays).
 #pragma once
 
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
@@ -116,6 +115,18 @@ enum class process_state { alive, stopped, gone, unknown };
   return process_state::alive;
 }
 
+/// libfabric's shm provider keeps an endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>
+/// (tcp;ofi_rxm opens one too) and removes it when the endpoint closes, which a process that
+/// was killed, or that the watchdog ends, never does.
+inline void remove_shm_regions(long pid) {
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  const std::string prefix = fmt::format("{}:", pid);
+  while (const dirent* e = ::readdir(d))
+    if (std::string_view(e->d_name).starts_with(prefix)) ::unlinkat(::dirfd(d), e->d_name, 0);
+  ::closedir(d);
+}
+
 class watchdog {
  public:
   struct config {
@@ -125,8 +136,6 @@ class watchdog {
     /// How long a provider call may run once a rank is known dead.
     std::chrono::nanoseconds grace{std::chrono::seconds(2)};
     std::chrono::milliseconds interval{20};
-    std::string own_region;            ///< this process's /dev/shm region (shm), or empty
-    std::vector<std::string> regions;  ///< every rank's /dev/shm region (shm), or empty
   };
 
   explicit watchdog(config cfg)
@@ -207,10 +216,9 @@ class watchdog {
         case process_state::gone:
           if (failed_rank() < 0) {
             report(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
-            // A process killed outright leaves its shm region behind; every survivor removes
-            // it (removing a name that is already gone is harmless).
-            if (r < cfg_.regions.size() && !cfg_.regions[r].empty())
-              ::shm_unlink(cfg_.regions[r].c_str());
+            // A process killed outright leaves its shm regions behind; every survivor removes
+            // them (removing a name that is already gone is harmless).
+            remove_shm_regions(p.pid);
           }
           break;
         case process_state::stopped:
@@ -245,7 +253,7 @@ class watchdog {
                     "the deadline; RINGZERO_WATCHDOG=0 keeps the process instead)",
                     cfg_.rank, static_cast<double>(ran) / 1000.0, cause, watchdog_exit_status));
     std::fflush(stderr);
-    if (!cfg_.own_region.empty()) ::shm_unlink(cfg_.own_region.c_str());
+    remove_shm_regions(self_.pid);
     std::_Exit(watchdog_exit_status);
   }
 

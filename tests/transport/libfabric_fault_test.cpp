@@ -1,0 +1,182 @@
+// Faults on the libfabric transport that a single process can stage: abort() from another
+// thread, a rank that stalls (SIGSTOP), and the watchdog's culprit finding. A rank SIGKILLed in the
+// middle of a collective is tried by kill_trials.py, over whole programs, with and without
+// ringzero-run.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "multiprocess.hpp"
+#include "ringzero/ringzero.hpp"
+#include "ringzero/transport/libfabric.hpp"
+
+using namespace std::chrono_literals;
+using ringzero::op;
+namespace fabric = ringzero::libfabric;
+
+namespace {
+
+const char* const providers[] = {"shm", "tcp;ofi_rxm"};
+
+struct rank_checks {
+  int rank;
+  int failures = 0;
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
+    ++failures;
+  }
+  [[nodiscard]] int code() const { return failures ? 1 : 0; }
+};
+
+[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("abort() from another thread unblocks a waiting collective and every later call") {
+  for (const char* provider : providers) {
+    CAPTURE(provider);
+    auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 30s});
+      if (r == 1) {
+        // Never joins: rank 0's collective can only end through abort().
+        s.barrier("rank 0 done", 2);
+        return 0;
+      }
+      std::vector<float> v(100000, 1.0f);
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(300ms);
+        comm.abort("stopped by the test");
+      });
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      } catch (const ringzero::peer_error& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      aborter.join();
+      check.expect(contains(what, "aborted") && contains(what, "stopped by the test"),
+                   fmt::format("an error saying the communicator was aborted, got '{}'", what));
+      check.expect(took < 10s, "the waiter to be released well before the 30 s deadline");
+      std::string again;
+      try {
+        ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      } catch (const ringzero::peer_error& e) {
+        again = e.what();
+      }
+      check.expect(contains(again, "aborted"), "a call after abort() to fail as aborted too");
+      s.barrier("rank 0 done", 2);
+      return check.code();
+    });
+    INFO(out.describe());
+    CHECK(out.all_passed());
+  }
+}
+
+TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequence, step, peer") {
+  for (const char* provider : providers) {
+    CAPTURE(provider);
+    auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 2s});
+      std::vector<float> v(200000, 1.0f);
+      const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
+      if (r == 1) {
+        s.set_string("pid/1", std::to_string(::getpid()));
+        ::raise(SIGSTOP);
+        return 0;  // continued once the others are done
+      }
+      // RINGZERO_DEBUG=INFO: the pending operations go to the log, which this rank reads back.
+      const std::string log_path = fmt::format("ringzero-stall-{}-{}.log", ::getpid(), r);
+      std::fflush(stderr);
+      const int saved = ::dup(2);
+      if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr)) return 2;
+      ringzero::log::set_level(ringzero::log::level::info);
+      std::string what;
+      int peer = -2;
+      try {
+        ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
+      } catch (const ringzero::timeout_error& e) {
+        what = e.what();
+        peer = e.peer();
+      }
+      std::fflush(stderr);
+      std::ifstream f(log_path);
+      std::stringstream log;
+      log << f.rdbuf();
+      std::remove(log_path.c_str());
+      ::dup2(saved, 2);
+      ::close(saved);
+      check.expect(contains(what, "all_reduce (ring)") && contains(what, "sequence 1") &&
+                       contains(what, "step ") && contains(what, "waiting for rank 1"),
+                   fmt::format("a timeout naming all_reduce, sequence 1, a step and rank 1, got "
+                               "'{}'",
+                               what));
+      check.expect(peer == 1, fmt::format("timeout_error::peer() == 1, got {}", peer));
+      check.expect(contains(log.str(), "pending operations when a wait gave up") &&
+                       contains(log.str(), "rank 1") && contains(log.str(), "sequence 1"),
+                   fmt::format("the log to list the pending operations, got '{}'", log.str()));
+      s.barrier("survivors done", 2);
+      if (r == 0) ::kill(std::stoi(s.get_string("pid/1")), SIGCONT);
+      return check.code();
+    });
+    INFO(out.describe());
+    CHECK(out.all_passed());
+  }
+}
+
+TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank() says so") {
+  for (const char* provider : providers) {
+    CAPTURE(provider);
+    auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 20s});
+      std::vector<float> v(1000, 1.0f);
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      if (r == 2) std::_Exit(0);  // gone without a word, as a killed rank
+      const auto start = std::chrono::steady_clock::now();
+      while (comm.failed_rank() < 0 && std::chrono::steady_clock::now() - start < 5s)
+        std::this_thread::sleep_for(5ms);
+      check.expect(comm.failed_rank() == 2,
+                   fmt::format("failed_rank() == 2, got {}", comm.failed_rank()));
+      // Ranks 0 and 1 both live: a point-to-point wait between them still fails, naming 2.
+      std::string what;
+      int culprit = -2;
+      std::vector<std::byte> buf(64);
+      try {
+        auto req = r == 0 ? comm.irecv(1, 7, buf) : comm.irecv(0, 7, buf);
+        while (!comm.test(req)) {
+        }
+      } catch (const ringzero::peer_error& e) {
+        what = e.what();
+        culprit = e.peer();
+      }
+      check.expect(culprit == 2 && contains(what, "rank 2 died"),
+                   fmt::format("a peer_error naming rank 2, got rank {}: '{}'", culprit, what));
+      check.expect(std::chrono::steady_clock::now() - start < 10s, "the error within seconds");
+      return check.code();
+    });
+    INFO(out.describe());
+    CHECK(out.status[0] == 0);
+    CHECK(out.status[1] == 0);
+    CHECK_FALSE(out.timed_out);
+  }
+}
