@@ -100,23 +100,30 @@ __device__ __forceinline__ void update(const Entry& s, std::size_t i, const opti
   if constexpr (!std::is_same_v<P, float>) s.param[i] = from_float<P>(p);
 }
 
-// Blocks take chunks of at most chunk_elems elements in turn (grid-stride over chunks); a chunk
-// never spans two segments, so each block knows its segment's pointers and flags up front.
+// Each block takes an equal run of consecutive chunks (of at most chunk_elems elements, never
+// spanning two segments) and its threads stride through each chunk. A run, not every
+// gridDim.x-th chunk, so that a block looks its first segment up once and then only steps
+// forward: the segment table is a kernel argument, and a binary search per chunk in a table of
+// 400 segments is a chain of dependent constant-cache misses before every chunk's first load.
 template <class P, method M, int Capacity>
 __global__ void __launch_bounds__(block_threads)
     optimizer_kernel(const segment_batch<P, Capacity> b, const optimizer_constants c) {
   constexpr int V = optimizer_vector;
   const std::size_t total = b.first_chunk[b.size];
-  for (std::size_t chunk = blockIdx.x; chunk < total; chunk += gridDim.x) {
-    int lo = 0, hi = b.size - 1;  // the segment whose chunks include this one
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (b.first_chunk[mid] <= chunk)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int si = lo;
+  const std::size_t per_block = (total + gridDim.x - 1) / gridDim.x;
+  const std::size_t first = blockIdx.x * per_block;
+  const std::size_t last = first + per_block < total ? first + per_block : total;
+  if (first >= last) return;
+  int si = 0;
+  for (int hi = b.size - 1; si < hi;) {  // the last segment starting at or before `first`
+    const int mid = (si + hi + 1) / 2;
+    if (b.first_chunk[mid] <= first)
+      si = mid;
+    else
+      hi = mid - 1;
+  }
+  for (std::size_t chunk = first; chunk < last; ++chunk) {
+    while (b.first_chunk[si + 1] <= chunk) ++si;
     const auto& s = b.seg[si];
     const std::size_t begin = (chunk - b.first_chunk[si]) * chunk_elems;
     const std::size_t end = begin + chunk_elems < s.count ? begin + chunk_elems : s.count;
@@ -178,20 +185,38 @@ void launch_batches(std::span<const optimizer_segment<P>> segments, const optimi
         (need_v && s.moment2 == nullptr) || (need_param && s.param == nullptr))
       throw invalid_argument(std::string(what) + ": a segment of " + std::to_string(s.count) +
                              " elements has a null buffer");
-    auto& e = b.seg[b.size];
-    e.grad = s.grad;
-    e.master = s.master;
-    e.moment1 = s.moment1;
-    e.moment2 = s.moment2;
-    e.param = s.param;
-    e.count = s.count;
-    e.decay = s.decay;
-    e.vector = aligned(s.grad, V * sizeof(P)) && aligned16(s.master) && aligned16(s.moment1) &&
-               (!need_v || aligned16(s.moment2)) &&
-               (!need_param || aligned(s.param, V * sizeof(P)));
-    if (b.size == 0) b.first_chunk[0] = 0;
-    b.first_chunk[b.size + 1] = b.first_chunk[b.size] + (s.count + chunk_elems - 1) / chunk_elems;
-    if (++b.size == Capacity) flush();
+    // The vector path needs every array aligned at the same element. A segment that starts
+    // misaligned (a tensor at an odd offset of a flat buffer) is split: up to three elements
+    // one by one, the rest four at a time.
+    auto vector_at = [&](std::size_t h) {
+      return aligned(s.grad + h, V * sizeof(P)) && aligned16(s.master + h) &&
+             aligned16(s.moment1 + h) && (!need_v || aligned16(s.moment2 + h)) &&
+             (!need_param || aligned(s.param + h, V * sizeof(P)));
+    };
+    std::size_t head = 0;
+    while (head < V && head < s.count && !vector_at(head)) ++head;
+    const bool split = head < V && head < s.count;
+    auto push = [&](std::size_t from, std::size_t count, bool vector) {
+      if (count == 0) return;
+      auto& e = b.seg[b.size];
+      e.grad = s.grad + from;
+      e.master = s.master + from;
+      e.moment1 = s.moment1 + from;
+      e.moment2 = need_v ? s.moment2 + from : nullptr;
+      e.param = need_param ? s.param + from : nullptr;
+      e.count = count;
+      e.decay = s.decay;
+      e.vector = vector;
+      if (b.size == 0) b.first_chunk[0] = 0;
+      b.first_chunk[b.size + 1] = b.first_chunk[b.size] + (count + chunk_elems - 1) / chunk_elems;
+      if (++b.size == Capacity) flush();
+    };
+    if (split) {
+      push(0, head, false);
+      push(head, s.count - head, true);
+    } else {
+      push(0, s.count, false);
+    }
   }
   flush();
 }
@@ -199,7 +224,7 @@ void launch_batches(std::span<const optimizer_segment<P>> segments, const optimi
 template <class P, method M>
 void launch_optimizer(std::span<const optimizer_segment<P>> segments, const optimizer_constants& c,
                       cudaStream_t stream, const char* what) {
-  if (segments.size() <= 32)
+  if (segments.size() <= 16)  // at most 32 entries once misaligned segments are split
     launch_batches<P, M, 32>(segments, c, stream, what);
   else
     launch_batches<P, M, 400>(segments, c, stream, what);
