@@ -257,7 +257,8 @@ void run(Comm& comm, const args& a) {
     // The global mean loss; the sharder is idle now, run_collective keeps to its thread anyway.
     loss = shd.run_collective([&](Comm& c) {
       double l = loss / a.batch;
-      ringzero::all_reduce(c, std::span<double>(&l, 1), ringzero::op::sum, cfg.collectives);
+      ringzero::all_reduce(c, std::span<double>(&l, 1), ringzero::op::sum,
+                           cfg.collectives.all_reduce);
       return l;
     });
     if (lead && (r.step % static_cast<std::uint64_t>(a.log_every) == 0 || r.skipped || r.step == 1))
@@ -273,7 +274,7 @@ void run(Comm& comm, const args& a) {
       std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
       shd.run_collective([&](Comm& c) {
         ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
-                             cfg.collectives);
+                             cfg.collectives.all_gather);
       });
       if (lead) {
         fmt::print(

@@ -265,3 +265,34 @@ TEST_CASE("export_fp32 writes the full model as one safetensors file") {
   CHECK(data == saved);
   CHECK(8 + header_len + data.size() * 4 == bytes);
 }
+
+TEST_CASE("saving the same step again writes new shard files, never over the live ones") {
+  const auto dir = dirs().fresh("same_step");
+  (void)saved_run<float>(dir);
+  const auto before = zt::zero::checkpoint_manifest::read(dir);
+  zt::run_options o;
+  o.world = 4;
+  o.stage = 2;
+  o.steps = 0;
+  o.load_dir = dir;
+  o.save_dir = dir;
+  (void)zt::train<float>(model<float>(), o);
+  const auto after = zt::zero::checkpoint_manifest::read(dir);
+  REQUIRE(after.step == before.step);
+  for (const auto& a : after.shards)
+    for (const auto& b : before.shards)
+      CHECK_MESSAGE(a.file != b.file, "the second save of step ", after.step, " reused ", a.file);
+}
+
+TEST_CASE("a directory that cannot be created is reported as such") {
+  const auto root = dirs().fresh("not_a_dir");
+  fs::create_directories(root);
+  std::ofstream(root / "file") << "x";
+  zt::run_options o;
+  o.world = 2;
+  o.steps = 1;
+  o.save_dir = root / "file" / "ckpt";
+  CHECK_THROWS_WITH_AS((void)zt::train<float>(model<float>(), o),
+                       doctest::Contains("cannot create the checkpoint directory"),
+                       ringzero::checkpoint_error);
+}

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,10 @@ struct run_options {
   std::function<void(int, int, int, std::vector<float>&)> poison;
   std::filesystem::path save_dir;  ///< save after the last step
   std::filesystem::path load_dir;  ///< load before the first step (steps count from there)
+  /// Reads layer 0 between the last end_micro_batch() and step(), as logging or evaluation
+  /// would; with hold_across_step the handle lives through step() and its values are recorded.
+  bool gather_before_step = false;
+  bool hold_across_step = false;
 };
 
 struct run_result {
@@ -78,6 +83,8 @@ struct run_result {
   std::vector<zero::step_result> steps;     ///< rank 0's
   std::vector<zero::memory_report> memory;  ///< every rank's, at the end
   std::uint64_t step_count = 0;
+  /// Every rank's layer-0 first parameter as a handle held across the last step() saw it.
+  std::vector<std::vector<float>> held;
 };
 
 inline zero::config make_config(const run_options& o) {
@@ -104,6 +111,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
   run_result res;
   res.params.resize(static_cast<std::size_t>(o.world));
   res.memory.resize(static_cast<std::size_t>(o.world));
+  res.held.resize(static_cast<std::size_t>(o.world));
   ringzero::loopback::world w(o.world);
   w.run([&](communicator& comm) {
     zero::sharder<communicator, P> shd(comm, layout, make_config(o));
@@ -146,7 +154,15 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
         }
         shd.end_micro_batch();
       }
+      std::optional<typename zero::sharder<communicator, P>::gathered> held;
+      if (o.gather_before_step) held.emplace(shd.gather(0));
+      if (!o.hold_across_step) held.reset();
       const auto r = shd.step();
+      if (held) {
+        const auto v = held->param(0);
+        res.held[static_cast<std::size_t>(comm.rank())].assign(v.begin(), v.end());
+        held.reset();
+      }
       if (comm.rank() == 0) res.steps.push_back(r);
     }
     if (!o.save_dir.empty()) shd.save(o.save_dir);

@@ -1,16 +1,17 @@
 // Sharded checkpoints.
 //
 // A checkpoint is a directory:
-//   manifest.txt                              written by rank 0, last
-//   shard-00000-of-00004.step-120.bin         one per rank: its slice of the fp32 master weights
-//   ...                                       and of each optimizer moment
+//   manifest.txt                                        written by rank 0, last
+//   shard-00000-of-00004.step-120.5c1f0e9a2b7d4c31.bin  one per rank: its slice of the fp32
+//   ...                                                 master weights and of each moment
 // The manifest records the parameters (names, shapes, types, where each lives in the flat
-// buffer), the buckets, the world size, stage, step and optimizer, and the size and CRC-32C of
-// every shard file; it ends with its own CRC-32C. Every file is written to a temporary name,
-// fsynced and renamed, and the manifest is renamed into place only after every rank's shard is
-// durable, so a directory holds either the previous checkpoint or the new one. Shard file names
-// carry the step, so the previous checkpoint's files stay valid until the new manifest replaces
-// the old.
+// buffer), the buckets, the world size, stage, step and optimizer, and the name, size and
+// CRC-32C of every shard file; it ends with its own CRC-32C. Every file is written to a unique
+// temporary name, fsynced and renamed, and the manifest is renamed into place only after every
+// rank's shard is durable, so a directory holds either the previous checkpoint or the new one.
+// Shard file names carry the step and a random save id, so no save (not even one of the same
+// step) ever writes over a file the live manifest refers to; the files the new manifest no
+// longer lists, and temporaries of interrupted saves, are removed after it is in place.
 //
 // Loading maps each parameter element from the saved layout to the loading rank's layout, so a
 // checkpoint loads at any world size and stage without a conversion step. A missing, truncated
@@ -350,13 +351,16 @@ struct shard_header {
 };
 static_assert(sizeof(shard_header) == shard_header_bytes);
 
-[[nodiscard]] inline std::string shard_file_name(int rank, int world, std::uint64_t step) {
-  return fmt::format("shard-{:05}-of-{:05}.step-{}.bin", rank, world, step);
+/// `save_id` is fresh for every save, so two saves of the same step never share a name.
+[[nodiscard]] inline std::string shard_file_name(int rank, int world, std::uint64_t step,
+                                                 std::uint64_t save_id) {
+  return fmt::format("shard-{:05}-of-{:05}.step-{}.{:016x}.bin", rank, world, step, save_id);
 }
 
 /// Writes one rank's shard file: a header, then each array of shard_size floats.
 inline written_file write_shard(const std::filesystem::path& dir, int rank, int world,
-                                std::uint64_t step, std::span<const std::vector<float>> arrays,
+                                std::uint64_t step, std::uint64_t save_id,
+                                std::span<const std::vector<float>> arrays,
                                 std::size_t shard_size) {
   shard_header h{};
   std::memcpy(h.magic, shard_magic, sizeof h.magic);
@@ -373,11 +377,12 @@ inline written_file write_shard(const std::filesystem::path& dir, int rank, int 
           fmt::format("write_shard: array of {} elements, shard has {}", a.size(), shard_size));
     parts.push_back(std::as_bytes(std::span(a)));
   }
-  return write_file_atomic(dir / shard_file_name(rank, world, step), parts);
+  return write_file_atomic(dir / shard_file_name(rank, world, step, save_id), parts);
 }
 
 /// Writes the manifest (after every shard is durable) and then removes shard files that no
-/// manifest refers to any more: the previous checkpoint's, and leftovers of interrupted saves.
+/// manifest refers to any more (the previous checkpoint's) and temporaries of interrupted saves.
+/// Every rank's writes of this save are complete by then, so no temporary here is in use.
 inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_manifest& m) {
   const std::string text = m.serialize();
   write_file_atomic(dir / manifest_file_name, {std::as_bytes(std::span(text))});
@@ -386,8 +391,9 @@ inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_m
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("shard-") && (name.ends_with(".bin") || name.ends_with(".bin.tmp")) &&
-        !keep.contains(name))
+    const bool ours = name.starts_with("shard-") || name.starts_with(manifest_file_name);
+    const bool temporary = name.find(temporary_marker) != std::string::npos;
+    if (ours && (temporary || (name.ends_with(".bin") && !keep.contains(name))))
       std::filesystem::remove(e.path(), ec);
   }
 }

@@ -4,13 +4,16 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/tuning/cost_model.hpp"
 
 namespace ringzero::zero {
 
@@ -53,6 +56,60 @@ struct loss_scaling {
       true;  ///< false: the scale stays at `initial`, overflowing steps are still skipped
 };
 
+/// Options for each kind of collective the sharder issues. all_reduce: gradient buckets in stages
+/// 0-1 and the step's overflow flag and norm; reduce_scatter: gradient buckets in stages 2-3;
+/// all_gather: parameters (stages 1-3), full_parameters(), and the agreement on save/load
+/// outcomes. An algorithm must implement its kind (checked when the sharder is built).
+/// The ring for all three keeps the reduction order of an element the same whether it is
+/// all_reduced (stages 0-1) or reduce_scattered (2-3): the stages then agree bit for bit.
+struct collective_options {
+  ringzero::options all_reduce{.algorithm = ringzero::algorithm::ring};
+  ringzero::options reduce_scatter{.algorithm = ringzero::algorithm::ring};
+  ringzero::options all_gather{.algorithm = ringzero::algorithm::ring};
+};
+
+/// Throws invalid_argument naming the field whose algorithm cannot run its kind of collective.
+/// `hierarchical`: the communicator knows node placement (algorithm::hierarchical is possible).
+inline void check_collectives(const collective_options& c, bool hierarchical) {
+  const std::pair<collective, const ringzero::options*> kinds[] = {
+      {collective::all_reduce, &c.all_reduce},
+      {collective::reduce_scatter, &c.reduce_scatter},
+      {collective::all_gather, &c.all_gather}};
+  for (const auto& [kind, opt] : kinds) {
+    const algorithm a = opt->algorithm;
+    if (a == algorithm::automatic) continue;
+    if (!tuning::applies(kind, a, true))
+      throw invalid_argument(fmt::format(
+          "zero: config::collectives.{}: algorithm '{}' does not implement {} (choose one of {})",
+          collective_name(kind), algorithm_name(a), collective_name(kind), [&] {
+            std::string names = "auto";
+            for (algorithm x : tuning::candidates(kind, true))
+              names += fmt::format(", {}", algorithm_name(x));
+            return names;
+          }()));
+    if (a == algorithm::hierarchical && !hierarchical)
+      throw invalid_argument(fmt::format(
+          "zero: config::collectives.{}: algorithm 'hier' needs a communicator with node topology",
+          collective_name(kind)));
+  }
+}
+
+/// Throws invalid_argument for a loss-scaling setting that cannot work.
+inline void check_scaling(const loss_scaling& s) {
+  if (!(s.initial > 0) || !std::isfinite(s.initial))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.initial {} (expected finite > 0)", s.initial));
+  if (!(s.growth >= 1) || !std::isfinite(s.growth))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.growth {} (expected finite >= 1)", s.growth));
+  if (!(s.backoff > 0 && s.backoff <= 1))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.backoff {} (expected in (0, 1])", s.backoff));
+  if (!(s.min_scale > 0) || !std::isfinite(s.min_scale))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.min_scale {} (expected finite > 0)", s.min_scale));
+}
+
 struct config {
   /// 0: data parallel (all_reduce, full optimizer state everywhere); 1: optimizer state sharded;
   /// 2: gradients too (reduce_scatter); 3: parameters too (all_gather before use).
@@ -81,9 +138,8 @@ struct config {
   int reduce_buffers = 2;
   /// Run collectives on a communication thread so they overlap backward; false runs them inline.
   bool comm_thread = true;
-  /// Options for every collective the sharder issues. The ring keeps the reduction order of an
-  /// element the same whether it is all_reduced (stages 0, 1) or reduce_scattered (2, 3).
-  ringzero::options collectives{.algorithm = ringzero::algorithm::ring};
+  /// Options for each kind of collective the sharder issues (see collective_options).
+  collective_options collectives;
 };
 
 /// Bytes this rank holds, by category: the sizes of the buffers the sharder allocated.

@@ -301,8 +301,9 @@ class sharder {
     for (const auto& s : own_) detail::grad_stats(grad_ptr(s), s.count, unscale, sumsq, nonfinite);
     std::int32_t overflow = nonfinite ? 1 : 0;
     run_collective([&](T& c) {
-      ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max, cfg_.collectives);
-      ringzero::all_reduce(c, std::span<double>(&sumsq, 1), op::sum, cfg_.collectives);
+      ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max,
+                           cfg_.collectives.all_reduce);
+      ringzero::all_reduce(c, std::span<double>(&sumsq, 1), op::sum, cfg_.collectives.all_reduce);
     });
     res.grad_norm = std::sqrt(sumsq);
     micro_ = 0;
@@ -344,9 +345,11 @@ class sharder {
                     decay);
     }
     if (cfg_.stage == 1 || cfg_.stage == 2) gather_flat_parameters();
+    if (cfg_.stage == 3) refresh_gathered();
     if (std::is_same_v<P, float16> && cfg_.scaling.dynamic &&
         ++good_steps_ >= static_cast<std::uint64_t>(std::max(1, cfg_.scaling.growth_interval))) {
-      scale_ *= cfg_.scaling.growth;
+      // Grow only to a finite scale: at inf every gradient overflows and every step is skipped.
+      if (const float grown = scale_ * cfg_.scaling.growth; std::isfinite(grown)) scale_ = grown;
       good_steps_ = 0;
     }
     return res;
@@ -402,7 +405,8 @@ class sharder {
     run_collective([&](T& c) {
       for (const auto& b : plan_.buckets())
         ringzero::all_gather(c, std::span<const float>(mine.data() + b.shard_offset, b.slice),
-                             std::span<float>(flat.data() + b.offset, b.padded), cfg_.collectives);
+                             std::span<float>(flat.data() + b.offset, b.padded),
+                             cfg_.collectives.all_gather);
     });
     for (std::size_t i = 0; i < start.size(); ++i) {
       const auto& pi = plan_.params()[i];
@@ -419,21 +423,21 @@ class sharder {
     quiesce();
     std::string failure;
     detail::written_file written;
+    const std::uint64_t save_id = detail::unique_id();
     try {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
+      detail::create_directories_durable(dir);
       std::vector<std::vector<float>> arrays{own_array(-1), own_array(1)};
       if (cfg_.optimizer.kind == optimizer_kind::adamw) arrays.push_back(own_array(2));
-      written = detail::write_shard(dir, rank_, world_, step_, arrays, plan_.shard_size());
+      written = detail::write_shard(dir, rank_, world_, step_, save_id, arrays, plan_.shard_size());
     } catch (const std::exception& e) {
       failure = e.what();
     }
     if (auto f = agree_on_failure(failure); !f.empty()) throw checkpoint_error(f);
-    const std::uint64_t mine[2] = {written.bytes, written.crc};
-    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_));
+    const std::uint64_t mine[3] = {written.bytes, written.crc, save_id};
+    std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(world_));
     run_collective([&](T& c) {
       ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
-                           cfg_.collectives);
+                           cfg_.collectives.all_gather);
     });
     if (rank_ == 0) {
       try {
@@ -521,6 +525,8 @@ class sharder {
       throw invalid_argument(fmt::format("zero: reduce_buffers {} < 1", cfg_.reduce_buffers));
     if (!(cfg_.optimizer.lr >= 0) || !(cfg_.max_grad_norm >= 0))
       throw invalid_argument("zero: learning rate and max_grad_norm must be >= 0");
+    check_scaling(cfg_.scaling);
+    check_collectives(cfg_.collectives, ringzero::detail::hierarchical_transport<T>);
     for (const auto& p : layout.params())
       if (p.type != dtype_of<P>())
         throw invalid_argument(fmt::format(
@@ -610,8 +616,9 @@ class sharder {
     if (cfg_.stage <= 1) {
       if (micro_ + 1 < cfg_.accumulation_steps) return;
       std::span<P> grads(flat_grads_.data() + bk.offset, bk.padded);
-      worker_->submit(
-          [this, grads] { ringzero::all_reduce(comm_, grads, op::sum, cfg_.collectives); });
+      worker_->submit([this, grads] {
+        ringzero::all_reduce(comm_, grads, op::sum, cfg_.collectives.all_reduce);
+      });
       return;
     }
     if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
@@ -623,7 +630,7 @@ class sharder {
       const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
       std::span<P> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
       ringzero::reduce_scatter(comm_, std::span<P>(buf, bucket.padded), own, op::sum,
-                               cfg_.collectives);
+                               cfg_.collectives.reduce_scatter);
       detail::accumulate(shard_grads_.data() + bucket.shard_offset, own.data(), bucket.slice,
                          first);
     });
@@ -674,7 +681,7 @@ class sharder {
     std::span<const P> in(shard_params_.data() + bk.shard_offset, bk.slice);
     std::span<P> out(g.data);
     g.ticket = worker_->submit(
-        [this, in, out] { ringzero::all_gather(comm_, in, out, cfg_.collectives); });
+        [this, in, out] { ringzero::all_gather(comm_, in, out, cfg_.collectives.all_gather); });
   }
 
   void evict(int b) {
@@ -684,6 +691,28 @@ class sharder {
     std::vector<P>().swap(g.data);
     g.resident = false;
     gathered_bytes_ -= bucket_bytes(b);
+  }
+
+  /// Stage 3 after an update: no gathered copy may keep pre-step values. Buckets nobody holds
+  /// are dropped (the next gather fetches them anew); buckets a handle holds are gathered again
+  /// in place, so the handle sees the new weights. Every rank holds the same handles, as every
+  /// rank makes the same gather calls, so the refreshes meet.
+  void refresh_gathered() {
+    for (int b = 0; b < static_cast<int>(gathered_.size()); ++b) {
+      auto& g = gathered_[static_cast<std::size_t>(b)];
+      if (!g.resident) continue;
+      if (g.refs == 0) {
+        evict(b);
+        continue;
+      }
+      worker_->wait(g.ticket);
+      const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+      std::span<const P> in(shard_params_.data() + bk.shard_offset, bk.slice);
+      std::span<P> out(g.data);
+      g.ticket = worker_->submit(
+          [this, in, out] { ringzero::all_gather(comm_, in, out, cfg_.collectives.all_gather); });
+    }
+    worker_->drain();
   }
 
   void evict_unreferenced() {
@@ -709,7 +738,7 @@ class sharder {
         std::span<P> all(flat_params_.data() + b.offset, b.padded);
         ringzero::all_gather(
             c, std::span<const P>(all.subspan(static_cast<std::size_t>(rank_) * b.slice, b.slice)),
-            all, cfg_.collectives);
+            all, cfg_.collectives.all_gather);
       }
     });
   }
@@ -737,7 +766,7 @@ class sharder {
     }
     run_collective([&](T& c) {
       ringzero::all_gather(c, std::span<const std::uint8_t>(block), std::span<std::uint8_t>(all),
-                           cfg_.collectives);
+                           cfg_.collectives.all_gather);
     });
     for (int r = 0; r < world_; ++r) {
       const auto* b = all.data() + static_cast<std::size_t>(r) * width;
@@ -797,8 +826,8 @@ class sharder {
     for (const auto& p : plan_.params())
       m.params.push_back({p.name, p.type, p.weight_decay, p.offset, p.bucket, p.shape});
     for (int r = 0; r < world_; ++r) {
-      const auto i = 2 * static_cast<std::size_t>(r);
-      m.shards.push_back({r, detail::shard_file_name(r, world_, step_), written[i],
+      const auto i = 3 * static_cast<std::size_t>(r);
+      m.shards.push_back({r, detail::shard_file_name(r, world_, step_, written[i + 2]), written[i],
                           static_cast<std::uint32_t>(written[i + 1])});
     }
     return m;
