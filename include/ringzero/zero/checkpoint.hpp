@@ -400,6 +400,75 @@ inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_m
 
 }  // namespace detail
 
+/// What a training run is at, as a checkpoint records it.
+struct training_position {
+  std::uint64_t step = 0;             ///< steps taken, skipped ones included
+  std::uint64_t optimizer_steps = 0;  ///< steps that updated the weights (Adam's t)
+  float loss_scale = 1.0f;
+  std::uint64_t good_steps = 0;
+};
+
+/// The manifest of a checkpoint of `plan` saved by its world_size() ranks; `written` holds
+/// (bytes, crc, save id) of every rank's shard file, rank after rank.
+[[nodiscard]] inline checkpoint_manifest make_manifest(const partition_plan& plan, int stage,
+                                                       dtype precision, optimizer_kind kind,
+                                                       const training_position& at,
+                                                       std::span<const std::uint64_t> written) {
+  checkpoint_manifest m;
+  m.world_size = plan.world_size();
+  m.stage = stage;
+  m.precision = precision;
+  m.step = at.step;
+  m.optimizer_steps = at.optimizer_steps;
+  m.optimizer = kind;
+  m.loss_scale = at.loss_scale;
+  m.good_steps = at.good_steps;
+  m.alignment = plan.alignment();
+  m.shard_size = plan.shard_size();
+  m.arrays = {"master"};
+  if (kind == optimizer_kind::adamw) {
+    m.arrays.emplace_back("exp_avg");
+    m.arrays.emplace_back("exp_avg_sq");
+  } else {
+    m.arrays.emplace_back("momentum");
+  }
+  for (const auto& b : plan.buckets()) m.buckets.push_back({b.offset, b.padded, b.shard_offset});
+  for (const auto& p : plan.params())
+    m.params.push_back({p.name, p.type, p.weight_decay, p.offset, p.bucket, p.shape});
+  for (int r = 0; r < m.world_size; ++r) {
+    const auto i = 3 * static_cast<std::size_t>(r);
+    m.shards.push_back({r, detail::shard_file_name(r, m.world_size, at.step, written[i + 2]),
+                        written[i], static_cast<std::uint32_t>(written[i + 1])});
+  }
+  return m;
+}
+
+/// Throws checkpoint_error unless the checkpoint in `dir` holds every parameter of `plan` with
+/// the same shape, and state for the optimizer `kind`.
+inline void check_compatible(const checkpoint_manifest& m, const partition_plan& plan,
+                             optimizer_kind kind, const std::filesystem::path& dir) {
+  const auto& ps = plan.params();
+  if (m.params.size() != ps.size())
+    throw checkpoint_error(fmt::format("checkpoint {} holds {} parameters, this model has {}",
+                                       dir.string(), m.params.size(), ps.size()));
+  for (const auto& p : ps) {
+    const int i = m.find(p.name);
+    if (i < 0)
+      throw checkpoint_error(
+          fmt::format("checkpoint {} has no parameter {}", dir.string(), p.name));
+    const auto& q = m.params[static_cast<std::size_t>(i)];
+    if (q.shape != p.shape)
+      throw checkpoint_error(
+          fmt::format("checkpoint {}: parameter {} has shape [{}], the model registers [{}]",
+                      dir.string(), p.name, fmt::join(q.shape, ", "), fmt::join(p.shape, ", ")));
+  }
+  const std::size_t arrays = kind == optimizer_kind::adamw ? 3 : 2;
+  if (m.optimizer != kind || m.arrays.size() != arrays)
+    throw checkpoint_error(fmt::format("checkpoint {} holds {} state, this run uses {}",
+                                       dir.string(), optimizer_name(m.optimizer),
+                                       optimizer_name(kind)));
+}
+
 /// Reads parameter elements out of a checkpoint, whatever layout saved them.
 class checkpoint_reader {
  public:

@@ -1,0 +1,200 @@
+// The sharded optimizer: fp32 master weights and moments for the elements a rank updates, and
+// the per-element update arithmetic. A stage changes which buffers the pointers point into, never
+// the arithmetic, so every stage computes the same bits for the same element.
+//
+// The per-element functions (adamw_element, sgd_element, to_param) take and return scalars and
+// touch no memory but their arguments: a GPU kernel can call them unchanged once they are marked
+// __host__ __device__, so the host tests check what the device runs.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ringzero/types.hpp"
+#include "ringzero/zero/options.hpp"
+
+namespace ringzero::zero {
+
+template <class P>
+[[nodiscard]] inline P to_param(float x) noexcept {
+  if constexpr (std::is_same_v<P, float>)
+    return x;
+  else
+    return P(x);
+}
+
+/// Per-step constants, computed once so every rank and stage uses the same floats.
+struct step_constants {
+  float grad_scale = 1.0f;  ///< unscale * average * clip
+  float lr = 0.0f;
+  float beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
+  float step_size = 0.0f;  ///< lr / (1 - beta1^t)
+  float inv_bias2 = 1.0f;  ///< 1 / (1 - beta2^t)
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+};
+
+/// The constants of optimizer step t (1-based, applied steps only) with gradients multiplied by
+/// grad_scale before use.
+[[nodiscard]] inline step_constants make_step_constants(const optimizer_options& o, std::uint64_t t,
+                                                        float grad_scale) {
+  const auto td = static_cast<double>(t);
+  step_constants k;
+  k.grad_scale = grad_scale;
+  k.lr = o.lr;
+  k.beta1 = o.beta1;
+  k.beta2 = o.beta2;
+  k.eps = o.eps;
+  k.step_size = static_cast<float>(o.lr / (1.0 - std::pow(static_cast<double>(o.beta1), td)));
+  k.inv_bias2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(o.beta2), td)));
+  k.momentum = o.momentum;
+  k.nesterov = o.nesterov;
+  k.weight_decay = o.weight_decay;
+  return k;
+}
+
+/// One element's fp32 optimizer state.
+struct element_state {
+  float w = 0.0f;  ///< master weight
+  float m = 0.0f;  ///< adamw exp_avg / sgd momentum buffer
+  float v = 0.0f;  ///< adamw exp_avg_sq
+};
+
+/// AdamW with decoupled weight decay on one element; `g` is the raw (scaled, summed) gradient.
+[[nodiscard]] inline element_state adamw_element(float g_raw, element_state s,
+                                                 const step_constants& c, bool decay) noexcept {
+  const float keep = decay ? 1.0f - c.lr * c.weight_decay : 1.0f;
+  const float g = g_raw * c.grad_scale;
+  const float m = c.beta1 * s.m + (1.0f - c.beta1) * g;
+  const float v = c.beta2 * s.v + (1.0f - c.beta2) * g * g;
+  const float denom = std::sqrt(v * c.inv_bias2) + c.eps;
+  return {s.w * keep - c.step_size * m / denom, m, v};
+}
+
+/// SGD with (optionally Nesterov) momentum and L2 weight decay on one element.
+[[nodiscard]] constexpr element_state sgd_element(float g_raw, element_state s,
+                                                  const step_constants& c, bool decay) noexcept {
+  const float wd = decay ? c.weight_decay : 0.0f;
+  const float g = g_raw * c.grad_scale + wd * s.w;
+  const float b = c.momentum * s.m + g;
+  const float d = c.nesterov ? g + c.momentum * b : b;
+  return {s.w - c.lr * d, b, s.v};
+}
+
+/// dst = src (first) or dst += src, in the gradient's type G; a source of another type is
+/// rounded to G first, so handing over fp32 or G gradients gives the same bits.
+template <class G, class S>
+void accumulate(G* dst, const S* src, std::size_t n, bool first) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const G v = to_param<G>(static_cast<float>(src[i]));
+    dst[i] = first ? v : to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
+  }
+}
+
+/// Sum of squares of grad*scale (in double), and whether any of it is inf or NaN.
+template <class G>
+void grad_stats(const G* g, std::size_t n, float scale, double& sumsq, bool& nonfinite) noexcept {
+  double s = 0.0;
+  bool bad = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(g[i]) * scale;
+    bad |= !std::isfinite(x);
+    s += static_cast<double>(x) * static_cast<double>(x);
+  }
+  sumsq += s;
+  nonfinite |= bad;
+}
+
+/// The fp32 state of the elements one rank updates (its shard, or everything in stage 0),
+/// addressed by local position: master weights (only for 16-bit P; an fp32 parameter is its own
+/// master) and one (SGD) or two (AdamW) moments.
+template <class P>
+class shard_optimizer {
+ public:
+  static constexpr bool has_master = !std::is_same_v<P, float>;
+
+  shard_optimizer(const optimizer_options& o, std::size_t local_size) : kind_(o.kind) {
+    if constexpr (has_master) master_.assign(local_size, 0.0f);
+    m1_.assign(local_size, 0.0f);
+    if (kind_ == optimizer_kind::adamw) m2_.assign(local_size, 0.0f);
+  }
+
+  [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t local_size() const noexcept { return m1_.size(); }
+  /// Moments a checkpoint keeps: exp_avg, exp_avg_sq (AdamW) or momentum (SGD).
+  [[nodiscard]] int moment_count() const noexcept { return kind_ == optimizer_kind::adamw ? 2 : 1; }
+
+  /// The master weights of `n` elements at local position `local`, whose parameters (in P) are
+  /// at `param`.
+  [[nodiscard]] float* master(std::size_t local, P* param) noexcept {
+    if constexpr (has_master)
+      return master_.data() + local;
+    else
+      return param;
+  }
+  /// Moment 1 or 2 at local position `local`.
+  [[nodiscard]] float* moment(int which, std::size_t local) noexcept {
+    return (which == 1 ? m1_.data() : m2_.data()) + local;
+  }
+
+  /// Sets n elements' master weights and parameters from fp32 values.
+  void set(std::size_t local, P* param, const float* values, std::size_t n) noexcept {
+    float* m = master(local, param);
+    for (std::size_t k = 0; k < n; ++k) {
+      m[k] = values[k];
+      param[k] = to_param<P>(values[k]);
+    }
+  }
+
+  /// One optimizer step over n elements: gradients `grad`, parameters `param` (receive the
+  /// updated master rounded to P).
+  template <class G>
+  void update(const G* grad, std::size_t local, P* param, std::size_t n, const step_constants& c,
+              bool decay) noexcept {
+    float* w = master(local, param);
+    float* m = m1_.data() + local;
+    if (kind_ == optimizer_kind::adamw) {
+      float* v = m2_.data() + local;
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto s = adamw_element(static_cast<float>(grad[i]), {w[i], m[i], v[i]}, c, decay);
+        w[i] = s.w;
+        m[i] = s.m;
+        v[i] = s.v;
+        if constexpr (has_master) param[i] = to_param<P>(s.w);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto s = sgd_element(static_cast<float>(grad[i]), {w[i], m[i], 0.0f}, c, decay);
+        w[i] = s.w;
+        m[i] = s.m;
+        if constexpr (has_master) param[i] = to_param<P>(s.w);
+      }
+    }
+  }
+
+  /// Replaces the moments with staged copies laid out as local positions (a checkpoint load
+  /// that passed every check; the master weights go through set()).
+  void replace_moments(std::vector<float>& m1, std::vector<float>& m2) noexcept {
+    m1_.swap(m1);
+    m2_.swap(m2);
+  }
+  [[nodiscard]] std::size_t moment_size(int which) const noexcept {
+    return which == 1 ? m1_.size() : m2_.size();
+  }
+
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return (master_.capacity() + m1_.capacity() + m2_.capacity()) * sizeof(float);
+  }
+
+ private:
+  optimizer_kind kind_;
+  std::vector<float> master_;
+  std::vector<float> m1_;
+  std::vector<float> m2_;
+};
+
+}  // namespace ringzero::zero
