@@ -43,6 +43,7 @@ struct args {
   int batch = 64;
   int micro_batches = 1;
   std::string precision = "bf16";
+  bool reduce_fp32 = false;
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
   std::optional<float> lr;
   float weight_decay = 0.01f;
@@ -64,6 +65,7 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --batch B             global batch, split over ranks and micro-batches; default 64
   --micro-batches M     gradient accumulation steps; default 1
   --precision P         fp32 | bf16 | fp16 (bf16/fp16 keep fp32 master weights); default bf16
+  --reduce-fp32         bf16/fp16: reduce and accumulate gradients in fp32
   --optimizer O         adamw | sgd; default adamw
   --lr X                learning rate; default 0.003 (adamw), 0.05 (sgd)
   --weight-decay X      default 0.01 (not applied to biases)
@@ -138,6 +140,10 @@ args parse(int argc, char** argv) {
       a.comm_thread = false;
       continue;
     }
+    if (f == "--reduce-fp32") {
+      a.reduce_fp32 = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -197,6 +203,7 @@ void run(Comm& comm, const args& a) {
   cfg.bucket_bytes = a.bucket_kib * 1024;
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
+  if (a.reduce_fp32) cfg.reduce_dtype = ringzero::dtype::float32;
   // Each rank's loss is already a share of the global mean (divided by the global batch).
   cfg.average_gradients = false;
   zero::sharder<Comm, P> shd(comm, layout, cfg);
@@ -204,11 +211,11 @@ void run(Comm& comm, const args& a) {
 
   if (lead) {
     fmt::print(
-        "ringzero-train: {} ranks, stage {}, {} parameters{}, {} lr {:g}, global batch {} "
+        "ringzero-train: {} ranks, stage {}, {} parameters{}{}, {} lr {:g}, global batch {} "
         "({} micro-batch(es) x {} ranks x {}), clip {:g}\n",
         n, a.stage, a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
-        zero::optimizer_name(a.optimizer), cfg.optimizer.lr, a.batch, a.micro_batches, n, per_rank,
-        a.clip);
+        a.reduce_fp32 ? " + fp32 reduce" : "", zero::optimizer_name(a.optimizer), cfg.optimizer.lr,
+        a.batch, a.micro_batches, n, per_rank, a.clip);
     fmt::print("model: MLP {}", a.shape.inputs);
     for (int l = 0; l < a.shape.layers(); ++l) fmt::print("-{}", a.shape.fan_out(l));
     fmt::print(", {} parameters in {} bucket(s) of <= {} KiB\n", plan.numel(),

@@ -478,3 +478,118 @@ TEST_CASE("loss-scale growth stops at the largest finite scale") {
     CHECK(shd.loss_scale() == 0x1p127f);
   });
 }
+
+namespace {
+
+/// One step on 4 ranks where rank r hands over `value(r)` for every element of one parameter of
+/// 32 elements; returns rank 0's step result.
+template <class P>
+zt::zero::step_result one_step(int stage, std::optional<ringzero::dtype> reduce, float predivide,
+                               float (*value)(int)) {
+  zt::zero::model_layout layout;
+  layout.add({.name = "w", .shape = {32}, .type = ringzero::dtype_of<P>()});
+  zt::zero::step_result out;
+  ringzero::loopback::world w(4);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.stage = stage;
+    cfg.reduce_dtype = reduce;
+    cfg.gradient_predivide = predivide;
+    cfg.average_gradients = false;
+    cfg.scaling.initial = 1.0f;
+    cfg.scaling.dynamic = false;
+    zt::zero::sharder<zt::communicator, P> shd(comm, layout, cfg);
+    const std::vector<P> g(32, P(value(comm.rank())));
+    shd.add_grad(0, std::span<const P>(g));
+    shd.end_micro_batch();
+    const auto r = shd.step();
+    if (comm.rank() == 0) out = r;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reduce_dtype float32: bf16 gradients summed without 16-bit rounding") {
+  // 256 + 1 + 1 + 1: bf16 has 8 significant bits, so every partial sum rounds back to 256.
+  auto value = [](int r) { return r == 0 ? 256.0f : 1.0f; };
+  const double exact = 259.0 * std::sqrt(32.0);
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    const auto in16 = one_step<bfloat16>(stage, std::nullopt, 1.0f, value);
+    const auto in32 = one_step<bfloat16>(stage, ringzero::dtype::float32, 1.0f, value);
+    CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
+    CHECK(std::abs(in16.grad_norm - exact) > 1.0);
+  }
+}
+
+TEST_CASE("fp16: a sum that overflows in fp16 is kept by fp32 reduction or by predividing") {
+  // 4 x 30000 > 65504, fp16's largest value.
+  auto value = [](int) { return 30000.0f; };
+  const double exact = 120000.0 * std::sqrt(32.0);
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    CHECK(one_step<float16>(stage, std::nullopt, 1.0f, value).skipped);
+    const auto in32 = one_step<float16>(stage, ringzero::dtype::float32, 1.0f, value);
+    CHECK_FALSE(in32.skipped);
+    CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
+    const auto pre = one_step<float16>(stage, std::nullopt, 4.0f, value);
+    CHECK_FALSE(pre.skipped);
+    CHECK(pre.grad_norm == doctest::Approx(exact).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("fp32 reduction keeps the stages bitwise equal, and costs twice the gradient memory") {
+  const auto layout = small_model<bfloat16>();
+  std::vector<std::vector<float>> w;
+  std::vector<std::size_t> grad_bytes;
+  for (int stage = 0; stage <= 3; ++stage) {
+    ringzero::loopback::world world(3);
+    std::vector<float> out;
+    world.run([&](zt::communicator& comm) {
+      zt::run_options o;
+      o.world = 3;
+      o.stage = stage;
+      auto cfg = zt::make_config(o);
+      cfg.reduce_dtype = ringzero::dtype::float32;
+      zt::zero::sharder<zt::communicator, bfloat16> shd(comm, layout, cfg);
+      for (int s = 0; s < 2; ++s) {
+        for (int p = static_cast<int>(shd.plan().params().size()) - 1; p >= 0; --p) {
+          std::vector<float> g(shd.plan().params()[static_cast<std::size_t>(p)].numel);
+          for (std::size_t i = 0; i < g.size(); ++i)
+            g[i] = zt::noise(7, static_cast<std::uint64_t>(comm.rank()),
+                             static_cast<std::uint64_t>(p * 100 + s), i);
+          shd.add_grad(p, std::span<const float>(g));
+        }
+        shd.end_micro_batch();
+        (void)shd.step();
+      }
+      auto full = shd.full_parameters();
+      if (comm.rank() == 0) {
+        out = std::move(full);
+        grad_bytes.push_back(shd.memory().gradients);
+      }
+    });
+    w.push_back(out);
+  }
+  for (int stage = 1; stage <= 3; ++stage) CHECK(w[static_cast<std::size_t>(stage)] == w[0]);
+  const zt::zero::partition_plan plan(layout, 3, 256 / sizeof(bfloat16), 16);
+  CHECK(grad_bytes[0] == plan.padded_size() * sizeof(float));
+  CHECK(grad_bytes[3] == plan.shard_size() * sizeof(float));
+}
+
+TEST_CASE("precision settings that cannot work are refused") {
+  const auto layout = small_model<bfloat16>();
+  ringzero::loopback::world w(1);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.reduce_dtype = ringzero::dtype::float16;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+    cfg.reduce_dtype = ringzero::dtype::bfloat16;
+    CHECK_NOTHROW((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)));
+    cfg.gradient_predivide = 0.0f;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+  });
+}

@@ -7,6 +7,10 @@
 // buffers (`reduce_buffers`), reduce_scatter it and add this rank's slice into the gradient shard,
 // every micro-batch; a free buffer is reused, else the one whose reduction finishes first, else
 // (gradients arriving out of order) the pool grows.
+//
+// G is the type gradients are reduced and accumulated in: the parameter type, or float for
+// 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
+// multiplying by 1 / config::gradient_predivide.
 #pragma once
 
 #include <fmt/format.h>
@@ -29,7 +33,7 @@
 
 namespace ringzero::zero {
 
-template <class Comm, class P>
+template <class Comm, class G>
 class gradient_reducer {
  public:
   /// `comm`, `plan`, `work` and `meter` must outlive the reducer; `work` may be constructed
@@ -43,9 +47,10 @@ class gradient_reducer {
         all_reduce_(cfg.collectives.all_reduce),
         reduce_scatter_(cfg.collectives.reduce_scatter),
         rank_(comm.rank()),
+        inv_predivide_(1.0f / cfg.gradient_predivide),
         work_(work),
         meter_(meter) {
-    grads_.assign(sharded_ ? plan_.shard_size() : plan_.padded_size(), P{});
+    grads_.assign(sharded_ ? plan_.shard_size() : plan_.padded_size(), G{});
     if (sharded_)
       for (int i = 0; i < cfg.reduce_buffers; ++i) add_buffer();
     const auto nb = plan_.buckets().size();
@@ -64,11 +69,11 @@ class gradient_reducer {
   void start_step() noexcept { micro_ = 0; }
 
   /// The reduced gradient of a segment this rank updates (flat or shard position).
-  [[nodiscard]] const P* gradient(const segment& s) const noexcept {
+  [[nodiscard]] const G* gradient(const segment& s) const noexcept {
     return grads_.data() + (sharded_ ? s.shard_offset : s.flat_offset);
   }
   [[nodiscard]] std::size_t gradient_bytes() const noexcept {
-    return grads_.capacity() * sizeof(P);
+    return grads_.capacity() * sizeof(G);
   }
 
   /// Hands over parameter `id`'s gradient for this micro-batch (each parameter at most once).
@@ -89,11 +94,12 @@ class gradient_reducer {
     got = 1;
     const auto b = static_cast<std::size_t>(pi.bucket);
     if (!sharded_) {
-      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0);
+      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0, inv_predivide_);
     } else {
       if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
-      P* bucket = pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data();
-      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, true);
+      G* bucket = pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data();
+      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, true,
+                 inv_predivide_);
     }
     if (--missing_[b] == 0)
       while (next_bucket_ >= 0 && missing_[static_cast<std::size_t>(next_bucket_)] == 0)
@@ -112,7 +118,7 @@ class gradient_reducer {
         for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
           if (!got_[static_cast<std::size_t>(p)]) {
             const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
-            std::fill_n(grads_.begin() + static_cast<std::ptrdiff_t>(pi.offset), pi.numel, P{});
+            std::fill_n(grads_.begin() + static_cast<std::ptrdiff_t>(pi.offset), pi.numel, G{});
           }
       submit_bucket(b);
     }
@@ -122,7 +128,7 @@ class gradient_reducer {
 
  private:
   struct pool_entry {
-    std::vector<P> data;
+    std::vector<G> data;
     detail::worker::ticket busy = 0;  ///< free once this ticket completed
     int bucket = -1;                  ///< the bucket filling it, or -1
   };
@@ -135,8 +141,8 @@ class gradient_reducer {
   }
 
   void add_buffer() {
-    pool_.push_back({std::vector<P>(plan_.max_bucket()), 0, -1});
-    meter_.add(plan_.max_bucket() * sizeof(P));
+    pool_.push_back({std::vector<G>(plan_.max_bucket()), 0, -1});
+    meter_.add(plan_.max_bucket() * sizeof(G));
   }
 
   /// Queues bucket b's reduction: all_reduce in place (flat, last micro-batch only) or
@@ -145,19 +151,19 @@ class gradient_reducer {
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
     if (!sharded_) {
       if (micro_ + 1 < accumulation_) return;
-      std::span<P> grads(grads_.data() + bk.offset, bk.padded);
+      std::span<G> grads(grads_.data() + bk.offset, bk.padded);
       work_.submit([this, grads] { ringzero::all_reduce(comm_, grads, op::sum, all_reduce_); });
       return;
     }
     if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
     const int k = bucket_buffer_[static_cast<std::size_t>(b)];
     auto& entry = pool_[static_cast<std::size_t>(k)];
-    P* buf = entry.data.data();
+    G* buf = entry.data.data();
     const bool first = micro_ == 0;
     entry.busy = work_.submit([this, buf, b, first] {
       const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
-      std::span<P> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
-      ringzero::reduce_scatter(comm_, std::span<P>(buf, bucket.padded), own, op::sum,
+      std::span<G> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
+      ringzero::reduce_scatter(comm_, std::span<G>(buf, bucket.padded), own, op::sum,
                                reduce_scatter_);
       accumulate(grads_.data() + bucket.shard_offset, own.data(), bucket.slice, first);
     });
@@ -186,7 +192,7 @@ class gradient_reducer {
       pick = static_cast<int>(pool_.size()) - 1;
     }
     auto& e = pool_[static_cast<std::size_t>(pick)];
-    std::fill(e.data.begin(), e.data.end(), P{});
+    std::fill(e.data.begin(), e.data.end(), G{});
     e.bucket = b;
     bucket_buffer_[static_cast<std::size_t>(b)] = pick;
   }
@@ -198,9 +204,10 @@ class gradient_reducer {
   ringzero::options all_reduce_;
   ringzero::options reduce_scatter_;
   int rank_;
+  float inv_predivide_;
   detail::worker& work_;
   detail::buffer_meter& meter_;
-  std::vector<P> grads_;  // flat (padded_size) or this rank's shard (shard_size)
+  std::vector<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
   std::vector<pool_entry> pool_;
   std::vector<int> bucket_buffer_;
   std::vector<int> missing_;

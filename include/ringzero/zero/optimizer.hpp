@@ -85,12 +85,12 @@ struct element_state {
   return {s.w - c.lr * d, b, s.v};
 }
 
-/// dst = src (first) or dst += src, in the gradient's type G; a source of another type is
-/// rounded to G first, so handing over fp32 or G gradients gives the same bits.
+/// dst = src*scale (first) or dst += src*scale, in the gradient's type G; the product is rounded
+/// to G first, so handing over fp32 or G gradients gives the same bits (scale 1 is exact).
 template <class G, class S>
-void accumulate(G* dst, const S* src, std::size_t n, bool first) noexcept {
+void accumulate(G* dst, const S* src, std::size_t n, bool first, float scale = 1.0f) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    const G v = to_param<G>(static_cast<float>(src[i]));
+    const G v = to_param<G>(static_cast<float>(src[i]) * scale);
     dst[i] = first ? v : to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
   }
 }

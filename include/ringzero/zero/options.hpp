@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/tuning/cost_model.hpp"
+#include "ringzero/types.hpp"
 
 namespace ringzero::zero {
 
@@ -138,6 +140,15 @@ struct config {
   int reduce_buffers = 2;
   /// Run collectives on a communication thread so they overlap backward; false runs them inline.
   bool comm_thread = true;
+  /// The type gradients are reduced and accumulated in: empty (the parameter type) or
+  /// dtype::float32, which keeps the sum of N ranks' and K micro-batches' 16-bit gradients from
+  /// rounding (bf16) or overflowing (fp16) at the price of twice the gradient memory and traffic
+  /// (FSDP's MixedPrecisionPolicy(reduce_dtype=float32)).
+  std::optional<dtype> reduce_dtype;
+  /// Every gradient is multiplied by 1/gradient_predivide before it is reduced, and the step
+  /// multiplies it back: with fp16 gradients reduced in fp16, a predivide of N*K (a power of two
+  /// keeps it exact) keeps the sum of N*K scaled gradients below fp16's 65504.
+  float gradient_predivide = 1.0f;
   /// Options for each kind of collective the sharder issues (see collective_options).
   collective_options collectives;
 };

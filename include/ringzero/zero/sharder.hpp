@@ -55,6 +55,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ringzero/collectives.hpp"
@@ -102,7 +103,7 @@ class sharder {
         optimizer_(cfg_.optimizer,
                    stage_.sharded_optimizer ? plan_.shard_size() : plan_.padded_size()),
         scaler_(cfg_.scaling, std::is_same_v<P, float16>),
-        reducer_(comm, plan_, stage_, cfg_, worker_, meter_),
+        reducer_(make_reducer()),
         cache_(comm, plan_, std::span<const P>(params_), cfg_.collectives.all_gather,
                cfg_.max_gathered_bytes, worker_, meter_),
         worker_(cfg_.comm_thread) {
@@ -221,18 +222,18 @@ class sharder {
   /// backward order overlaps reduction with the rest of backward.
   void add_grad(int id, std::span<const P> g) {
     (void)param(id, "add_grad");
-    reducer_.add(id, g);
+    std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
-  /// The same from fp32 gradients, rounded to P first.
+  /// The same from fp32 gradients, rounded to P (or to the reduce_dtype) first.
   void add_grad(int id, std::span<const float> g) requires(!std::is_same_v<P, float>) {
     (void)param(id, "add_grad");
-    reducer_.add(id, g);
+    std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
   /// Ends a micro-batch: queues the buckets still waiting (missing gradients are zero).
   void end_micro_batch() {
-    reducer_.end_micro_batch();
+    std::visit([](auto& r) { r.end_micro_batch(); }, reducer_);
     if (stage_.sharded_parameters) cache_.evict_unreferenced();
   }
 
@@ -241,19 +242,23 @@ class sharder {
   /// updates this rank's shard, all_gathers the new parameters (stages 1, 2) or refreshes the
   /// gathered buckets (stage 3). Collective.
   step_result step() {
-    if (reducer_.micro_batches() != cfg_.accumulation_steps)
+    if (micro_batches() != cfg_.accumulation_steps)
       throw invalid_argument(
           fmt::format("step() after {} of {} micro-batches: call end_micro_batch() after each",
-                      reducer_.micro_batches(), cfg_.accumulation_steps));
+                      micro_batches(), cfg_.accumulation_steps));
     worker_.drain();
     step_result res;
     res.loss_scale = scaler_.scale();
     const float divisor =
         cfg_.average_gradients ? static_cast<float>(world_ * cfg_.accumulation_steps) : 1.0f;
-    const float unscale = 1.0f / (scaler_.scale() * divisor);
+    const float unscale = cfg_.gradient_predivide / (scaler_.scale() * divisor);
     double sumsq = 0.0;
     bool nonfinite = false;
-    for (const auto& s : own_) grad_stats(reducer_.gradient(s), s.count, unscale, sumsq, nonfinite);
+    std::visit(
+        [&](auto& r) {
+          for (const auto& s : own_) grad_stats(r.gradient(s), s.count, unscale, sumsq, nonfinite);
+        },
+        reducer_);
     std::int32_t overflow = nonfinite ? 1 : 0;
     run_collective([&](Comm& c) {
       ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max,
@@ -261,7 +266,7 @@ class sharder {
       ringzero::all_reduce(c, std::span<double>(&sumsq, 1), op::sum, cfg_.collectives.all_reduce);
     });
     res.grad_norm = std::sqrt(sumsq);
-    reducer_.start_step();
+    std::visit([](auto& r) { r.start_step(); }, reducer_);
     ++step_;
     res.step = step_;
     scaler_.update(overflow != 0);
@@ -276,10 +281,14 @@ class sharder {
       clip = static_cast<float>(cfg_.max_grad_norm / (res.grad_norm + 1e-6));
     ++optimizer_steps_;
     const auto k = make_step_constants(cfg_.optimizer, optimizer_steps_, unscale * clip);
-    for (const auto& s : local_) {
-      const bool decay = plan_.params()[static_cast<std::size_t>(s.param)].weight_decay;
-      optimizer_.update(reducer_.gradient(s), local_of(s), param_ptr(s), s.count, k, decay);
-    }
+    std::visit(
+        [&](auto& r) {
+          for (const auto& s : local_) {
+            const bool decay = plan_.params()[static_cast<std::size_t>(s.param)].weight_decay;
+            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count, k, decay);
+          }
+        },
+        reducer_);
     if (stage_.gather_after_step) gather_flat_parameters();
     if (stage_.sharded_parameters) cache_.refresh();
     return res;
@@ -305,7 +314,7 @@ class sharder {
     m.rank = rank_;
     m.stage = cfg_.stage;
     m.parameters = params_.capacity() * sizeof(P);
-    m.gradients = reducer_.gradient_bytes();
+    m.gradients = std::visit([](const auto& r) { return r.gradient_bytes(); }, reducer_);
     m.optimizer = optimizer_.bytes();
     m.buffers = meter_.now;
     m.peak_buffers = meter_.peak;
@@ -350,7 +359,7 @@ class sharder {
   /// Collective; call between steps. Raises checkpoint_error on every rank if any rank fails;
   /// whatever fails, the checkpoint `dir` held before stays loadable.
   void save(const std::filesystem::path& dir) {
-    if (reducer_.micro_batches() != 0)
+    if (micro_batches() != 0)
       throw invalid_argument("save: a step is in progress; call it after step()");
     quiesce();
     std::string failure;
@@ -391,7 +400,7 @@ class sharder {
   /// checkpoint_error if any rank finds the checkpoint missing, incomplete, corrupt or
   /// incompatible with this model.
   void load(const std::filesystem::path& dir) {
-    if (reducer_.micro_batches() != 0)
+    if (micro_batches() != 0)
       throw invalid_argument("load: a step is in progress; call it after step()");
     quiesce();
     std::string failure;
@@ -429,6 +438,19 @@ class sharder {
   }
 
  private:
+  // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
+  using reducer_type = std::variant<gradient_reducer<Comm, P>, gradient_reducer<Comm, float>>;
+
+  [[nodiscard]] reducer_type make_reducer() {
+    if (cfg_.reduce_dtype == dtype::float32)
+      return reducer_type(std::in_place_index<1>, comm_, plan_, stage_, cfg_, worker_, meter_);
+    return reducer_type(std::in_place_index<0>, comm_, plan_, stage_, cfg_, worker_, meter_);
+  }
+
+  [[nodiscard]] int micro_batches() const {
+    return std::visit([](const auto& r) { return r.micro_batches(); }, reducer_);
+  }
+
   static config checked(config cfg, const model_layout& layout) {
     (void)stage_of(cfg.stage);
     if (cfg.accumulation_steps < 1)
@@ -439,6 +461,14 @@ class sharder {
     if (!(cfg.optimizer.lr >= 0) || !(cfg.max_grad_norm >= 0))
       throw invalid_argument("zero: learning rate and max_grad_norm must be >= 0");
     check_scaling(cfg.scaling);
+    if (cfg.reduce_dtype && *cfg.reduce_dtype != dtype_of<P>() &&
+        *cfg.reduce_dtype != dtype::float32)
+      throw invalid_argument(
+          fmt::format("zero: reduce_dtype {} (expected the parameter type {} or float32)",
+                      dtype_name(*cfg.reduce_dtype), dtype_name(dtype_of<P>())));
+    if (!(cfg.gradient_predivide > 0) || !std::isfinite(cfg.gradient_predivide))
+      throw invalid_argument(
+          fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));
     check_collectives(cfg.collectives, ringzero::detail::hierarchical_transport<Comm>);
     for (const auto& p : layout.params())
       if (p.type != dtype_of<P>())
@@ -553,7 +583,7 @@ class sharder {
   shard_optimizer<P> optimizer_;
   loss_scaler scaler_;
   detail::buffer_meter meter_;
-  gradient_reducer<Comm, P> reducer_;
+  reducer_type reducer_;
   parameter_cache<Comm, P> cache_;
   std::uint64_t step_ = 0;
   std::uint64_t optimizer_steps_ = 0;
