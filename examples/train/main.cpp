@@ -47,6 +47,7 @@ struct args {
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
   std::optional<float> lr;
   float weight_decay = 0.01f;
+  int warmup = 0;
   float clip = 1.0f;
   float loss_scale = 65536.0f;
   train::mlp_shape shape;
@@ -69,6 +70,7 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --optimizer O         adamw | sgd; default adamw
   --lr X                learning rate; default 0.003 (adamw), 0.05 (sgd)
   --weight-decay X      default 0.01 (not applied to biases)
+  --warmup W            W > 0: linear warmup over W steps, then cosine to lr/10 at --steps
   --clip X              clip the gradient to this global norm (0: off); default 1
   --loss-scale X        fp16: initial dynamic loss scale; default 65536
   --hidden H, --layers L, --inputs I, --classes C   the MLP; default 128, 2, 32, 10
@@ -113,6 +115,7 @@ args parse(int argc, char** argv) {
       {"--optimizer", [](args& a, auto, auto v) { a.optimizer = zero::parse_optimizer(v); }},
       {"--lr", [](args& a, auto f, auto v) { a.lr = number<float>(f, v); }},
       {"--weight-decay", [](args& a, auto f, auto v) { a.weight_decay = number<float>(f, v); }},
+      {"--warmup", [](args& a, auto f, auto v) { a.warmup = number<int>(f, v); }},
       {"--clip", [](args& a, auto f, auto v) { a.clip = number<float>(f, v); }},
       {"--loss-scale", [](args& a, auto f, auto v) { a.loss_scale = number<float>(f, v); }},
       {"--hidden", [](args& a, auto f, auto v) { a.shape.hidden = number<int>(f, v); }},
@@ -157,7 +160,8 @@ args parse(int argc, char** argv) {
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || a.steps < 0 || a.batch < 1 || a.micro_batches < 1 || a.log_every < 1 ||
-      a.shape.hidden < 1 || a.shape.depth < 0 || a.shape.inputs < 1 || a.shape.classes < 2)
+      a.warmup < 0 || a.shape.hidden < 1 || a.shape.depth < 0 || a.shape.inputs < 1 ||
+      a.shape.classes < 2)
     die("sizes and counts must be positive");
   return a;
 }
@@ -204,6 +208,12 @@ void run(Comm& comm, const args& a) {
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
   if (a.reduce_fp32) cfg.reduce_dtype = ringzero::dtype::float32;
+  if (a.warmup > 0) {
+    // docs-begin: schedule
+    cfg.schedule = zero::warmup_cosine(static_cast<std::uint64_t>(a.warmup),
+                                       static_cast<std::uint64_t>(a.steps), 0.1f);
+    // docs-end: schedule
+  }
   // Each rank's loss is already a share of the global mean (divided by the global batch).
   cfg.average_gradients = false;
   zero::sharder<Comm, P> shd(comm, layout, cfg);
@@ -270,7 +280,9 @@ void run(Comm& comm, const args& a) {
     });
     if (lead && (r.step % static_cast<std::uint64_t>(a.log_every) == 0 || r.skipped || r.step == 1))
       fmt::print(
-          "step {:4}  loss {:.6f}  grad-norm {:.6f}{}{}\n", r.step, loss, r.grad_norm,
+          "step {:4}  loss {:.6f}  grad-norm {:.6f}{}{}{}\n", r.step, loss, r.grad_norm,
+          cfg.schedule ? fmt::format("  lr {:.3g}", cfg.optimizer.lr * cfg.schedule(r.step - 1))
+                       : "",
           std::is_same_v<P, ringzero::float16> ? fmt::format("  scale {:g}", r.loss_scale) : "",
           r.skipped ? "  (skipped: inf/nan gradient)" : "");
     if (!memory_shown) {

@@ -94,3 +94,40 @@ TEST_CASE("accumulate rounds to the gradient type; grad_stats finds non-finite v
   zero::grad_stats(inf, 1, 1.0f, sumsq, bad);
   CHECK(bad);
 }
+
+TEST_CASE("group_options: a group's settings override the base ones it sets") {
+  const zero::optimizer_options base{.lr = 0.1f, .beta1 = 0.8f, .weight_decay = 0.01f};
+  const std::vector<zero::param_group> groups = {
+      {.name = "a"}, {.name = "b", .lr = 0.5f, .weight_decay = 0.0f, .beta2 = 0.95f}};
+  const auto a = zero::group_options(base, groups, 0);
+  CHECK(a.lr == 0.1f);
+  CHECK(a.weight_decay == 0.01f);
+  const auto b = zero::group_options(base, groups, 1);
+  CHECK(b.lr == 0.5f);
+  CHECK(b.weight_decay == 0.0f);
+  CHECK(b.beta1 == 0.8f);
+  CHECK(b.beta2 == 0.95f);
+  CHECK(zero::group_options(base, {}, 0).lr == 0.1f);
+  // The step constants follow the group's betas (bias correction included).
+  const auto kb = zero::make_step_constants(b, 1, 1.0f);
+  const auto ka = zero::make_step_constants(a, 1, 1.0f);
+  CHECK(kb.lr == 0.5f);
+  CHECK(zero::adamw_element(1.0f, {0.0f, 0.0f, 0.0f}, kb, false).v ==
+        doctest::Approx(1.0f - 0.95f));
+  CHECK(zero::adamw_element(1.0f, {0.0f, 0.0f, 0.0f}, ka, false).m == doctest::Approx(1.0f - 0.8f));
+}
+
+TEST_CASE("check_groups names the group and the setting that cannot work") {
+  using groups = std::vector<zero::param_group>;
+  CHECK_NOTHROW(zero::check_groups(groups{{.name = "a", .lr = 0.0f, .beta1 = 0.0f}}));
+  CHECK_THROWS_WITH_AS(zero::check_groups(groups{{}}), doctest::Contains("group 0 needs a name"),
+                       ringzero::invalid_argument);
+  CHECK_THROWS_WITH_AS(zero::check_groups(groups{{.name = "x", .lr = -1.0f}}),
+                       doctest::Contains("group x: lr -1"), ringzero::invalid_argument);
+  CHECK_THROWS_WITH_AS(zero::check_groups(groups{{.name = "x", .weight_decay = -0.5f}}),
+                       doctest::Contains("weight_decay"), ringzero::invalid_argument);
+  CHECK_THROWS_WITH_AS(zero::check_groups(groups{{.name = "x", .beta1 = 1.5f}}),
+                       doctest::Contains("beta1"), ringzero::invalid_argument);
+  CHECK_THROWS_AS(zero::check_groups(groups{{.name = "x", .lr = std::nanf("")}}),
+                  ringzero::invalid_argument);
+}

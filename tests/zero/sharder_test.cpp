@@ -2,8 +2,11 @@
 
 #include "zero_harness.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -592,4 +595,203 @@ TEST_CASE("precision settings that cannot work are refused") {
     CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)),
                     ringzero::invalid_argument);
   });
+}
+
+TEST_CASE("parameter groups: per-group learning rate and weight decay, frozen parameters") {
+  // Layer 1 in group 1; the harness's gradient of an element depends only on that element, so
+  // each group trains as it would alone.
+  const auto grouped = zt::make_layout<float>({{37, 5}, {129}, {3, 61, 1}},
+                                              [](int layer, int) { return layer == 1 ? 1 : 0; });
+  const auto plain = small_model<float>();
+  zt::run_options o;
+  o.world = 3;
+  o.steps = 3;
+  const auto base = zt::train<float>(plain, o);
+  const std::size_t l1_begin = 37 + 5, l1_end = l1_begin + 129;
+  auto slice = [](const std::vector<float>& v, std::size_t a, std::size_t b) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(a),
+                              v.begin() + static_cast<std::ptrdiff_t>(b));
+  };
+  SUBCASE("frozen") {
+    for (int stage : {0, 3}) {
+      o.stage = stage;
+      o.configure = [](zt::zero::config& c) {
+        c.groups = {{.name = "main"}, {.name = "emb", .frozen = true}};
+      };
+      const auto got = zt::train<float>(grouped, o);
+      std::vector<float> initial;
+      for (std::size_t i = 0; i < 129; ++i) initial.push_back(zt::initial_value(2, i));
+      CHECK(slice(got.params[0], l1_begin, l1_end) == initial);
+      CHECK(slice(got.params[0], 0, l1_begin) == slice(base.params[0], 0, l1_begin));
+      CHECK(slice(got.params[0], l1_end, got.params[0].size()) ==
+            slice(base.params[0], l1_end, base.params[0].size()));
+    }
+  }
+  SUBCASE("another learning rate, weight decay and betas") {
+    o.stage = 3;
+    o.configure = [](zt::zero::config& c) {
+      c.groups = {
+          {.name = "main"},
+          {.name = "slow", .lr = 0.01f, .weight_decay = 0.5f, .beta1 = 0.5f, .beta2 = 0.9f}};
+    };
+    const auto got = zt::train<float>(grouped, o);
+    zt::run_options alone = o;
+    alone.configure = [](zt::zero::config& c) {
+      c.optimizer.lr = 0.01f;
+      c.optimizer.weight_decay = 0.5f;
+      c.optimizer.beta1 = 0.5f;
+      c.optimizer.beta2 = 0.9f;
+    };
+    const auto slow = zt::train<float>(plain, alone);
+    CHECK(slice(got.params[0], l1_begin, l1_end) == slice(slow.params[0], l1_begin, l1_end));
+    CHECK(slice(got.params[0], 0, l1_begin) == slice(base.params[0], 0, l1_begin));
+  }
+}
+
+TEST_CASE("a frozen parameter takes no gradient, and bad groups are refused") {
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  ringzero::loopback::world w(1);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.groups = {{.name = "a"}, {.name = "b", .frozen = true}};
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+    const std::vector<float> g(8, 1.0f);
+    CHECK_THROWS_WITH_AS(shd.add_grad(1, g), doctest::Contains("frozen"),
+                         ringzero::invalid_argument);
+    shd.add_grad(0, g);
+    cfg.groups = {{.name = "a"}};
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                    ringzero::invalid_argument);  // parameter in group 1 of 1
+    cfg.groups = {{.name = "a"}, {.name = "a"}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("two groups are called a"), ringzero::invalid_argument);
+    cfg.groups = {{.name = "a"}, {.name = "b", .beta2 = 1.0f}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("group b: beta2 1"), ringzero::invalid_argument);
+    cfg.groups = {{.name = "a"}, {.name = "b c"}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("without whitespace"), ringzero::invalid_argument);
+  });
+}
+
+TEST_CASE("warmup + cosine schedule") {
+  const auto f = zt::zero::warmup_cosine(4, 12, 0.1f);
+  CHECK(f(0) == 0.25f);
+  CHECK(f(3) == 1.0f);
+  CHECK(f(4) == doctest::Approx(1.0));
+  CHECK(f(8) == doctest::Approx(0.1 + 0.9 * 0.5));
+  CHECK(f(12) == 0.1f);
+  CHECK(f(100) == 0.1f);
+  for (std::uint64_t s = 4; s < 12; ++s) CHECK(f(s + 1) <= f(s));
+}
+
+TEST_CASE("the schedule drives every group; a resume continues it and the learning rates") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ringzero-zero-schedule-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto grouped = zt::make_layout<float>({{37, 5}, {129}, {3, 61, 1}},
+                                              [](int layer, int) { return layer == 1 ? 1 : 0; });
+  zt::run_options o;
+  o.world = 2;
+  o.stage = 3;
+  o.steps = 6;
+  o.configure = [](zt::zero::config& c) {
+    c.groups = {{.name = "main"}, {.name = "head", .lr = 0.02f}};
+    c.schedule = zt::zero::warmup_cosine(2, 6);
+  };
+  const auto full = zt::train<float>(grouped, o);
+  // Without the schedule the run differs (the schedule is applied).
+  zt::run_options flat = o;
+  flat.configure = [](zt::zero::config& c) {
+    c.groups = {{.name = "main"}, {.name = "head", .lr = 0.02f}};
+  };
+  CHECK(zt::train<float>(grouped, flat).params[0] != full.params[0]);
+  // Save after 3 steps, resume for 3: bitwise the uninterrupted run.
+  o.steps = 3;
+  o.save_dir = dir;
+  (void)zt::train<float>(grouped, o);
+  const auto m = zt::zero::checkpoint_manifest::read(dir);
+  REQUIRE(m.groups.size() == 2);
+  CHECK(m.groups[1].name == "head");
+  CHECK(m.groups[1].lr == 0.02f);
+  o.save_dir.clear();
+  o.load_dir = dir;
+  const auto resumed = zt::train<float>(grouped, o);
+  CHECK(resumed.params[0] == full.params[0]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("group learning rates set by the trainer are saved and restored") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ringzero-zero-grouplr-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.groups = {{.name = "a"}, {.name = "b", .lr = 0.5f}};
+    cfg.schedule = zt::zero::warmup_cosine(10, 100);
+    {
+      zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+      shd.set_learning_rate(1, 0.25f);
+      shd.end_micro_batch();
+      (void)shd.step();
+      CHECK(shd.learning_rate(1) == 0.25f * 0.2f);
+      shd.save(dir);
+    }
+    zt::zero::sharder<zt::communicator, float> back(comm, layout, cfg);
+    CHECK(back.learning_rate(1) == 0.5f * 0.1f);
+    back.load(dir);
+    CHECK(back.step_count() == 1);
+    CHECK(back.learning_rate(1) == 0.25f * 0.2f);
+    CHECK(back.learning_rate(0) == cfg.optimizer.lr * 0.2f);
+    CHECK_THROWS_AS((void)back.learning_rate(2), ringzero::invalid_argument);
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("each step moves each group by its own learning rate times the schedule") {
+  // SGD without momentum or decay and a gradient of ones: a step moves every weight of group g
+  // by exactly -learning_rate(g).
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    ringzero::loopback::world w(2);
+    w.run([&](zt::communicator& comm) {
+      zt::zero::config cfg;
+      cfg.stage = stage;
+      cfg.optimizer = {.kind = optimizer_kind::sgd, .lr = 0.25f, .momentum = 0.0f};
+      cfg.groups = {{.name = "a"}, {.name = "b", .lr = 0.5f}};
+      cfg.schedule = zt::zero::warmup_cosine(2, 5, 0.1f);
+      zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+      const std::vector<float> ones(8, 1.0f);
+      auto before = shd.full_parameters();
+      const float expect[][2] = {{0.125f, 0.25f}, {0.25f, 0.5f}};
+      for (int s = 0; s < 7; ++s) {
+        const float lr[2] = {shd.learning_rate(0), shd.learning_rate(1)};
+        CHECK(lr[0] == 0.25f * cfg.schedule(static_cast<std::uint64_t>(s)));
+        CHECK(lr[1] == 0.5f * cfg.schedule(static_cast<std::uint64_t>(s)));
+        if (s < 2) {
+          CHECK(lr[0] == expect[s][0]);
+          CHECK(lr[1] == expect[s][1]);
+        }
+        if (s >= 5) CHECK(lr[1] == doctest::Approx(0.05f));
+        if (stage == 3) {
+          auto g = shd.gather(1, zt::zero::pass::backward);
+          shd.add_grad(1, ones);
+          auto g0 = shd.gather(0, zt::zero::pass::backward);
+          shd.add_grad(0, ones);
+        } else {
+          shd.add_grad(1, ones);
+          shd.add_grad(0, ones);
+        }
+        shd.end_micro_batch();
+        REQUIRE_FALSE(shd.step().skipped);
+        const auto after = shd.full_parameters();
+        for (std::size_t i = 0; i < after.size(); ++i)
+          CHECK(after[i] == doctest::Approx(before[i] - lr[i / 8]).epsilon(1e-6));
+        before = after;
+      }
+    });
+  }
 }

@@ -22,8 +22,10 @@ namespace zt {
 using ringzero::loopback::communicator;
 namespace zero = ringzero::zero;
 
+/// `group_of(layer, param)`, when given, puts each parameter in a group.
 template <class P>
-zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& layer_sizes) {
+zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& layer_sizes,
+                               const std::function<int(int, int)>& group_of = {}) {
   zero::model_layout l;
   int li = 0;
   for (const auto& layer : layer_sizes) {
@@ -35,7 +37,8 @@ zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& laye
       l.add({.name = "l" + std::to_string(li) + ".p" + std::to_string(pi),
              .shape = {n},
              .type = ringzero::dtype_of<P>(),
-             .weight_decay = decay});
+             .weight_decay = decay,
+             .group = group_of ? group_of(li, pi) : 0});
       ++pi;
     }
     ++li;
@@ -70,7 +73,8 @@ struct run_options {
   float grad_multiplier = 1.0f;
   /// Called with (rank, step, param, gradient) before the gradient is handed over.
   std::function<void(int, int, int, std::vector<float>&)> poison;
-  std::filesystem::path save_dir;  ///< save after the last step
+  std::function<void(zero::config&)> configure;  ///< adjusts the configuration
+  std::filesystem::path save_dir;                ///< save after the last step
   std::filesystem::path load_dir;  ///< load before the first step (steps count from there)
   /// Reads layer 0 between the last end_micro_batch() and step(), as logging or evaluation
   /// would; with hold_across_step the handle lives through step() and its values are recorded.
@@ -100,6 +104,7 @@ inline zero::config make_config(const run_options& o) {
   cfg.scaling.initial = 1024.0f;
   cfg.scaling.growth_interval = 2;
   cfg.average_gradients = false;
+  if (o.configure) o.configure(cfg);
   return cfg;
 }
 
@@ -131,6 +136,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
           auto g = shd.gather(l, zero::pass::backward);
           const auto& li = plan.layers()[static_cast<std::size_t>(l)];
           for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
+            if (!shd.trainable(p)) continue;
             auto wv = g.param(p);
             std::vector<float> grad(wv.size());
             // A global batch of `batch` samples split over micro-batches and ranks: the sum of

@@ -51,7 +51,8 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian; a big-endian host needs byte swapping");
 
 inline constexpr const char* manifest_file_name = "manifest.txt";
-inline constexpr int checkpoint_format_version = 1;
+/// 2 added the parameter groups' learning rates; version 1 checkpoints still load.
+inline constexpr int checkpoint_format_version = 2;
 
 namespace detail {
 
@@ -160,6 +161,11 @@ struct checkpoint_manifest {
     std::vector<std::size_t> shape;
     [[nodiscard]] std::size_t numel() const noexcept { return numel_of(shape); }
   };
+  /// A parameter group's base learning rate when saved (the schedule's position is `step`).
+  struct group {
+    std::string name;
+    float lr = 0.0f;
+  };
   struct shard {
     int rank = 0;
     std::string file;
@@ -178,6 +184,7 @@ struct checkpoint_manifest {
   std::size_t alignment = 16;
   std::size_t shard_size = 0;
   std::vector<std::string> arrays;  ///< what each shard file holds, in order
+  std::vector<group> groups;
   std::vector<bucket> buckets;
   std::vector<param> params;
   std::vector<shard> shards;
@@ -192,7 +199,9 @@ struct checkpoint_manifest {
     fmt::format_to(out, "optimizer {}\nloss_scale {} {}\nalignment {}\nshard_size {}\narrays",
                    optimizer_name(optimizer), loss_scale, good_steps, alignment, shard_size);
     for (const auto& a : arrays) fmt::format_to(out, " {}", a);
-    fmt::format_to(out, "\nbuckets {}\n", buckets.size());
+    fmt::format_to(out, "\ngroups {}\n", groups.size());
+    for (const auto& g : groups) fmt::format_to(out, "group {} {}\n", g.name, g.lr);
+    fmt::format_to(out, "buckets {}\n", buckets.size());
     for (const auto& b : buckets)
       fmt::format_to(out, "bucket {} {} {}\n", b.offset, b.padded, b.shard_offset);
     fmt::format_to(out, "params {}\n", params.size());
@@ -226,9 +235,10 @@ struct checkpoint_manifest {
     }
     checkpoint_manifest m;
     in.expect("ringzero-zero-checkpoint");
-    if (const auto v = in.integer(); v != checkpoint_format_version)
-      throw checkpoint_error(fmt::format("{}: format version {} (this build reads {})", where, v,
-                                         checkpoint_format_version));
+    const auto version = in.integer();
+    if (version < 1 || version > checkpoint_format_version)
+      throw checkpoint_error(fmt::format("{}: format version {} (this build reads 1 to {})", where,
+                                         version, checkpoint_format_version));
     in.expect("world_size");
     m.world_size = static_cast<int>(in.integer());
     in.expect("stage");
@@ -250,6 +260,17 @@ struct checkpoint_manifest {
     m.shard_size = in.integer();
     in.expect("arrays");
     while (!in.at_line_end()) m.arrays.emplace_back(in.word());
+    if (version >= 2) {
+      in.expect("groups");
+      const auto n = in.integer();
+      if (n > text.size()) throw checkpoint_error(fmt::format("{}: {} groups", where, n));
+      m.groups.resize(n);
+      for (auto& g : m.groups) {
+        in.expect("group");
+        g.name = in.word();
+        g.lr = in.real();
+      }
+    }
     in.expect("buckets");
     m.buckets.resize(in.integer());
     for (auto& b : m.buckets) {
@@ -410,11 +431,12 @@ struct training_position {
 
 /// The manifest of a checkpoint of `plan` saved by its world_size() ranks; `written` holds
 /// (bytes, crc, save id) of every rank's shard file, rank after rank.
-[[nodiscard]] inline checkpoint_manifest make_manifest(const partition_plan& plan, int stage,
-                                                       dtype precision, optimizer_kind kind,
-                                                       const training_position& at,
-                                                       std::span<const std::uint64_t> written) {
+[[nodiscard]] inline checkpoint_manifest make_manifest(
+    const partition_plan& plan, int stage, dtype precision, optimizer_kind kind,
+    const training_position& at, std::vector<checkpoint_manifest::group> groups,
+    std::span<const std::uint64_t> written) {
   checkpoint_manifest m;
+  m.groups = std::move(groups);
   m.world_size = plan.world_size();
   m.stage = stage;
   m.precision = precision;

@@ -57,6 +57,21 @@ struct step_constants {
   return k;
 }
 
+/// The optimizer settings of parameter group `g` (groups empty: `base` for group 0).
+[[nodiscard]] inline optimizer_options group_options(const optimizer_options& base,
+                                                     const std::vector<param_group>& groups,
+                                                     std::size_t g) {
+  optimizer_options o = base;
+  if (g < groups.size()) {
+    const auto& pg = groups[g];
+    o.lr = pg.lr.value_or(o.lr);
+    o.weight_decay = pg.weight_decay.value_or(o.weight_decay);
+    o.beta1 = pg.beta1.value_or(o.beta1);
+    o.beta2 = pg.beta2.value_or(o.beta2);
+  }
+  return o;
+}
+
 /// One element's fp32 optimizer state.
 struct element_state {
   float w = 0.0f;  ///< master weight

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
@@ -44,6 +47,60 @@ struct optimizer_options {
   /// weight_decay = false are exempt.
   float weight_decay = 0.0f;
 };
+
+/// Optimizer settings for a group of parameters (param_spec::group indexes config::groups).
+/// An unset field takes config::optimizer's value. A frozen parameter is never updated and takes
+/// no gradient (add_grad refuses it); its optimizer state is still allocated.
+struct param_group {
+  std::string name = {};  ///< names the group in checkpoints: unique, no whitespace
+  std::optional<float> lr = std::nullopt;
+  std::optional<float> weight_decay = std::nullopt;
+  std::optional<float> beta1 = std::nullopt;
+  std::optional<float> beta2 = std::nullopt;
+  bool frozen = false;
+};
+
+/// Throws invalid_argument for a group without a unique whitespace-free name, or with a learning
+/// rate or weight decay < 0 or a beta outside [0, 1).
+inline void check_groups(const std::vector<param_group>& groups) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto& pg = groups[g];
+    if (pg.name.empty() || pg.name.find_first_of(" \t\r\n") != std::string::npos)
+      throw invalid_argument(fmt::format("zero: group {} needs a name without whitespace", g));
+    for (std::size_t h = 0; h < g; ++h)
+      if (groups[h].name == pg.name)
+        throw invalid_argument(fmt::format("zero: two groups are called {}", pg.name));
+    auto check = [&](const std::optional<float>& v, const char* what, float below) {
+      if (v && !(*v >= 0 && *v < below))
+        throw invalid_argument(fmt::format("zero: group {}: {} {} (expected 0 <= {} < {})", pg.name,
+                                           what, *v, what, below));
+    };
+    constexpr float unbounded = std::numeric_limits<float>::infinity();
+    check(pg.lr, "lr", unbounded);
+    check(pg.weight_decay, "weight_decay", unbounded);
+    check(pg.beta1, "beta1", 1.0f);
+    check(pg.beta2, "beta2", 1.0f);
+  }
+}
+
+/// A learning-rate schedule: the factor every group's learning rate is multiplied by at a step
+/// (0-based: the step about to be taken, skipped steps counted), as PyTorch's LambdaLR.
+using lr_schedule = std::function<float(std::uint64_t step)>;
+
+/// Linear warmup from 0 over `warmup` steps, then a cosine from 1 down to `min_factor` at step
+/// `total` (and min_factor after it).
+[[nodiscard]] inline lr_schedule warmup_cosine(std::uint64_t warmup, std::uint64_t total,
+                                               float min_factor = 0.0f) {
+  return [=](std::uint64_t step) -> float {
+    if (step < warmup) return static_cast<float>(step + 1) / static_cast<float>(warmup);
+    if (step >= total || total <= warmup) return min_factor;
+    const double progress =
+        static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+    constexpr double pi = 3.14159265358979323846;
+    return static_cast<float>(min_factor +
+                              (1.0 - min_factor) * 0.5 * (1.0 + std::cos(pi * progress)));
+  };
+}
 
 /// Dynamic loss scaling for float16 parameters (ignored otherwise: the scale stays 1). The
 /// trainer multiplies its loss by loss_scale(); an overflow on any rank makes every rank skip
@@ -117,6 +174,11 @@ struct config {
   /// 2: gradients too (reduce_scatter); 3: parameters too (all_gather before use).
   int stage = 2;
   optimizer_options optimizer;
+  /// Parameter groups (per-group learning rate, weight decay, betas, frozen). Empty: one group,
+  /// config::optimizer's settings for every parameter.
+  std::vector<param_group> groups;
+  /// Multiplies every group's learning rate at each step; empty: constant.
+  lr_schedule schedule;
   /// Target bucket size in bytes of the parameter type: the unit of reduction, of stage-3
   /// gathers and of overlap. A layer larger than this gets a bucket of its own. 0: one bucket.
   std::size_t bucket_bytes = std::size_t{4} << 20;

@@ -103,6 +103,7 @@ class sharder {
         optimizer_(cfg_.optimizer,
                    stage_.sharded_optimizer ? plan_.shard_size() : plan_.padded_size()),
         scaler_(cfg_.scaling, std::is_same_v<P, float16>),
+        group_lr_(initial_group_lr(cfg_)),
         reducer_(make_reducer()),
         cache_(comm, plan_, std::span<const P>(params_), cfg_.collectives.all_gather,
                cfg_.max_gathered_bytes, worker_, meter_),
@@ -126,7 +127,22 @@ class sharder {
   [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return optimizer_steps_; }
   /// What the trainer multiplies its loss by (1 unless P is float16).
   [[nodiscard]] float loss_scale() const noexcept { return scaler_.scale(); }
-  void set_learning_rate(float lr) noexcept { cfg_.optimizer.lr = lr; }
+  /// false for a parameter of a frozen group (hand it no gradient).
+  [[nodiscard]] bool trainable(int id) const {
+    const auto g = static_cast<std::size_t>(param(id, "trainable").group);
+    return g >= cfg_.groups.size() || !cfg_.groups[g].frozen;
+  }
+
+  /// Sets every parameter group's base learning rate (what the schedule multiplies).
+  void set_learning_rate(float lr) noexcept { std::fill(group_lr_.begin(), group_lr_.end(), lr); }
+  /// Sets one group's base learning rate.
+  void set_learning_rate(int group, float lr) { group_lr_.at(group_index(group)) = lr; }
+  /// The learning rate group `group` uses in the next step: its base rate times the schedule at
+  /// step_count(). Checkpoints keep the base rates and the step.
+  [[nodiscard]] float learning_rate(int group = 0) const {
+    const float base = group_lr_.at(group_index(group));
+    return cfg_.schedule ? base * cfg_.schedule(step_) : base;
+  }
 
   /// Sets a parameter's value from fp32. Every rank passes the same values (e.g. generated from
   /// the same seed); each keeps the part it needs.
@@ -221,13 +237,13 @@ class sharder {
   /// queued for reduction at once, in descending bucket order, so handing gradients over in
   /// backward order overlaps reduction with the rest of backward.
   void add_grad(int id, std::span<const P> g) {
-    (void)param(id, "add_grad");
+    check_trainable(id);
     std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
   /// The same from fp32 gradients, rounded to P (or to the reduce_dtype) first.
   void add_grad(int id, std::span<const float> g) requires(!std::is_same_v<P, float>) {
-    (void)param(id, "add_grad");
+    check_trainable(id);
     std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
@@ -267,6 +283,7 @@ class sharder {
     });
     res.grad_norm = std::sqrt(sumsq);
     std::visit([](auto& r) { r.start_step(); }, reducer_);
+    const std::uint64_t at = step_;
     ++step_;
     res.step = step_;
     scaler_.update(overflow != 0);
@@ -280,12 +297,20 @@ class sharder {
     if (cfg_.max_grad_norm > 0 && res.grad_norm > cfg_.max_grad_norm)
       clip = static_cast<float>(cfg_.max_grad_norm / (res.grad_norm + 1e-6));
     ++optimizer_steps_;
-    const auto k = make_step_constants(cfg_.optimizer, optimizer_steps_, unscale * clip);
+    std::vector<step_constants> ks;
+    for (std::size_t g = 0; g < group_lr_.size(); ++g) {
+      auto o = group_options(cfg_.optimizer, cfg_.groups, g);
+      o.lr = cfg_.schedule ? group_lr_[g] * cfg_.schedule(at) : group_lr_[g];
+      ks.push_back(make_step_constants(o, optimizer_steps_, unscale * clip));
+    }
     std::visit(
         [&](auto& r) {
           for (const auto& s : local_) {
-            const bool decay = plan_.params()[static_cast<std::size_t>(s.param)].weight_decay;
-            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count, k, decay);
+            const auto& pi = plan_.params()[static_cast<std::size_t>(s.param)];
+            const auto g = static_cast<std::size_t>(pi.group);
+            if (g < cfg_.groups.size() && cfg_.groups[g].frozen) continue;
+            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count, ks[g],
+                              pi.weight_decay);
           }
         },
         reducer_);
@@ -383,9 +408,9 @@ class sharder {
     if (rank_ == 0) {
       try {
         detail::commit_manifest(
-            dir,
-            make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
-                          {step_, optimizer_steps_, scaler_.scale(), scaler_.good_steps()}, all));
+            dir, make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
+                               {step_, optimizer_steps_, scaler_.scale(), scaler_.good_steps()},
+                               saved_groups(), all));
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -433,6 +458,9 @@ class sharder {
     step_ = m.step;
     optimizer_steps_ = m.optimizer_steps;
     if (m.precision == dtype::float16) scaler_.restore(m.loss_scale, m.good_steps);
+    for (const auto& g : m.groups)
+      for (std::size_t i = 0; i < group_lr_.size(); ++i)
+        if (group_name(i) == g.name) group_lr_[i] = g.lr;
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", step_, dir.string(),
               m.world_size, m.stage);
   }
@@ -445,6 +473,34 @@ class sharder {
     if (cfg_.reduce_dtype == dtype::float32)
       return reducer_type(std::in_place_index<1>, comm_, plan_, stage_, cfg_, worker_, meter_);
     return reducer_type(std::in_place_index<0>, comm_, plan_, stage_, cfg_, worker_, meter_);
+  }
+
+  static std::vector<float> initial_group_lr(const config& cfg) {
+    std::vector<float> lr;
+    for (std::size_t g = 0; g < std::max<std::size_t>(1, cfg.groups.size()); ++g)
+      lr.push_back(group_options(cfg.optimizer, cfg.groups, g).lr);
+    return lr;
+  }
+  [[nodiscard]] std::size_t group_index(int group) const {
+    if (group < 0 || static_cast<std::size_t>(group) >= group_lr_.size())
+      throw invalid_argument(
+          fmt::format("zero: parameter group {} of {}", group, group_lr_.size()));
+    return static_cast<std::size_t>(group);
+  }
+  [[nodiscard]] std::string group_name(std::size_t g) const {
+    return g < cfg_.groups.size() ? cfg_.groups[g].name : std::string("default");
+  }
+  [[nodiscard]] std::vector<checkpoint_manifest::group> saved_groups() const {
+    std::vector<checkpoint_manifest::group> out;
+    for (std::size_t g = 0; g < group_lr_.size(); ++g) out.push_back({group_name(g), group_lr_[g]});
+    return out;
+  }
+  void check_trainable(int id) const {
+    const auto& pi = param(id, "add_grad");
+    const auto g = static_cast<std::size_t>(pi.group);
+    if (g < cfg_.groups.size() && cfg_.groups[g].frozen)
+      throw invalid_argument(
+          fmt::format("add_grad: {} belongs to the frozen group {}", pi.name, cfg_.groups[g].name));
   }
 
   [[nodiscard]] int micro_batches() const {
@@ -470,6 +526,12 @@ class sharder {
       throw invalid_argument(
           fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));
     check_collectives(cfg.collectives, ringzero::detail::hierarchical_transport<Comm>);
+    check_groups(cfg.groups);
+    const auto n_groups = std::max<std::size_t>(1, cfg.groups.size());
+    for (const auto& p : layout.params())
+      if (p.group < 0 || static_cast<std::size_t>(p.group) >= n_groups)
+        throw invalid_argument(fmt::format("zero: parameter {} is in group {}, config has {}",
+                                           p.name, p.group, n_groups));
     for (const auto& p : layout.params())
       if (p.type != dtype_of<P>())
         throw invalid_argument(fmt::format(
@@ -582,6 +644,7 @@ class sharder {
   std::vector<P> params_;       // full (stages 0-2, padded_size) or this rank's shard (stage 3)
   shard_optimizer<P> optimizer_;
   loss_scaler scaler_;
+  std::vector<float> group_lr_;  // base learning rate per parameter group
   detail::buffer_meter meter_;
   reducer_type reducer_;
   parameter_cache<Comm, P> cache_;
