@@ -1,86 +1,115 @@
-// The dense kernels the GPT demo spends its time in, on the CPU, in plain C++ (no intrinsics, no
-// libraries): row-major matrix products in the "axpy" form, whose innermost loop runs along a
-// contiguous row of the output and of one input. That loop has no reduction, so the compiler
-// vectorises it without reassociating sums (no -ffast-math), and every run computes the same bits.
+// The dense kernels the GPT demo spends its time in, on the CPU, in plain C++: row-major matrix
+// products C += A * B where every output element is accumulated over k in ascending order, so
+// every run computes the same bits whatever the blocking.
 //
-// Blocking: four output rows share each loaded row of B, and the output row is walked in tiles of
-// 64 columns, so the 4 x 64 accumulators stay in L1 while k runs over the whole depth.
+// For float, a 4 x 8 tile of C lives in eight 4-wide vector registers (GCC/Clang vector
+// extensions, which lower to SSE, NEON or scalar code) while k runs over the whole depth: per k,
+// two loads of B and four broadcasts of A feed 32 multiply-adds. B's 8-column panel is reused by
+// every row tile, so it stays in L1. Edges (and double, used by the tests) take the scalar loop.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace gpt::kernels {
+
+namespace detail {
+
+typedef float v4f __attribute__((vector_size(16)));
+
+inline v4f load(const float* p) noexcept {
+  v4f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, v4f v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+inline v4f splat(float x) noexcept {
+  return v4f{x, x, x, x};
+}
+
+/// C[0..4, 0..8] += sum over p of A(r, p) * B[p, 0..8], with A(r, p) = a[r * si + p * sp].
+inline void tile_4x8(std::size_t k, const float* a, std::size_t si, std::size_t sp, const float* b,
+                     std::size_t ldb, float* c, std::size_t ldc) noexcept {
+  v4f c00 = load(c), c01 = load(c + 4);
+  v4f c10 = load(c + ldc), c11 = load(c + ldc + 4);
+  v4f c20 = load(c + 2 * ldc), c21 = load(c + 2 * ldc + 4);
+  v4f c30 = load(c + 3 * ldc), c31 = load(c + 3 * ldc + 4);
+  for (std::size_t p = 0; p < k; ++p) {
+    const v4f b0 = load(b + p * ldb), b1 = load(b + p * ldb + 4);
+    const float* ap = a + p * sp;
+    const v4f a0 = splat(ap[0]), a1 = splat(ap[si]), a2 = splat(ap[2 * si]), a3 = splat(ap[3 * si]);
+    c00 += a0 * b0;
+    c01 += a0 * b1;
+    c10 += a1 * b0;
+    c11 += a1 * b1;
+    c20 += a2 * b0;
+    c21 += a2 * b1;
+    c30 += a3 * b0;
+    c31 += a3 * b1;
+  }
+  store(c, c00);
+  store(c + 4, c01);
+  store(c + ldc, c10);
+  store(c + ldc + 4, c11);
+  store(c + 2 * ldc, c20);
+  store(c + 2 * ldc + 4, c21);
+  store(c + 3 * ldc, c30);
+  store(c + 3 * ldc + 4, c31);
+}
+
+/// One row of C, eight columns: the row tail of tile_4x8.
+inline void tile_1x8(std::size_t k, const float* a, std::size_t sp, const float* b, std::size_t ldb,
+                     float* c) noexcept {
+  v4f c0 = load(c), c1 = load(c + 4);
+  for (std::size_t p = 0; p < k; ++p) {
+    const v4f x = splat(a[p * sp]);
+    c0 += x * load(b + p * ldb);
+    c1 += x * load(b + p * ldb + 4);
+  }
+  store(c, c0);
+  store(c + 4, c1);
+}
+
+/// C[M,N] += A * B[K,N] with A(i, p) = a[i * si + p * sp].
+template <class Real>
+void gemm(std::size_t m, std::size_t n, std::size_t k, const Real* a, std::size_t si,
+          std::size_t sp, const Real* b, std::size_t ldb, Real* c, std::size_t ldc) {
+  std::size_t j0 = 0;
+  if constexpr (std::is_same_v<Real, float>) {
+    for (; j0 + 8 <= n; j0 += 8) {
+      std::size_t i = 0;
+      for (; i + 4 <= m; i += 4)
+        tile_4x8(k, a + i * si, si, sp, b + j0, ldb, c + i * ldc + j0, ldc);
+      for (; i < m; ++i) tile_1x8(k, a + i * si, sp, b + j0, ldb, c + i * ldc + j0);
+    }
+  }
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = j0; j < n; ++j) {
+      Real s = c[i * ldc + j];
+      for (std::size_t p = 0; p < k; ++p) s += a[i * si + p * sp] * b[p * ldb + j];
+      c[i * ldc + j] = s;
+    }
+}
+
+}  // namespace detail
 
 /// C[M,N] += A[M,K] * B[K,N]; leading dimensions are row strides.
 template <class Real>
 void gemm_nn(std::size_t m, std::size_t n, std::size_t k, const Real* a, std::size_t lda,
              const Real* b, std::size_t ldb, Real* c, std::size_t ldc) {
-  constexpr std::size_t rows = 4, cols = 64;
-  for (std::size_t j0 = 0; j0 < n; j0 += cols) {
-    const std::size_t nj = std::min(cols, n - j0);
-    std::size_t i = 0;
-    for (; i + rows <= m; i += rows) {
-      Real* c0 = c + i * ldc + j0;
-      Real* c1 = c0 + ldc;
-      Real* c2 = c1 + ldc;
-      Real* c3 = c2 + ldc;
-      const Real* a0 = a + i * lda;
-      for (std::size_t p = 0; p < k; ++p) {
-        const Real x0 = a0[p], x1 = a0[lda + p], x2 = a0[2 * lda + p], x3 = a0[3 * lda + p];
-        const Real* __restrict br = b + p * ldb + j0;
-        for (std::size_t j = 0; j < nj; ++j) {
-          const Real v = br[j];
-          c0[j] += x0 * v;
-          c1[j] += x1 * v;
-          c2[j] += x2 * v;
-          c3[j] += x3 * v;
-        }
-      }
-    }
-    for (; i < m; ++i) {
-      Real* __restrict ci = c + i * ldc + j0;
-      for (std::size_t p = 0; p < k; ++p) {
-        const Real x = a[i * lda + p];
-        const Real* __restrict br = b + p * ldb + j0;
-        for (std::size_t j = 0; j < nj; ++j) ci[j] += x * br[j];
-      }
-    }
-  }
+  detail::gemm(m, n, k, a, lda, 1, b, ldb, c, ldc);
 }
 
 /// C[M,N] += A^T * B, with A stored [K,M] and B [K,N]: a weight gradient X^T * dY.
 template <class Real>
 void gemm_tn(std::size_t m, std::size_t n, std::size_t k, const Real* a, std::size_t lda,
              const Real* b, std::size_t ldb, Real* c, std::size_t ldc) {
-  constexpr std::size_t depth = 4, cols = 64;
-  for (std::size_t j0 = 0; j0 < n; j0 += cols) {
-    const std::size_t nj = std::min(cols, n - j0);
-    std::size_t p = 0;
-    // Four rows of B at a time: each output row is loaded and stored once per four products.
-    for (; p + depth <= k; p += depth) {
-      const Real* b0 = b + p * ldb + j0;
-      const Real* b1 = b0 + ldb;
-      const Real* b2 = b1 + ldb;
-      const Real* b3 = b2 + ldb;
-      const Real* ap = a + p * lda;
-      for (std::size_t i = 0; i < m; ++i) {
-        const Real x0 = ap[i], x1 = ap[lda + i], x2 = ap[2 * lda + i], x3 = ap[3 * lda + i];
-        Real* __restrict ci = c + i * ldc + j0;
-        for (std::size_t j = 0; j < nj; ++j)
-          ci[j] += x0 * b0[j] + x1 * b1[j] + x2 * b2[j] + x3 * b3[j];
-      }
-    }
-    for (; p < k; ++p) {
-      const Real* __restrict bp = b + p * ldb + j0;
-      for (std::size_t i = 0; i < m; ++i) {
-        const Real x = a[p * lda + i];
-        Real* __restrict ci = c + i * ldc + j0;
-        for (std::size_t j = 0; j < nj; ++j) ci[j] += x * bp[j];
-      }
-    }
-  }
+  detail::gemm(m, n, k, a, 1, lda, b, ldb, c, ldc);
 }
 
 /// C[M,N] += A[M,K] * B^T with B stored [N,K]: B is transposed into `scratch` (N*K values, cheap

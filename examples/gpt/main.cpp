@@ -145,7 +145,9 @@ void launch(const args& a, const gpt::corpus& text) {
 #if RINGZERO_GPT_HAVE_LIBFABRIC
   if (launched()) {
     auto comm = ringzero::libfabric::communicator::from_env();
-    gpt::train<decltype(comm), P>(comm, a.train, text, comm.rank() == 0 ? stdout : nullptr);
+    auto o = a.train;
+    o.transport = "processes, libfabric " + comm.provider();
+    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
     return;
   }
 #endif

@@ -47,6 +47,7 @@ struct train_options {
   float temperature = 0.8f;
   std::string prompt = "Light";
   bool comm_thread = true;
+  std::string transport = "loopback threads";  ///< for the header line
 };
 
 struct train_result {
@@ -221,9 +222,9 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   const auto& plan = shd.plan();
 
   say(log,
-      "gpt: {} ranks, ZeRO stage {}, {} parameters{}, AdamW (weight decay {:g} on matrices), "
+      "gpt: {} ranks ({}), ZeRO stage {}, {} parameters{}, AdamW (weight decay {:g} on matrices), "
       "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens\n",
-      n, o.stage, ringzero::dtype_name(ringzero::dtype_of<P>()),
+      n, o.transport, o.stage, ringzero::dtype_name(ringzero::dtype_of<P>()),
       std::is_same_v<P, float> ? "" : " + fp32 master", o.weight_decay, o.lr, o.warmup,
       o.lr * o.min_lr_ratio, o.steps, o.batch, c.context);
   say(log,

@@ -6,9 +6,9 @@
 #include <ringzero/ringzero.hpp>
 
 #include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
-
 #include <filesystem>
 #include <string>
 #include <vector>
