@@ -31,6 +31,7 @@
 #include "ringzero/algorithms/tree.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
@@ -176,6 +177,8 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
     throw invalid_argument("all_reduce: input and output overlap without being the same buffer");
   const algorithm a = detail::choose(comm, collective::all_reduce, out.size_bytes(), opt);
   detail::maybe_check<T, E>(comm, collective::all_reduce, out.size(), o, 0, opt);
+  detail::collective_scope<T> scope(comm, collective::all_reduce, a, out.size_bytes(),
+                                    dtype_of<E>(), o, opt);
   if (out.empty()) return;
   if (comm.size() == 1) return detail::copy_if_distinct(in, out);
   options o2 = opt;
@@ -227,6 +230,8 @@ void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o,
         "reduce_scatter: output overlaps the input but is not this rank's block of it");
   const algorithm a = detail::choose(comm, collective::reduce_scatter, in.size_bytes(), opt);
   detail::maybe_check<T, E>(comm, collective::reduce_scatter, out.size(), o, 0, opt);
+  detail::collective_scope<T> scope(comm, collective::reduce_scatter, a, in.size_bytes(),
+                                    dtype_of<E>(), o, opt);
   if (out.empty()) return;
   if (n == 1) return detail::copy_if_distinct(in, out);
   options o2 = opt;
@@ -262,6 +267,8 @@ void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options&
     throw invalid_argument("all_gather: input overlaps the output but is not this rank's block");
   const algorithm a = detail::choose(comm, collective::all_gather, out.size_bytes(), opt);
   detail::maybe_check<T, E>(comm, collective::all_gather, in.size(), op::sum, 0, opt);
+  detail::collective_scope<T> scope(comm, collective::all_gather, a, out.size_bytes(),
+                                    dtype_of<E>(), op::sum, opt);
   if (in.empty()) return;
   if (n == 1) return detail::copy_if_distinct(in, out);
   options o2 = opt;
@@ -296,6 +303,8 @@ void broadcast(T& comm, std::span<const E> in, std::span<E> out, int root,
     throw invalid_argument("broadcast: input and output overlap without being the same buffer");
   const algorithm a = detail::choose(comm, collective::broadcast, out.size_bytes(), opt);
   detail::maybe_check<T, E>(comm, collective::broadcast, out.size(), op::sum, root, opt);
+  detail::collective_scope<T> scope(comm, collective::broadcast, a, out.size_bytes(), dtype_of<E>(),
+                                    op::sum, opt);
   if (out.empty()) return;
   if (is_root) detail::copy_if_distinct(in, out);
   if (comm.size() == 1) return;
@@ -338,6 +347,8 @@ void reduce(T& comm, std::span<const E> in, std::span<E> out, op o, int root,
     throw invalid_argument("reduce: input and output overlap without being the same buffer");
   const algorithm a = detail::choose(comm, collective::reduce, in.size_bytes(), opt);
   detail::maybe_check<T, E>(comm, collective::reduce, in.size(), o, root, opt);
+  detail::collective_scope<T> scope(comm, collective::reduce, a, in.size_bytes(), dtype_of<E>(), o,
+                                    opt);
   if (in.empty()) return;
   if (comm.size() == 1) return detail::copy_if_distinct(in, out);
   options o2 = opt;
@@ -369,6 +380,8 @@ void barrier(T& comm, const options& opt = {}) {
   if (opt.algorithm != algorithm::automatic)
     throw invalid_argument(fmt::format("barrier: algorithm '{}' does not implement this collective",
                                        algorithm_name(opt.algorithm)));
+  detail::collective_scope<T> scope(comm, collective::barrier, algorithm::automatic, 0,
+                                    dtype::uint8, op::sum, opt);
   if (comm.size() == 1) return;
   algorithms::barrier(comm, opt);
 }
@@ -385,6 +398,8 @@ void send(T& comm, std::span<const E> data, int peer, const options& opt = {}) {
   st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
   detail::exchange<T> ex(comm, "send", "p2p", opt.timeout, true,
                          st.p2p_send_seq[static_cast<std::size_t>(peer)]++);
+  detail::collective_scope<T> scope(comm, collective::send_recv, algorithm::automatic,
+                                    data.size_bytes(), dtype_of<E>(), op::sum, opt, "send");
   auto p = ex.send(peer, 0, 0, std::as_bytes(data));
   ex.wait(p);
 }
@@ -406,6 +421,8 @@ void recv(T& comm, std::span<E> data, int peer, const options& opt = {}) {
   st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));
   detail::exchange<T> ex(comm, "recv", "p2p", opt.timeout, true,
                          st.p2p_recv_seq[static_cast<std::size_t>(peer)]++);
+  detail::collective_scope<T> scope(comm, collective::send_recv, algorithm::automatic,
+                                    data.size_bytes(), dtype_of<E>(), op::sum, opt, "recv");
   auto p = ex.recv(peer, 0, 0, std::as_writable_bytes(data));
   ex.wait(p);
 }
@@ -428,6 +445,9 @@ void send_recv(T& comm, std::span<const E> out, int to, std::span<E> in, int fro
                          st.p2p_recv_seq[static_cast<std::size_t>(from)]++);
   detail::exchange<T> tx(comm, "send_recv", "p2p", opt.timeout, true,
                          st.p2p_send_seq[static_cast<std::size_t>(to)]++);
+  detail::collective_scope<T> scope(comm, collective::send_recv, algorithm::automatic,
+                                    out.size_bytes() + in.size_bytes(), dtype_of<E>(), op::sum,
+                                    opt);
   auto r = rx.recv(from, 0, 0, std::as_writable_bytes(in));
   auto s = tx.send(to, 0, 0, std::as_bytes(out));
   rx.wait(r);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "ringzero/detail/trace_state.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
 
@@ -107,6 +108,7 @@ class exchange {
       if (expired()) throw timed_out(p);
     }
     p.done = true;
+    trace_receive(comm_.state().trace, p.is_send);
   }
 
   void wait_all(std::span<pending> ps) {
@@ -119,6 +121,7 @@ class exchange {
     if (p.done) return true;
     if (comm_.test(p.req)) {
       p.done = true;
+      trace_receive(comm_.state().trace, p.is_send);
       return true;
     }
     if (expired()) throw timed_out(p);

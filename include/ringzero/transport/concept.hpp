@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "ringzero/detail/trace_state.hpp"
+
 namespace ringzero {
 
 /// Hockney/Thakur-style constants of a transport, in seconds: a message of m bytes costs
@@ -53,6 +55,8 @@ struct comm_state {
   /// Sub-communicators a hierarchical algorithm built from this one, kept so they are split
   /// once per communicator rather than once per call (the algorithm knows their type).
   std::shared_ptr<void> hierarchy;
+  /// Counters and the RINGZERO_TRACE file (trace.hpp).
+  trace_state trace;
 
   std::span<std::byte> scratch(std::size_t bytes) {
     if (scratch_buffer.size() < bytes) scratch_buffer.resize(bytes);
