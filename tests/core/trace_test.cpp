@@ -253,7 +253,7 @@ TEST_CASE("the report names a rank that arrives late on purpose") {
       std::vector<float> v(64, 1.0f);
       all_reduce(c, std::span<float>(v), op::sum);  // opens the file and measures clocks
       for (int i = 0; i < 6; ++i) {
-        if (c.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        if (c.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50));
         all_reduce(c, std::span<float>(v), op::sum);
       }
     });
@@ -264,9 +264,10 @@ TEST_CASE("the report names a rank that arrives late on purpose") {
   CHECK(kinds[0].kind == "all_reduce");
   CHECK(kinds[0].calls == 7);
   CHECK(kinds[0].straggler() == 2);
-  CHECK(kinds[0].last_count.at(2) >= 6);
+  // On a busy machine another rank may be descheduled past the sleep once in a while.
+  CHECK(kinds[0].last_count.at(2) >= 4);
   // Late by about the sleep, on average.
-  CHECK(kinds[0].late_sum_us.at(2) / static_cast<double>(kinds[0].last_count.at(2)) > 15e3);
+  CHECK(kinds[0].late_sum_us.at(2) / static_cast<double>(kinds[0].last_count.at(2)) > 25e3);
   const std::string text = tt::format_report(files, kinds);
   CHECK(text.find("all_reduce: rank 2 arrived last in") != std::string::npos);
 }
@@ -297,8 +298,13 @@ TEST_CASE("a process killed mid-run leaves a trace that still parses") {
   for (const auto& f : files) {
     CAPTURE(f.path);
     CHECK_FALSE(f.closed);
-    // The six calls before the kill are on disk (a barrier is a collective too).
-    CHECK(events_of(f, "collective").size() >= 6);
+    // Every call that ended before the kill is on disk: rank 1's five all_reduces and its
+    // barrier; the others may not have left the barrier when rank 1 killed the process.
+    const auto n = events_of(f, "collective").size();
+    if (f.rank == 1)
+      CHECK(n == 6);
+    else
+      CHECK((n == 5 || n == 6));
     // Closing the array is all a strict parser needs.
     std::string text = slurp(f.path);
     if (f.torn_tail) text.erase(text.rfind('\n', text.size() - 2) + 1);

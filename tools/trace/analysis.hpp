@@ -17,8 +17,8 @@
 
 namespace ringzero::trace_tool {
 
-/// One timeline: every rank a process track (pid = rank) whose threads are its communicators
-/// (tid = instance), timestamps moved onto rank 0's clock and started at zero.
+/// One timeline: every rank a process (pid = rank) with a phases and a collectives track per
+/// communicator, timestamps moved onto rank 0's clock and started at zero.
 [[nodiscard]] inline std::string merge(const std::vector<rank_file>& files) {
   double base = std::numeric_limits<double>::infinity();
   for (const auto& f : files)
@@ -38,15 +38,22 @@ namespace ringzero::trace_tool {
           R"({{"name":"process_sort_index","ph":"M","pid":{0},"tid":0,"args":{{"sort_index":{0}}}}})",
           f.rank));
     }
-    lines.push_back(fmt::format(
-        R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})", f.rank,
-        f.instance,
-        f.instance == 0 ? std::string("collectives") : fmt::format("communicator {}", f.instance)));
+    // The writer's tracks: 2k phases, 2k+1 collectives, for its communicator instance k.
+    const std::string comm_name =
+        f.instance == 0 ? std::string() : fmt::format("communicator {} ", f.instance);
+    for (int phases = 0; phases < 2; ++phases) {
+      const int tid = 2 * f.instance + (phases != 0 ? 0 : 1);
+      lines.push_back(fmt::format(
+          R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}{}"}}}})", f.rank,
+          tid, comm_name, phases != 0 ? "phases" : "collectives"));
+      lines.push_back(fmt::format(
+          R"({{"name":"thread_sort_index","ph":"M","pid":{},"tid":{},"args":{{"sort_index":{}}}}})",
+          f.rank, tid, tid));
+    }
     for (const auto& e : f.events) {
       if (e.string_or("ph", "") == "M") continue;
       json ev = e;
       ev.set("pid", json::number_value(f.rank));
-      ev.set("tid", json::number_value(f.instance));
       // Rounded to the nanosecond the files carry, so the shift adds no digits of noise.
       ev.set("ts", json::number_value(
                        std::round((e.number_or("ts", 0) + f.offset_us - base) * 1e3) / 1e3));

@@ -40,7 +40,7 @@ inline thread_local trace_record* trace_current = nullptr;
 inline void trace_read_mode(trace_state& t, int rank, int size) {
   t.rank = rank;
   t.size = size;
-  t.mode = getenv_str("RINGZERO_TRACE") ? 1 : 0;
+  t.mode.store(getenv_str("RINGZERO_TRACE") ? 1 : 0, std::memory_order_relaxed);
 }
 
 /// Offset of rank 0's steady clock from this rank's, NTP-style: the best of a few ping-pongs
@@ -101,6 +101,7 @@ trace_writer& trace_open(T& comm, trace_state& t) {
                        comm.rank(), instance, comm.rank(), comm.size(), instance, offset_us,
                        rtt_us));
   t.writer = std::move(w);
+  t.published.store(t.writer.get(), std::memory_order_release);
   return *t.writer;
 }
 
@@ -123,7 +124,7 @@ class collective_scope {
         opt_(opt),
         name_(name),
         start_(std::chrono::steady_clock::now()) {
-    if (st_.mode != 0) [[unlikely]]
+    if (st_.current_mode() != 0) [[unlikely]]
       begin();
   }
   collective_scope(const collective_scope&) = delete;
@@ -141,8 +142,8 @@ class collective_scope {
 
  private:
   void begin() {
-    if (st_.mode < 0) trace_read_mode(st_, comm_.rank(), comm_.size());
-    if (st_.mode == 0) return;
+    if (st_.current_mode() < 0) trace_read_mode(st_, comm_.rank(), comm_.size());
+    if (st_.current_mode() == 0) return;
     trace_record* parent = trace_current;
     rec_.parent = parent;
     // Opening the file measures clocks with every rank, which a point-to-point call (two
@@ -183,7 +184,7 @@ class collective_scope {
                      R"("algorithm":"{}","chunks":{},"ranks":{},"rank":{})",
                      name_.empty() ? collective_name(kind_) : name_,
                      kind_ == collective::send_recv ? "p2p" : "collective", w.rank(),
-                     w.instance(), trace_us(start_), trace_us(end) - trace_us(start_),
+                     w.collective_tid(), trace_us(start_), trace_us(end) - trace_us(start_),
                      kind_ == collective::send_recv ? -1 : static_cast<std::int64_t>(seq_), bytes_,
                      dtype_name(type_), op_name(op_),
                      algo_ == algorithm::automatic ? std::string_view("-") : algorithm_name(algo_),
@@ -236,8 +237,8 @@ class phase_scope {
  public:
   phase_scope(T& comm, std::string_view name, std::size_t bytes)
       : st_(comm.state().trace), name_(name), bytes_(bytes) {
-    if (st_.mode != 0) [[unlikely]]
-      begin(comm);
+    if (st_.current_mode() != 0) [[unlikely]]
+      begin();
   }
   phase_scope(const phase_scope&) = delete;
   phase_scope& operator=(const phase_scope&) = delete;
@@ -247,12 +248,13 @@ class phase_scope {
   }
 
  private:
-  void begin(T& comm) {
-    if (st_.mode < 0) trace_read_mode(st_, comm.rank(), comm.size());
-    if (st_.mode == 0) return;
+  void begin() {
+    // The mode is the collectives' thread's to set; a phase on another thread only looks.
+    if (st_.current_mode() < 0 && !getenv_str("RINGZERO_TRACE")) return;
     rec_.parent = trace_current;
-    rec_.writer = rec_.parent != nullptr && rec_.parent->writer != nullptr ? rec_.parent->writer
-                                                                           : st_.writer.get();
+    rec_.writer = rec_.parent != nullptr && rec_.parent->writer != nullptr
+                      ? rec_.parent->writer
+                      : st_.published.load(std::memory_order_acquire);
     trace_current = &rec_;
     active_ = true;
     start_ = std::chrono::steady_clock::now();
@@ -261,7 +263,8 @@ class phase_scope {
   void finish() noexcept {
     const auto end = std::chrono::steady_clock::now();
     trace_current = rec_.parent;
-    trace_writer* w = rec_.writer != nullptr ? rec_.writer : st_.writer.get();
+    trace_writer* w =
+        rec_.writer != nullptr ? rec_.writer : st_.published.load(std::memory_order_acquire);
     if (w == nullptr) return;
     try {
       fmt::memory_buffer b;
@@ -271,7 +274,7 @@ class phase_scope {
       fmt::format_to(out,
                      R"(","cat":"phase","ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},)"
                      R"("args":{{"bytes":{}}}}})",
-                     w->rank(), w->instance(), trace_us(start_), trace_us(end) - trace_us(start_),
+                     w->rank(), w->phase_tid(), trace_us(start_), trace_us(end) - trace_us(start_),
                      bytes_);
       w->event(std::string_view(b.data(), b.size()));
     } catch (...) {

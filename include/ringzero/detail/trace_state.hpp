@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -65,16 +66,21 @@ struct trace_record {
   }
 };
 
-/// Per-communicator observability state: one member of comm_state.
+/// Per-communicator observability state: one member of comm_state. Counters, `open` and the
+/// writer's creation belong to the thread running the communicator's collectives; a phase
+/// (trace::scope) may run on another thread (the sharder's caller, while its communication
+/// thread runs collectives), so what it reads, `mode` and `published`, is atomic.
 struct trace_state {
   std::array<counter_cell, traced_collectives * traced_algorithms> cells{};
   /// -1: RINGZERO_TRACE not read yet; 0: off; 1: on. Read at the first call, so the fast path
-  /// is one compare against 0.
-  int mode = -1;
+  /// is one (relaxed: a plain load) compare against 0.
+  std::atomic<int> mode{-1};
   int rank = -1;
   int size = 0;
   trace_record* open = nullptr;
   std::unique_ptr<trace_writer> writer;
+  /// writer.get() once the file is open and its header written.
+  std::atomic<trace_writer*> published{nullptr};
 
   trace_state() = default;
   trace_state(const trace_state&) = delete;
@@ -82,20 +88,24 @@ struct trace_state {
   // A moved-from communicator has made no calls: its destructor must not print them again.
   trace_state(trace_state&& o) noexcept
       : cells(std::exchange(o.cells, {})),
-        mode(o.mode),
+        mode(o.mode.load()),
         rank(o.rank),
         size(o.size),
         open(std::exchange(o.open, nullptr)),
-        writer(std::move(o.writer)) {}
+        writer(std::move(o.writer)),
+        published(o.published.exchange(nullptr)) {}
   trace_state& operator=(trace_state&& o) noexcept {
     cells = std::exchange(o.cells, {});
-    mode = o.mode;
+    mode = o.mode.load();
     rank = o.rank;
     size = o.size;
     open = std::exchange(o.open, nullptr);
     writer = std::move(o.writer);
+    published = o.published.exchange(nullptr);
     return *this;
   }
+
+  [[nodiscard]] int current_mode() const noexcept { return mode.load(std::memory_order_relaxed); }
   ~trace_state();
 
   [[nodiscard]] counter_cell& cell(collective c, algorithm a) noexcept {

@@ -107,12 +107,15 @@ class trace_writer {
   trace_writer(const trace_writer&) = delete;
   trace_writer& operator=(const trace_writer&) = delete;
   ~trace_writer() {
+    const std::lock_guard<std::mutex> lock(mutex_);
     write_line("]");
     ::close(fd_);
   }
 
-  /// Writes one event (a JSON object without its separator) as its own line.
+  /// Writes one event (a JSON object without its separator) as its own line. Thread-safe: a
+  /// phase may end on another thread than the collectives.
   void event(std::string_view object) {
+    const std::lock_guard<std::mutex> lock(mutex_);
     fmt::memory_buffer b;
     b.push_back(first_ ? '[' : ',');
     first_ = false;
@@ -124,6 +127,10 @@ class trace_writer {
   /// The rank whose file this is: the track its events, nested ones included, belong to.
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int instance() const noexcept { return instance_; }
+  /// Chrome-trace thread ids of this file's two tracks: collectives, and phases above them
+  /// (phases may run on another thread, so they do not nest with the collectives' slices).
+  [[nodiscard]] int collective_tid() const noexcept { return 2 * instance_ + 1; }
+  [[nodiscard]] int phase_tid() const noexcept { return 2 * instance_; }
   /// Numbers the collectives in the order this rank started them; every rank starts the same
   /// collectives in the same order, so (instance, seq) names one collective across the files.
   [[nodiscard]] std::uint64_t next_seq() noexcept { return seq_++; }
@@ -149,6 +156,7 @@ class trace_writer {
     }
   }
 
+  std::mutex mutex_;
   std::string path_;
   int rank_ = 0;
   int instance_ = 0;
