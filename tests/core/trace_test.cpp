@@ -83,6 +83,7 @@ void scripted(loopback::communicator& c) {
   const int n = c.size();
   std::vector<float> f(1000, static_cast<float>(r));
   all_reduce(c, std::span<float>(f), op::sum, {.algorithm = algorithm::ring});
+  // docs-begin: trace-scope
   {
     trace::scope phase(c, "step", 4000);
     std::vector<float> block(10);
@@ -90,6 +91,7 @@ void scripted(loopback::communicator& c) {
     reduce_scatter(c, std::span<const float>(full), std::span<float>(block), op::sum);
     all_gather(c, std::span<const float>(block), std::span<float>(full));
   }
+  // docs-end: trace-scope
   std::vector<std::int32_t> v(7, r);
   broadcast(c, std::span<std::int32_t>(v), 1);
   reduce(c, std::span<std::int32_t>(v), op::max, 2);
@@ -218,7 +220,9 @@ TEST_CASE("counters match the calls made") {
                  {.algorithm = algorithm::ring});
     barrier(c);
 
-    const auto rows = trace::counters(c);
+    // docs-begin: counters
+    const std::vector<trace::counter> rows = trace::counters(c);
+    // docs-end: counters
     REQUIRE(rows.size() == 4);
     CHECK(rows[0].kind == collective::all_reduce);
     CHECK(rows[0].algo == algorithm::ring);
