@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <fmt/compile.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -34,6 +35,10 @@ inline thread_local trace_record* trace_current = nullptr;
 
 [[nodiscard]] inline double trace_us(std::chrono::steady_clock::time_point t) noexcept {
   return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+}
+
+[[nodiscard]] inline std::int64_t trace_ns(std::chrono::steady_clock::duration d) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
 /// Reads RINGZERO_TRACE once per communicator.
@@ -176,25 +181,31 @@ class collective_scope {
             std::max<std::size_t>(1, algorithms::detail::chunk_bytes_of(comm_, opt_));
         chunks = (bytes_ + cb - 1) / cb;
       }
-      fmt::memory_buffer b;
-      auto out = std::back_inserter(b);
-      fmt::format_to(out,
-                     R"({{"name":"{}","cat":"{}","ph":"X","pid":{},"tid":{},"ts":{:.3f},)"
-                     R"("dur":{:.3f},"args":{{"seq":{},"bytes":{},"type":"{}","op":"{}",)"
-                     R"("algorithm":"{}","chunks":{},"ranks":{},"rank":{})",
-                     name_.empty() ? collective_name(kind_) : name_,
-                     kind_ == collective::send_recv ? "p2p" : "collective", w.rank(),
-                     w.collective_tid(), trace_us(start_), trace_us(end) - trace_us(start_),
-                     kind_ == collective::send_recv ? -1 : static_cast<std::int64_t>(seq_), bytes_,
-                     dtype_name(type_), op_name(op_),
-                     algo_ == algorithm::automatic ? std::string_view("-") : algorithm_name(algo_),
-                     chunks, comm_.size(), comm_.rank());
-      if (rec_.received)
-        fmt::format_to(out, R"(,"wait_us":{:.3f})",
-                       trace_us(rec_.first_receive) - trace_us(start_));
-      if (std::uncaught_exceptions() > uncaught_) fmt::format_to(out, R"(,"error":true)");
-      fmt::format_to(out, "}}}}");
-      w.event(std::string_view(b.data(), b.size()));
+      const bool failed = std::uncaught_exceptions() > uncaught_;
+      w.event_with([&](fmt::memory_buffer& b) {
+        auto out = std::back_inserter(b);
+        fmt::format_to(
+            out, FMT_COMPILE(R"({{"name":"{}","cat":"{}","ph":"X","pid":{},"tid":{},"ts":)"),
+            name_.empty() ? collective_name(kind_) : name_,
+            kind_ == collective::send_recv ? "p2p" : "collective", w.rank(), w.collective_tid());
+        append_us(b, trace_ns(start_.time_since_epoch()));
+        fmt::format_to(out, FMT_COMPILE(R"(,"dur":)"));
+        append_us(b, trace_ns(end - start_));
+        fmt::format_to(
+            out,
+            FMT_COMPILE(R"(,"args":{{"seq":{},"bytes":{},"type":"{}","op":"{}",)"
+                        R"("algorithm":"{}","chunks":{},"ranks":{},"rank":{})"),
+            kind_ == collective::send_recv ? -1 : static_cast<std::int64_t>(seq_), bytes_,
+            dtype_name(type_), op_name(op_),
+            algo_ == algorithm::automatic ? std::string_view("-") : algorithm_name(algo_), chunks,
+            comm_.size(), comm_.rank());
+        if (rec_.received) {
+          fmt::format_to(out, FMT_COMPILE(R"(,"wait_us":)"));
+          append_us(b, trace_ns(rec_.first_receive - start_));
+        }
+        if (failed) fmt::format_to(out, FMT_COMPILE(R"(,"error":true)"));
+        fmt::format_to(out, FMT_COMPILE("}}}}"));
+      });
     } catch (...) {
       // Unwinding or not, a trace line that cannot be formatted is dropped, not thrown.
     }
@@ -267,16 +278,17 @@ class phase_scope {
         rec_.writer != nullptr ? rec_.writer : st_.published.load(std::memory_order_acquire);
     if (w == nullptr) return;
     try {
-      fmt::memory_buffer b;
-      auto out = std::back_inserter(b);
-      fmt::format_to(out, R"({{"name":")");
-      json_escape(b, name_);
-      fmt::format_to(out,
-                     R"(","cat":"phase","ph":"X","pid":{},"tid":{},"ts":{:.3f},"dur":{:.3f},)"
-                     R"("args":{{"bytes":{}}}}})",
-                     w->rank(), w->phase_tid(), trace_us(start_), trace_us(end) - trace_us(start_),
-                     bytes_);
-      w->event(std::string_view(b.data(), b.size()));
+      w->event_with([&](fmt::memory_buffer& b) {
+        auto out = std::back_inserter(b);
+        fmt::format_to(out, FMT_COMPILE(R"({{"name":")"));
+        json_escape(b, name_);
+        fmt::format_to(out, FMT_COMPILE(R"(","cat":"phase","ph":"X","pid":{},"tid":{},"ts":)"),
+                       w->rank(), w->phase_tid());
+        append_us(b, trace_ns(start_.time_since_epoch()));
+        fmt::format_to(out, FMT_COMPILE(R"(,"dur":)"));
+        append_us(b, trace_ns(end - start_));
+        fmt::format_to(out, FMT_COMPILE(R"(,"args":{{"bytes":{}}}}})"), bytes_);
+      });
     } catch (...) {
       // As in collective_scope: a lost trace line must not become an error.
     }
