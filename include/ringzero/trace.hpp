@@ -98,6 +98,8 @@ template <transport T>
 class scope {
  public:
   scope(T& comm, std::string_view name, std::size_t bytes = 0) : impl_(comm, name, bytes) {}
+  /// For a phase whose size is known only at its end (what a checkpoint wrote).
+  void set_bytes(std::size_t bytes) noexcept { impl_.set_bytes(bytes); }
 
  private:
   detail::phase_scope<T> impl_;

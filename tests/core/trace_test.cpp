@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "analysis.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/trace.hpp"
+#include "ringzero/zero/sharder.hpp"
 #include "trace_file.hpp"
 
 using namespace ringzero;
@@ -174,6 +176,46 @@ TEST_CASE("a scripted sequence on 3 ranks leaves one valid JSON trace per rank")
     CHECK(p2p.size() == (r < 2 ? 1u : 0u));
     if (r == 0) CHECK(p2p[0]->string_or("name", "") == "send");
     if (r == 1) CHECK(p2p[0]->string_or("name", "") == "recv");
+  }
+}
+
+TEST_CASE("the sharder records its gather, reduce, step and checkpoint phases") {
+  temp_dir dir;
+  zero::model_layout layout;
+  for (int l = 0; l < 3; ++l) {
+    layout.add_layer(fmt::format("layer{}", l));
+    layout.add({.name = fmt::format("w{}", l), .shape = {64}, .type = dtype::float32});
+  }
+  {
+    scoped_trace env(dir.path().string());
+    loopback::world(2).run([&](loopback::communicator& c) {
+      zero::config cfg;
+      cfg.stage = 3;
+      cfg.bucket_bytes = 256;  // one layer per bucket
+      zero::sharder<loopback::communicator, float> shd(c, layout, cfg);
+      for (int l = 0; l < 3; ++l) (void)shd.gather(l);
+      const std::vector<float> g(64, 0.5f);
+      for (int l = 2; l >= 0; --l) shd.add_grad(l, std::span<const float>(g));
+      shd.end_micro_batch();
+      (void)shd.step();
+      shd.save(dir.path() / "ckpt");
+    });
+  }
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const tt::rank_file f =
+        tt::read_rank_file((dir.path() / fmt::format("rank{}.json", r)).string());
+    std::map<std::string, std::vector<double>> bytes;
+    for (const tt::json* e : events_of(f, "phase"))
+      bytes[e->string_or("name", "")].push_back(args_of(*e).number_or("bytes", -1));
+    // The first gather waits for its bucket; later ones may find theirs prefetched, but still
+    // record the (empty) wait.
+    CHECK(bytes["gather"] == std::vector<double>{256, 256, 256});
+    CHECK(bytes["reduce"] == std::vector<double>{256, 256, 256});
+    // Three layers of 64 fp32, half of each on this rank.
+    CHECK(bytes["step"] == std::vector<double>{3 * 32 * 4});
+    REQUIRE(bytes["checkpoint"].size() == 1);
+    CHECK(bytes["checkpoint"][0] > 3 * 32 * 4);
   }
 }
 

@@ -257,6 +257,7 @@ class phase_scope {
     if (active_) [[unlikely]]
       finish();
   }
+  void set_bytes(std::size_t bytes) noexcept { bytes_ = bytes; }
 
  private:
   void begin() {

@@ -56,6 +56,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/trace.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/checkpoint.hpp"
@@ -243,7 +244,10 @@ class sharder {
       start_gather(c);
     }
     auto& g = gathered_[static_cast<std::size_t>(b)];
-    worker_->wait(g.ticket);
+    {
+      const trace::scope phase(comm_, "gather", bucket_bytes(b));
+      worker_->wait(g.ticket);
+    }
     ++g.refs;
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
     return gathered(this, b, g.data.data(), bk.offset);
@@ -290,6 +294,8 @@ class sharder {
       throw invalid_argument(
           fmt::format("step() after {} of {} micro-batches: call end_micro_batch() after each",
                       micro_, cfg_.accumulation_steps));
+    // The local optimizer shard: moment1_ holds one fp32 per element this rank updates.
+    const trace::scope phase(comm_, "step", moment1_.size() * sizeof(float));
     worker_->drain();
     step_result res;
     res.loss_scale = scale_;
@@ -416,6 +422,7 @@ class sharder {
   /// Collective; call between steps. Raises checkpoint_error on every rank if any rank fails.
   void save(const std::filesystem::path& dir) {
     if (micro_ != 0) throw invalid_argument("save: a step is in progress; call it after step()");
+    trace::scope phase(comm_, "checkpoint");
     quiesce();
     std::string failure;
     detail::written_file written;
@@ -425,6 +432,7 @@ class sharder {
       std::vector<std::vector<float>> arrays{own_array(-1), own_array(1)};
       if (cfg_.optimizer.kind == optimizer_kind::adamw) arrays.push_back(own_array(2));
       written = detail::write_shard(dir, rank_, world_, step_, arrays, plan_.shard_size());
+      phase.set_bytes(written.bytes);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -453,6 +461,8 @@ class sharder {
   /// incompatible with this model.
   void load(const std::filesystem::path& dir) {
     if (micro_ != 0) throw invalid_argument("load: a step is in progress; call it after step()");
+    const trace::scope phase(comm_, "checkpoint",
+                             (2 * moment1_.size() + moment2_.size()) * sizeof(float));
     quiesce();
     std::string failure;
     checkpoint_manifest m;
@@ -610,8 +620,10 @@ class sharder {
     if (cfg_.stage <= 1) {
       if (micro_ + 1 < cfg_.accumulation_steps) return;
       std::span<P> grads(flat_grads_.data() + bk.offset, bk.padded);
-      worker_->submit(
-          [this, grads] { ringzero::all_reduce(comm_, grads, op::sum, cfg_.collectives); });
+      worker_->submit([this, grads] {
+        const trace::scope phase(comm_, "reduce", grads.size_bytes());
+        ringzero::all_reduce(comm_, grads, op::sum, cfg_.collectives);
+      });
       return;
     }
     if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
@@ -621,6 +633,7 @@ class sharder {
     const bool first = micro_ == 0;
     entry.busy = worker_->submit([this, buf, b, first] {
       const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
+      const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(P));
       std::span<P> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
       ringzero::reduce_scatter(comm_, std::span<P>(buf, bucket.padded), own, op::sum,
                                cfg_.collectives);
