@@ -4,12 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -206,8 +208,35 @@ TEST_CASE("the sharder records its gather, reduce, step and checkpoint phases") 
     const tt::rank_file f =
         tt::read_rank_file((dir.path() / fmt::format("rank{}.json", r)).string());
     std::map<std::string, std::vector<double>> bytes;
-    for (const tt::json* e : events_of(f, "phase"))
+    std::map<std::string, std::set<double>> tids;
+    for (const tt::json* e : events_of(f, "phase")) {
       bytes[e->string_or("name", "")].push_back(args_of(*e).number_or("bytes", -1));
+      tids[e->string_or("name", "")].insert(e->number_or("tid", -1));
+    }
+    // reduce runs on the communication thread, around its reduce_scatter: the collectives'
+    // track. The caller's phases overlap those without nesting: a track of their own.
+    CHECK(tids["reduce"] == std::set<double>{1});
+    CHECK(tids["gather"] == std::set<double>{0});
+    CHECK(tids["step"] == std::set<double>{0});
+    // Chrome's format: the slices of one track nest (or are disjoint). The file's times have
+    // three decimals, hence the nanosecond of slack.
+    std::map<double, std::vector<std::pair<double, double>>> tracks;
+    for (const auto& e : f.events)
+      if (e.string_or("ph", "") == "X")
+        tracks[e.number_or("tid", -1)].emplace_back(e.number_or("ts", 0),
+                                                    e.number_or("ts", 0) + e.number_or("dur", 0));
+    for (auto& [tid, slices] : tracks) {
+      CAPTURE(tid);
+      std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) {
+        return a.first != b.first ? a.first < b.first : a.second > b.second;
+      });
+      std::vector<double> open_ends;
+      for (const auto& [begin, end] : slices) {
+        while (!open_ends.empty() && open_ends.back() <= begin + 1e-3) open_ends.pop_back();
+        if (!open_ends.empty()) CHECK(end <= open_ends.back() + 1e-3);
+        open_ends.push_back(end);
+      }
+    }
     // The first gather waits for its bucket; later ones may find theirs prefetched, but still
     // record the (empty) wait.
     CHECK(bytes["gather"] == std::vector<double>{256, 256, 256});

@@ -33,6 +33,12 @@ namespace ringzero::detail {
 /// The innermost traced call on this thread; nested calls write to its file.
 inline thread_local trace_record* trace_current = nullptr;
 
+/// The file this thread last recorded a collective in (compared, never dereferenced): a phase
+/// on that thread goes on the collectives' track, where it nests around them, because Chrome's
+/// format wants one track's slices nested, and a phase on another thread (the sharder's caller)
+/// overlaps them without nesting.
+inline thread_local const trace_writer* trace_thread_writer = nullptr;
+
 [[nodiscard]] inline double trace_us(std::chrono::steady_clock::time_point t) noexcept {
   return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
 }
@@ -162,6 +168,7 @@ class collective_scope {
     else
       return;
     if (!p2p) seq_ = rec_.writer->next_seq();
+    trace_thread_writer = rec_.writer;
     saved_open_ = st_.open;
     st_.open = &rec_;
     trace_current = &rec_;
@@ -284,7 +291,7 @@ class phase_scope {
         fmt::format_to(out, FMT_COMPILE(R"({{"name":")"));
         json_escape(b, name_);
         fmt::format_to(out, FMT_COMPILE(R"(","cat":"phase","ph":"X","pid":{},"tid":{},"ts":)"),
-                       w->rank(), w->phase_tid());
+                       w->rank(), trace_thread_writer == w ? w->collective_tid() : w->phase_tid());
         append_us(b, trace_ns(start_.time_since_epoch()));
         fmt::format_to(out, FMT_COMPILE(R"(,"dur":)"));
         append_us(b, trace_ns(end - start_));
