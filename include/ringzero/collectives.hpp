@@ -31,6 +31,7 @@
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/validate.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
@@ -213,6 +214,9 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     const call_size<E> sz = size_of(c);
     const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt);
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
+    // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
+    collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
+                                            c.reduction, opt);
     if (sz.count == 0) return;
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
@@ -335,11 +339,12 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
   if (opt.algorithm != algorithm::automatic)
     throw invalid_argument(fmt::format("barrier: algorithm '{}' does not implement this collective",
                                        algorithm_name(opt.algorithm)));
-  if (comm.size() == 1) return;
   if constexpr (native_collectives<T>) {
-    comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
+    if (comm.size() > 1) comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
   } else {
-    algorithms::barrier(comm, opt);
+    detail::collective_scope<communicator<T>> scope(comm, collective::barrier, algorithm::automatic,
+                                                    0, dtype::uint8, op::sum, opt);
+    if (comm.size() > 1) algorithms::barrier(comm, opt);
   }
 }
 
@@ -363,6 +368,9 @@ void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, i
     nc.from = from;
     comm.transport().run_native(nc, opt);
   } else {
+    collective_scope<communicator<T>> scope(comm, collective::send_recv, algorithm::automatic,
+                                            out.size_bytes() + in.size_bytes(), dtype_of<E>(),
+                                            op::sum, opt, what);
     auto& st = comm.state();
     st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
     st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));
