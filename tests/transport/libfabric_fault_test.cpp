@@ -52,7 +52,7 @@ TEST_CASE("abort() from another thread unblocks a waiting collective and every l
     CAPTURE(provider);
     auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 30s});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider, .timeout = 30s}));
       if (r == 1) {
         // Never joins: rank 0's collective can only end through abort().
         s.barrier("rank 0 done", 2);
@@ -95,7 +95,7 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
     CAPTURE(provider);
     auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 2s});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider, .timeout = 2s}));
       std::vector<float> v(200000, 1.0f);
       const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
       ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
@@ -109,6 +109,8 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
       std::fflush(stderr);
       const int saved = ::dup(2);
       if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr)) return 2;
+      const auto quiet =
+          static_cast<ringzero::log::level>(ringzero::log::detail::current_level().load());
       ringzero::log::set_level(ringzero::log::level::info);
       std::string what;
       int peer = -2;
@@ -118,6 +120,7 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
         what = e.what();
         peer = e.peer();
       }
+      ringzero::log::set_level(quiet);
       std::fflush(stderr);
       std::ifstream f(log_path);
       std::stringstream log;
@@ -148,7 +151,7 @@ TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank()
     CAPTURE(provider);
     auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider, .timeout = 20s});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider, .timeout = 20s}));
       std::vector<float> v(1000, 1.0f);
       ringzero::all_reduce(comm, std::span<float>(v), op::sum);
       if (r == 2) std::_Exit(0);  // gone without a word, as a killed rank
@@ -179,4 +182,36 @@ TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank()
     CHECK(out.status[1] == 0);
     CHECK_FALSE(out.timed_out);
   }
+}
+
+TEST_CASE("calls on a moved-from communicator fail with invalid_argument") {
+  auto out = multiprocess::run(1, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, {.provider = "shm"}));
+    fabric::communicator other(std::move(comm));
+    std::vector<float> v(8, 1.0f);
+    std::string what;
+    try {
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);  // NOLINT(bugprone-use-after-move)
+      what = "no error";
+    } catch (const ringzero::invalid_argument& e) {
+      what = e.what();
+    }
+    check.expect(contains(what, "moved from"),
+                 fmt::format("an error saying moved from, got '{}'", what));
+    std::string aborted;
+    try {
+      comm.abort("too late");  // NOLINT(bugprone-use-after-move)
+    } catch (const ringzero::invalid_argument& e) {
+      aborted = e.what();
+    }
+    check.expect(contains(aborted, "abort()") && contains(aborted, "moved from"),
+                 fmt::format("abort() on it to say moved from, got '{}'", aborted));
+    check.expect(comm.failed_rank() == -1, "failed_rank() == -1 on a moved-from communicator");
+    ringzero::all_reduce(other, std::span<float>(v), op::sum);
+    check.expect(v[0] == 1.0f, "the communicator moved to to work");
+    return check.code();
+  });
+  INFO(out.describe());
+  CHECK(out.all_passed());
 }
