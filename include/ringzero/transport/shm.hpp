@@ -1,0 +1,371 @@
+// The shm transport: ranks as processes on one host, talking through one shared-memory segment
+// (header-only, POSIX only: shm_open, mmap, /proc). Small messages are a cache line the
+// receiver polls; larger ones stream through a ring of slots per pair of ranks; no syscall on
+// the message path and no lock shared between processes, so a rank killed at any instant can
+// only make the others fail (peer_error naming it), never hang.
+//
+//   auto comm = ringzero::shm::communicator::from_env();   // ringzero-run, torchrun, Slurm, ...
+//   ringzero::all_reduce(comm, std::span<float>(grads), ringzero::op::sum);
+//
+// ringzero::shm::transport is the messaging layer alone (send, receive, test, progress) plus
+// what it offers as data: its tuning constants, its topology (one node) and symmetric memory
+// (allocate(): a buffer every rank of the node addresses). ringzero::shm::communicator
+// (transport/shm/communicator.hpp) adapts it to what today's collectives call.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/detail/exchange.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/shm/detail/engine.hpp"
+#include "ringzero/transport/shm/detail/segment.hpp"
+
+namespace ringzero::shm {
+
+/// The transport's constants, in one place: the cost model's alpha-beta-gamma and the ring
+/// geometry. Must be the same on every rank (rank 0's geometry is the one the segment gets).
+struct tuning {
+  /// Seconds per message: a cache line written by one core and polled by another.
+  double alpha = 0.4e-6;
+  /// Seconds per byte: two copies through a cache-resident ring.
+  double beta = 1.0 / 8e9;
+  /// Seconds per reduced byte.
+  double gamma = 1.0 / 12e9;
+  /// Pipelining granularity the algorithms use.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// Slots per ordered pair of ranks and bytes per slot (a 32-byte header, then payload): a
+  /// message of up to slot_bytes - 32 bytes takes one slot, the eager limit. 64 x 8 KiB keeps a
+  /// pair's ring (512 KiB) inside the L2 cache of the two cores that share it.
+  std::size_t slots = 64;
+  std::size_t slot_bytes = 8192;
+
+  [[nodiscard]] std::size_t eager_limit() const noexcept {
+    return slot_bytes - detail::slot_header_bytes;
+  }
+  [[nodiscard]] cost_params cost() const noexcept {
+    return {.alpha = alpha,
+            .beta = beta,
+            .gamma = gamma,
+            .chunk_bytes = chunk_bytes,
+            .min_chunk_bytes = 0};
+  }
+};
+
+struct options {
+  /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds the setup and every wait of the transport.
+  std::chrono::nanoseconds timeout{0};
+  tuning tune{};
+};
+
+/// Memory mapped by every rank of the transport: rank r's part starts at r * stride. Ranks
+/// read and write each other's parts directly (collectives on symmetric buffers do so).
+class symmetric_memory {
+ public:
+  symmetric_memory() = default;
+  symmetric_memory(std::shared_ptr<detail::mapping> m, std::size_t bytes, std::size_t stride,
+                   int rank, int size)
+      : map_(std::move(m)), bytes_(bytes), stride_(stride), rank_(rank), size_(size) {}
+
+  /// This rank's part.
+  [[nodiscard]] std::span<std::byte> local() const noexcept { return peer(rank_); }
+  /// Rank r's part, as this process addresses it.
+  [[nodiscard]] std::span<std::byte> peer(int r) const noexcept {
+    return {map_->data() + static_cast<std::size_t>(r) * stride_, bytes_};
+  }
+  /// Which rank's part holds p (-1 if none): lets a collective find a buffer's peers' copies.
+  [[nodiscard]] int owner(const void* p) const noexcept {
+    const auto* b = static_cast<const std::byte*>(p);
+    if (!map_ || b < map_->data() || b >= map_->data() + stride_ * static_cast<std::size_t>(size_))
+      return -1;
+    const auto r = static_cast<std::size_t>(b - map_->data()) / stride_;
+    return b < map_->data() + r * stride_ + bytes_ ? static_cast<int>(r) : -1;
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+
+ private:
+  std::shared_ptr<detail::mapping> map_;
+  std::size_t bytes_ = 0;
+  std::size_t stride_ = 0;
+  int rank_ = 0;
+  int size_ = 0;
+};
+
+class transport {
+ public:
+  /// Tags with all of these bits set are the transport's own (symmetric allocation); a
+  /// communicator keeps its ids below them.
+  static constexpr std::uint64_t internal_tag = std::uint64_t{0xfff} << tag_bits;
+
+  /// Handle to one posted send or receive. Destroying it before completion cancels it: a
+  /// receive is never written afterwards; a send already under way is finished from a copy.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept
+        : eng_(std::move(o.eng_)), op_(std::exchange(o.op_, nullptr)), done_(o.done_) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        abandon();
+        eng_ = std::move(o.eng_);
+        op_ = std::exchange(o.op_, nullptr);
+        done_ = o.done_;
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { abandon(); }
+
+   private:
+    friend class transport;
+    void abandon() noexcept {
+      if (!op_) return;
+      std::lock_guard lock(eng_->mutex());
+      eng_->cancel(op_);
+      op_ = nullptr;
+    }
+    std::shared_ptr<detail::engine> eng_;
+    detail::op* op_ = nullptr;
+    bool done_ = false;
+  };
+
+  /// Collective over the `size` processes sharing `store` (used only while constructing).
+  transport(bootstrap::store& store, int rank, int size, const options& opt = {})
+      : rank_(rank),
+        size_(size),
+        timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()),
+        tune_(opt.tune) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
+    if (tune_.slots < 2 || tune_.slot_bytes < 2 * detail::cache_line ||
+        tune_.slot_bytes % detail::cache_line != 0 || tune_.slot_bytes > (std::size_t{1} << 30))
+      throw invalid_argument(fmt::format(
+          "shm transport: {} slots of {} bytes: need at least 2 slots of a multiple of 64 bytes, "
+          "at least 128",
+          tune_.slots, tune_.slot_bytes));
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    // Several transports may be built over one store: each gets its own keys.
+    const std::int64_t generation = (store.add("ringzero-shm/joined", 1) - 1) / size;
+    const auto key = [&](std::string_view what, int r) {
+      return fmt::format("ringzero-shm/{}/{}/{}", generation, what, r);
+    };
+    store.set_string(key("host", rank), log::detail::host_name());
+    for (int r = 0; r < size; ++r)
+      if (const auto h = store.get_string(key("host", r)); h != log::detail::host_name())
+        throw unsupported(fmt::format(
+            "shm transport: rank {} runs on host '{}' and rank {} on '{}': shm serves ranks on "
+            "one host only (use the libfabric transport across hosts)",
+            r, h, rank, log::detail::host_name()));
+
+    detail::mapping seg;
+    if (rank == 0) {
+      const detail::layout l{static_cast<std::size_t>(size), tune_.slots, tune_.slot_bytes};
+      seg = detail::mapping::create(l.bytes());
+      auto* h = reinterpret_cast<detail::segment_header*>(seg.data());
+      h->ranks = static_cast<std::uint32_t>(size);
+      h->slots = static_cast<std::uint32_t>(tune_.slots);
+      h->slot_bytes = tune_.slot_bytes;
+      h->bytes = l.bytes();
+      h->magic = detail::segment_magic;
+      store.set_string(key("segment", 0), fmt::format("{} {}", seg.name(), l.bytes()));
+    } else {
+      const std::string where = store.get_string(key("segment", 0));
+      const auto space = where.find(' ');
+      seg = detail::mapping::open(where.substr(0, space), std::stoull(where.substr(space + 1)));
+      const auto* h = reinterpret_cast<const detail::segment_header*>(seg.data());
+      if (h->magic != detail::segment_magic || h->ranks != static_cast<std::uint32_t>(size))
+        throw transport_error(
+            fmt::format("shm: segment {} is not a {}-rank ringzero segment", seg.name(), size));
+    }
+    eng_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
+    auto& me = eng_->record(rank);
+    const detail::process_id self = detail::self_process();
+    me.pid.store(self.pid, std::memory_order_relaxed);
+    me.start.store(self.start, std::memory_order_relaxed);
+    me.state.store(detail::rank_running, std::memory_order_release);
+    // The last rank to map the segment removes its name: from then on it disappears with the
+    // last process that maps it, however the processes end.
+    auto& mapped = eng_->header()->mapped;
+    if (mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size))
+      eng_->unlink_segment();
+    ringzero::detail::backoff b;
+    while (mapped.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        eng_->unlink_segment();
+        throw timeout_error(
+            fmt::format("shm: only {} of {} ranks mapped the segment within {:g} s", mapped.load(),
+                        size, std::chrono::duration<double>(timeout_).count()),
+            -1);
+      }
+      b.pause();
+    }
+    log::info("shm: rank {} of {}, {} slots of {} bytes per pair of ranks", rank, size,
+              eng_->geometry().slots, eng_->geometry().slot_bytes);
+  }
+
+  transport(transport&&) noexcept = default;
+  transport& operator=(transport&&) noexcept = default;
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+  ~transport() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] const shm::tuning& tune() const noexcept { return tune_; }
+  /// Every rank of this transport is on one node.
+  [[nodiscard]] topology topo() const noexcept { return {0, rank_, size_, 1}; }
+
+  [[nodiscard]] request isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    check_peer(peer, "isend");
+    request r;
+    r.eng_ = eng_;
+    std::lock_guard lock(eng_->mutex());
+    r.op_ = eng_->send(peer, tag, data);
+    r.done_ = r.op_ == nullptr;
+    return r;
+  }
+
+  [[nodiscard]] request irecv(int peer, std::uint64_t tag, std::span<std::byte> data) {
+    check_peer(peer, "irecv");
+    request r;
+    r.eng_ = eng_;
+    std::lock_guard lock(eng_->mutex());
+    r.op_ = eng_->recv(peer, tag, data);
+    r.done_ = r.op_ == nullptr;
+    return r;
+  }
+
+  /// Moves messages; true once r finished. Throws transport_error on a size mismatch and
+  /// peer_error, naming the peer, once its process is found gone.
+  [[nodiscard]] bool test(request& r) {
+    if (r.done_) return true;
+    if (!r.op_) throw invalid_argument("shm: test() on an empty request");
+    std::lock_guard lock(eng_->mutex());
+    if (r.op_->state == detail::op::status::pending) eng_->progress();
+    switch (r.op_->state) {
+      case detail::op::status::done:
+        eng_->free_op(std::exchange(r.op_, nullptr));
+        r.done_ = true;
+        return true;
+      case detail::op::status::failed: {
+        detail::op* o = std::exchange(r.op_, nullptr);
+        std::string why = std::move(o->error);
+        const bool dead = eng_->peer_gone(o->peer);
+        const int peer = o->peer;
+        eng_->free_op(o);
+        if (dead) throw peer_error(why, peer);
+        throw transport_error(why);
+      }
+      case detail::op::status::pending:
+        break;
+    }
+    // Liveness costs a /proc read: look at most every few milliseconds of waiting.
+    if ((++idle_polls_ & 255u) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_liveness_ > std::chrono::milliseconds(5)) {
+        last_liveness_ = now;
+        if (const int peer = eng_->find_gone(r.op_->peer); peer >= 0)
+          throw peer_error(eng_->dead_message(peer), peer);
+      }
+    }
+    return false;
+  }
+
+  void progress() {
+    std::lock_guard lock(eng_->mutex());
+    eng_->progress();
+  }
+
+  /// Collective over every rank of the transport: `bytes` of memory per rank, in one mapping
+  /// every rank addresses (symmetric memory, as ncclMemAlloc and a registered window give).
+  [[nodiscard]] symmetric_memory allocate(std::size_t bytes) {
+    const std::size_t stride = detail::round_up(std::max<std::size_t>(bytes, 1), 4096);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const std::uint64_t tag = internal_tag | allocations_++;
+    std::shared_ptr<detail::mapping> m;
+    std::array<char, 256> name{};
+    if (rank_ == 0) {
+      m = std::make_shared<detail::mapping>(
+          detail::mapping::create(stride * static_cast<std::size_t>(size_)));
+      std::memcpy(name.data(), m->name().c_str(), std::min(name.size() - 1, m->name().size()));
+      std::vector<request> sent;
+      for (int r = 1; r < size_; ++r)
+        sent.push_back(isend(r, tag, std::as_bytes(std::span<const char>(name))));
+      for (auto& q : sent) wait(q, deadline, "symmetric allocation");
+      // Every other rank answers once it mapped the memory; then the name can go.
+      std::vector<std::byte> acks(static_cast<std::size_t>(size_));
+      std::vector<request> got;
+      for (int r = 1; r < size_; ++r)
+        got.push_back(irecv(r, tag, std::span<std::byte>(&acks[static_cast<std::size_t>(r)], 1)));
+      try {
+        for (auto& q : got) wait(q, deadline, "symmetric allocation");
+      } catch (...) {
+        m->unlink();
+        throw;
+      }
+      m->unlink();
+    } else {
+      auto q = irecv(0, tag, std::as_writable_bytes(std::span<char>(name)));
+      wait(q, deadline, "symmetric allocation");
+      name.back() = '\0';
+      m = std::make_shared<detail::mapping>(
+          detail::mapping::open(name.data(), stride * static_cast<std::size_t>(size_)));
+      const std::byte ack{1};
+      auto a = isend(0, tag, std::span<const std::byte>(&ack, 1));
+      wait(a, deadline, "symmetric allocation");
+    }
+    return {std::move(m), bytes, stride, rank_, size_};
+  }
+
+  /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
+  void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what) {
+    ringzero::detail::backoff b;
+    while (!test(q)) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw timeout_error(fmt::format("shm: {} on rank {} timed out after {:g} s", what, rank_,
+                                        std::chrono::duration<double>(timeout_).count()),
+                            -1);
+      b.pause();
+    }
+  }
+
+ private:
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw invalid_argument(fmt::format(
+          "shm {}: peer {} is not another rank of this {}-rank transport (this is rank {})", what,
+          peer, size_, rank_));
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::nanoseconds timeout_{0};
+  shm::tuning tune_{};
+  std::shared_ptr<detail::engine> eng_;
+  std::uint64_t allocations_ = 0;
+  unsigned idle_polls_ = 0;
+  std::chrono::steady_clock::time_point last_liveness_{};
+};
+
+}  // namespace ringzero::shm
