@@ -51,6 +51,16 @@ struct tuning {
   double gamma = 1.0 / 12e9;
   /// Pipelining granularity the algorithms use.
   std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// Bytes per rank of the workspace that collectives in the segment use
+  /// (algorithms/segment.hpp): two buffers of this size each.
+  std::size_t workspace_bytes = std::size_t{1} << 20;
+  /// Collectives up to this many bytes run in the segment's workspace rather than over
+  /// messages (algorithms/segment.hpp), when the caller leaves the algorithm to ringzero.
+  std::size_t segment_bytes = std::size_t{4} << 20;
+  /// Outputs of at least this many bytes are written with streaming stores that bypass the
+  /// cache (the output would not stay in it, and reading it for ownership costs a third more
+  /// memory traffic).
+  std::size_t streaming_bytes = std::size_t{8} << 20;
   /// Slots per ordered pair of ranks and bytes per slot (a 32-byte header, then payload): a
   /// message of up to slot_bytes - 32 bytes takes one slot, the eager limit. 64 x 8 KiB keeps a
   /// pair's ring (512 KiB) inside the L2 cache of the two cores that share it.
@@ -297,6 +307,13 @@ class transport {
     eng_->progress();
   }
 
+  /// Throws peer_error naming `peer` if its process is gone or it closed its transport (a /proc
+  /// read: for waits outside the message path, every few milliseconds).
+  void check_alive(int peer) {
+    std::lock_guard lock(eng_->mutex());
+    if (eng_->peer_gone(peer)) throw peer_error(eng_->dead_message(peer), peer);
+  }
+
   /// Collective over every rank of the transport: `bytes` of memory per rank, in one mapping
   /// every rank addresses (symmetric memory, as ncclMemAlloc and a registered window give).
   [[nodiscard]] symmetric_memory allocate(std::size_t bytes) {
@@ -335,7 +352,26 @@ class transport {
       auto a = isend(0, tag, std::span<const std::byte>(&ack, 1));
       wait(a, deadline, "symmetric allocation");
     }
+    std::erase_if(allocations_live_, [](const auto& w) { return w.expired(); });
+    allocations_live_.push_back(m);
     return {std::move(m), bytes, stride, rank_, size_};
+  }
+
+  /// Where rank `peer` holds the byte that p addresses in this rank's part of a live symmetric
+  /// allocation; nullptr if p is not in one. How a collective finds a peer's copy of a
+  /// symmetric buffer.
+  [[nodiscard]] std::byte* peer_address(const void* p, int peer) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    for (const auto& w : allocations_live_) {
+      const auto m = w.lock();
+      if (!m) continue;
+      const std::size_t stride = m->size() / static_cast<std::size_t>(size_);
+      const std::byte* mine = m->data() + static_cast<std::size_t>(rank_) * stride;
+      if (b >= mine && b < mine + stride)
+        return m->data() + static_cast<std::size_t>(peer) * stride +
+               static_cast<std::size_t>(b - mine);
+    }
+    return nullptr;
   }
 
   /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
@@ -364,6 +400,7 @@ class transport {
   shm::tuning tune_{};
   std::shared_ptr<detail::engine> eng_;
   std::uint64_t allocations_ = 0;
+  std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
   unsigned idle_polls_ = 0;
   std::chrono::steady_clock::time_point last_liveness_{};
 };

@@ -16,14 +16,17 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/algorithms/segment.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
+#include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/split.hpp"
 #include "ringzero/transport/shm.hpp"
+#include "ringzero/transport/shm/workspace.hpp"
 
 namespace ringzero::shm {
 
@@ -117,6 +120,14 @@ class communicator {
     return {tp_->allocate(n * sizeof(T)), n};
   }
 
+  /// The segment workspace of algorithms/segment.hpp, allocated by the first collective that
+  /// uses it (collectively); nullptr on a sub-communicator, whose ranks are not the transport's.
+  [[nodiscard]] shm::workspace* workspace() {
+    if (comm_id_ != 0) return nullptr;
+    if (!ws_) ws_ = std::make_shared<shm::workspace>(*tp_, tp_->tune().workspace_bytes);
+    return ws_.get();
+  }
+
   /// As MPI_Comm_split: ranks passing the same color >= 0 form a communicator ordered by
   /// (key, rank here); a negative color returns nullopt. Shares this one's transport.
   [[nodiscard]] std::optional<communicator> split(int color, int key) {
@@ -161,6 +172,7 @@ class communicator {
 
   // The hierarchy cache in state_ (sub-communicators sharing tp_) is destroyed first.
   std::shared_ptr<transport> tp_;
+  std::shared_ptr<shm::workspace> ws_;
   std::shared_ptr<ringzero::detail::comm_ids> ids_;
   std::vector<int> members_;
   int rank_ = 0;
@@ -171,4 +183,159 @@ class communicator {
   ringzero::detail::comm_state state_;
 };
 
+namespace detail {
+
+/// The segment workspace when ringzero picks the algorithm (no options::algorithm, no
+/// RINGZERO_ALGO) and the collective of `bytes` fits the segment path; else nullptr.
+[[nodiscard]] inline shm::workspace* segment_path(communicator& comm, const ringzero::options& opt,
+                                                  std::size_t bytes) {
+  if (opt.algorithm != algorithm::automatic || comm.size() == 1 ||
+      ringzero::detail::getenv_str("RINGZERO_ALGO") || bytes > comm.base().tune().segment_bytes)
+    return nullptr;
+  return comm.workspace();
+}
+
+[[nodiscard]] inline std::chrono::nanoseconds timeout_of(const communicator& comm,
+                                                         const ringzero::options& opt) {
+  return opt.timeout.count() > 0 ? opt.timeout : comm.timeout();
+}
+
+}  // namespace detail
+
+// The collectives on a shm communicator: where ringzero picks the algorithm, those that fit run
+// in the segment (algorithms/segment.hpp); everything else is the generic path. Found by
+// qualified calls (ringzero::all_reduce) declared after this header and by argument-dependent
+// lookup.
+
+template <element E>
+void all_reduce(communicator& comm, std::span<const E> in, std::span<E> out, op o,
+                const ringzero::options& opt = {}) {
+  if (in.size() == out.size() && !out.empty() &&
+      (in.data() == out.data() ||
+       !ringzero::detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))) {
+    ringzero::detail::check_op(o, "all_reduce");
+    transport& tp = comm.base();
+    if (opt.algorithm == algorithm::automatic && comm.size() > 1 && comm.comm_id() == 0 &&
+        !ringzero::detail::getenv_str("RINGZERO_ALGO") && tp.peer_address(in.data(), 0) &&
+        tp.peer_address(out.data(), 0) && tp.peer_address(in.data() + in.size() - 1, 0) &&
+        tp.peer_address(out.data() + out.size() - 1, 0)) {
+      ringzero::detail::maybe_check<communicator, E>(comm, collective::all_reduce, out.size(), o, 0,
+                                                     opt);
+      algorithms::segment::all_reduce_symmetric<E>(
+          *comm.workspace(),
+          [&](int q) { return reinterpret_cast<const E*>(tp.peer_address(in.data(), q)); },
+          [&](int q) { return reinterpret_cast<E*>(tp.peer_address(out.data(), q)); }, out.size(),
+          o, detail::timeout_of(comm, opt));
+      return;
+    }
+    if (auto* ws = detail::segment_path(comm, opt, out.size_bytes())) {
+      ringzero::detail::maybe_check<communicator, E>(comm, collective::all_reduce, out.size(), o, 0,
+                                                     opt);
+      algorithms::segment::all_reduce<E>(*ws, in, out, o, detail::timeout_of(comm, opt));
+      return;
+    }
+  }
+  ringzero::all_reduce<communicator, E>(comm, in, out, o, opt);
+}
+template <element E>
+void all_reduce(communicator& comm, std::span<E> data, op o, const ringzero::options& opt = {}) {
+  shm::all_reduce(comm, std::span<const E>(data), data, o, opt);
+}
+template <element E>
+void all_reduce(communicator& comm, std::span<E> in, std::span<E> out, op o,
+                const ringzero::options& opt = {}) {
+  shm::all_reduce(comm, std::span<const E>(in), out, o, opt);
+}
+
+template <element E>
+void broadcast(communicator& comm, std::span<const E> in, std::span<E> out, int root,
+               const ringzero::options& opt = {}) {
+  const bool is_root = comm.rank() == root;
+  const bool valid =
+      root >= 0 && root < comm.size() && !out.empty() &&
+      (!is_root ||
+       (in.size() == out.size() &&
+        (in.data() == out.data() ||
+         !ringzero::detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))));
+  if (auto* ws = valid ? detail::segment_path(comm, opt, out.size_bytes()) : nullptr) {
+    ringzero::detail::maybe_check<communicator, E>(comm, collective::broadcast, out.size(), op::sum,
+                                                   root, opt);
+    algorithms::segment::broadcast<E>(*ws, in, out, root, detail::timeout_of(comm, opt));
+    return;
+  }
+  ringzero::broadcast<communicator, E>(comm, in, out, root, opt);
+}
+template <element E>
+void broadcast(communicator& comm, std::span<E> data, int root, const ringzero::options& opt = {}) {
+  shm::broadcast(comm, std::span<const E>(data), data, root, opt);
+}
+template <element E>
+void broadcast(communicator& comm, std::span<E> in, std::span<E> out, int root,
+               const ringzero::options& opt = {}) {
+  shm::broadcast(comm, std::span<const E>(in), out, root, opt);
+}
+
+template <element E>
+void all_gather(communicator& comm, std::span<const E> in, std::span<E> out,
+                const ringzero::options& opt = {}) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  const E* own = out.data() + in.size() * static_cast<std::size_t>(comm.rank());
+  const bool valid =
+      out.size() == in.size() * n && !in.empty() &&
+      (in.data() == own ||
+       !ringzero::detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()));
+  if (auto* ws = valid ? detail::segment_path(comm, opt, out.size_bytes()) : nullptr) {
+    ringzero::detail::maybe_check<communicator, E>(comm, collective::all_gather, in.size(), op::sum,
+                                                   0, opt);
+    algorithms::segment::all_gather<E>(*ws, in, out, detail::timeout_of(comm, opt));
+    return;
+  }
+  ringzero::all_gather<communicator, E>(comm, in, out, opt);
+}
+template <element E>
+void all_gather(communicator& comm, std::span<E> in, std::span<E> out,
+                const ringzero::options& opt = {}) {
+  shm::all_gather(comm, std::span<const E>(in), out, opt);
+}
+
+template <element E>
+void reduce_scatter(communicator& comm, std::span<const E> in, std::span<E> out, op o,
+                    const ringzero::options& opt = {}) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  const E* own = in.data() + out.size() * static_cast<std::size_t>(comm.rank());
+  const bool valid =
+      in.size() == out.size() * n && !out.empty() &&
+      (out.data() == own ||
+       !ringzero::detail::overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()));
+  if (auto* ws = valid ? detail::segment_path(comm, opt, in.size_bytes()) : nullptr) {
+    ringzero::detail::check_op(o, "reduce_scatter");
+    ringzero::detail::maybe_check<communicator, E>(comm, collective::reduce_scatter, out.size(), o,
+                                                   0, opt);
+    algorithms::segment::reduce_scatter<E>(*ws, in, out, o, detail::timeout_of(comm, opt));
+    return;
+  }
+  ringzero::reduce_scatter<communicator, E>(comm, in, out, o, opt);
+}
+template <element E>
+void reduce_scatter(communicator& comm, std::span<E> in, std::span<E> out, op o,
+                    const ringzero::options& opt = {}) {
+  shm::reduce_scatter(comm, std::span<const E>(in), out, o, opt);
+}
+
+inline void barrier(communicator& comm, const ringzero::options& opt = {}) {
+  if (auto* ws = detail::segment_path(comm, opt, 0)) {
+    algorithms::segment::barrier(*ws, detail::timeout_of(comm, opt));
+    return;
+  }
+  ringzero::barrier<communicator>(comm, opt);
+}
+
 }  // namespace ringzero::shm
+
+namespace ringzero {
+using shm::all_gather;
+using shm::all_reduce;
+using shm::barrier;
+using shm::broadcast;
+using shm::reduce_scatter;
+}  // namespace ringzero

@@ -217,19 +217,19 @@ class engine {
     return ps.dead;
   }
 
-  /// The peer to blame while waiting on `waited`: of the peers this rank has messages pending
-  /// with, one whose process died comes first (a peer that closed its transport usually did so
-  /// because of that death), then one that closed its transport; -1 if all are alive.
+  /// The peer to blame while waiting on `waited`: a rank whose process died comes first,
+  /// whichever it is (the ranks that closed their transports since usually did so because of
+  /// that death, and every message of the collective may be waiting on it), then `waited` or
+  /// another peer with messages pending that closed its transport; -1 if none.
   [[nodiscard]] int find_gone(int waited) {
     int left = -1;
     for (int i = 0; i < size_; ++i) {
       const int p = i == 0 ? waited : (i == waited ? 0 : i);
-      if (p == rank_) continue;
-      const auto& ps = peers_[static_cast<std::size_t>(p)];
-      if (p != waited && ps.sendq.empty() && ps.posted.empty() && !ps.receiving) continue;
-      if (!peer_gone(p)) continue;
+      if (p == rank_ || !peer_gone(p)) continue;
       if (record(p).state.load(std::memory_order_acquire) != rank_left) return p;
-      if (left < 0) left = p;
+      const auto& ps = peers_[static_cast<std::size_t>(p)];
+      if (left < 0 && (p == waited || !ps.sendq.empty() || !ps.posted.empty() || ps.receiving))
+        left = p;
     }
     return left;
   }
