@@ -62,8 +62,8 @@ constexpr bool sanitized = false;
   const auto types = sanitized          ? std::span<const dtype>(one_type)
                      : comm.size() == 2 ? std::span<const dtype>(ringzero::all_dtypes)
                                         : std::span<const dtype>(each_size);
-  // automatic runs too: on shm it is the segment path (algorithms/segment.hpp), not one of the
-  // message algorithms.
+  // automatic runs too: on shm it is the segment path (transport/shm/detail/collectives.hpp), not
+  // one of the message algorithms.
   const auto cases = conformance::matrix(comm.size(), false, types);
   auto failures = conformance::run_all(comm, cases);
   if (comm.rank() == 0)
@@ -80,7 +80,7 @@ void conformance_over(int n) {
     return;
   }
   auto out = multiprocess::run(n, 300s, [&](int r, int size, ringzero::bootstrap::store& s) {
-    shm::communicator comm(s, r, size);
+    shm::communicator comm(shm::transport(s, r, size));
     const auto failures = run_matrix(comm);
     for (const auto& f : failures) std::fprintf(stderr, "%s\n", f.c_str());
     return failures.empty() ? 0 : 1;
@@ -121,7 +121,7 @@ TEST_CASE("conformance shm 4 ranks" * doctest::skip()) {
 TEST_CASE("the segment's name is gone once every rank mapped it") {
   auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     // Rank 0 created the segment (and names it after its pid); the constructor returns only once
     // all ranks mapped it, and the last of them removed the name.
     s.set_string(fmt::format("pid/{}", r), std::to_string(::getpid()));
@@ -146,7 +146,7 @@ TEST_CASE("the segment's name is gone once every rank mapped it") {
 TEST_CASE("sub-communicators keep their messages apart") {
   auto out = multiprocess::run(4, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     const auto t = comm.topo();
     check.expect(t.node_count == 1 && t.local_size == 4 && t.local_rank == r, "one node of four");
     auto half = comm.split(r % 2, -r);
@@ -174,7 +174,7 @@ TEST_CASE("sub-communicators keep their messages apart") {
 TEST_CASE("a destroyed receive is never written; a destroyed send under way still arrives") {
   auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     std::vector<std::uint8_t> payload(3 << 20, 0xab);
     std::vector<std::uint8_t> abandoned(payload.size(), 0), fresh(payload.size(), 0);
     if (r == 0) {
@@ -210,7 +210,7 @@ TEST_CASE("a destroyed receive is never written; a destroyed send under way stil
 TEST_CASE("hundreds of messages in flight, matched by tag not by arrival") {
   auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     constexpr int count = 400;
     const int peer = 1 - r;
     auto size_of = [](int i) { return static_cast<std::size_t>((i * 7919) % 70000); };
@@ -246,7 +246,7 @@ TEST_CASE("hundreds of messages in flight, matched by tag not by arrival") {
 TEST_CASE("a receive posted with the wrong size fails with both sizes named") {
   auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     std::vector<std::byte> small(100), big(100000);
     if (r == 1) {
       auto shorter = comm.isend(0, 8, std::span<const std::byte>(small));
@@ -284,7 +284,7 @@ TEST_CASE(
   ::setenv("RINGZERO_TIMEOUT", "60", 1);
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
     // Chunks far larger than a ring of slots: rank 0 waits on rank 1 taking its data.
     std::vector<float> v(3000000, 1.0f);
@@ -316,7 +316,7 @@ TEST_CASE(
 TEST_CASE("bad arguments are named") {
   auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n);
+    shm::communicator comm(shm::transport(s, r, n));
     std::string what;
     try {
       std::byte b{};
@@ -330,7 +330,7 @@ TEST_CASE("bad arguments are named") {
   require_all_passed(out);
   auto bad = multiprocess::run(1, 30s, [&](int r, int n, ringzero::bootstrap::store& s) {
     try {
-      shm::communicator comm(s, r, n, {.tune = {.slots = 1}});
+      shm::communicator comm(shm::transport(s, r, n, {.tune = {.slots = 1}}));
     } catch (const ringzero::invalid_argument&) {
       return 0;
     }
@@ -339,11 +339,48 @@ TEST_CASE("bad arguments are named") {
   require_all_passed(bad);
 }
 
+TEST_CASE("automatic collectives of the world run in the segment; the others over messages") {
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    shm::communicator comm(shm::transport(s, r, n));
+    const auto sum_of_ranks = static_cast<float>(n * (n - 1) / 2);
+    const auto all_equal = [&](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [&](float x) { return x == sum_of_ranks; });
+    };
+    std::vector<float> v(100, static_cast<float>(r));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum,
+                         {.algorithm = ringzero::algorithm::ring});
+    check.expect(all_equal(v), "the forced ring's sum");
+    check.expect(!comm.transport().segment_used(), "a forced algorithm over messages");
+    auto sub = comm.split(0, -r);
+    check.expect(sub.has_value(), "a sub-communicator of every rank");
+    std::fill(v.begin(), v.end(), static_cast<float>(r));
+    ringzero::all_reduce(*sub, std::span<float>(v), op::sum);
+    check.expect(all_equal(v), "the sub-communicator's sum");
+    check.expect(!comm.transport().segment_used(), "a sub-communicator's call over messages");
+    std::string what;
+    try {
+      (void)sub->allocate<float>(10);
+    } catch (const ringzero::unsupported& e) {
+      what = e.what();
+    }
+    check.expect(what.find("world communicator") != std::string::npos,
+                 "symmetric memory refused on a sub-communicator");
+    std::fill(v.begin(), v.end(), static_cast<float>(r));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(all_equal(v), "the segment's sum");
+    check.expect(comm.transport().segment_used(), "the world's automatic call in the segment");
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
 TEST_CASE("segment collectives in pieces: a workspace far smaller than the messages") {
   // 256-byte buffers and a 64-byte streaming threshold: every size of the matrix takes several
   // pieces, and symmetric outputs go through the streaming stores.
   auto out = multiprocess::run(3, 300s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    shm::communicator comm(s, r, n, {.tune = {.workspace_bytes = 256, .streaming_bytes = 64}});
+    shm::communicator comm(
+        shm::transport(s, r, n, {.tune = {.workspace_bytes = 256, .streaming_bytes = 64}}));
     const ringzero::dtype types[] = {ringzero::dtype::float32, ringzero::dtype::int8};
     std::vector<conformance::test_case> cases;
     for (const auto& tc : conformance::matrix(n, false, types))
@@ -358,7 +395,7 @@ TEST_CASE("segment collectives in pieces: a workspace far smaller than the messa
 TEST_CASE("all_reduce on symmetric buffers reads peers in place, every rank bitwise equal") {
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(s, r, n, {.tune = {.streaming_bytes = 4096}});
+    shm::communicator comm(shm::transport(s, r, n, {.tune = {.streaming_bytes = 4096}}));
     for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300007}}) {
       auto in = comm.allocate<float>(count);
       auto res = comm.allocate<float>(count);

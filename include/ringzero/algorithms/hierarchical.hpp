@@ -13,54 +13,45 @@
 //
 // Each level is a public collective on a sub-communicator with algorithm::automatic, so it
 // picks its own algorithm for its size. The two sub-communicators are split once per
-// communicator and kept in its state.
+// communicator and kept by it (communicator::hierarchy()).
 #pragma once
 
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 #include <utility>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/communicator.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/concept.hpp"
-#include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms {
 
 namespace detail {
 
-/// The pair of sub-communicators one communicator's hierarchical collectives use.
-template <class T>
-struct node_communicators {
-  T local;       ///< the ranks of this node, in parent rank order
-  T cross;       ///< the ranks with this local rank, one per node, in node order
-  bool uniform;  ///< every node holds the same number of ranks
-};
-
 // The public collectives are found by argument-dependent lookup (ringzero::options is an
 // argument) when this template is instantiated: collectives.hpp includes this header before it
 // defines them.
-template <class T>
-node_communicators<T>& nodes_of(T& comm) {
-  auto& cache = comm.state().hierarchy;
-  if (!cache) {
-    const topology t = comm.topo();
-    // Agreeing on uniformity needs every rank's node size. A forced ring keeps RINGZERO_ALGO=hier
-    // from recursing into this very function.
-    int sizes[2] = {t.local_size, -t.local_size};
-    all_reduce(comm, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
-    auto local = comm.split(t.node, comm.rank());
-    auto cross = comm.split(t.local_rank, t.node);
-    cache = std::make_shared<node_communicators<T>>(
-        node_communicators<T>{std::move(*local), std::move(*cross), sizes[0] == -sizes[1]});
-  }
-  return *static_cast<node_communicators<T>*>(cache.get());
+template <class C>
+node_communicators<C>& nodes_of(C& comm) {
+  if (auto* cached = comm.hierarchy()) return *cached;
+  const topology t = comm.topo();
+  // Agreeing on uniformity needs every rank's node size. A forced ring keeps RINGZERO_ALGO=hier
+  // from recursing into this very function.
+  int sizes[2] = {t.local_size, -t.local_size};
+  all_reduce(comm, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
+  auto local = comm.split(t.node, comm.rank());
+  auto cross = comm.split(t.local_rank, t.node);
+  return comm.set_hierarchy(
+      node_communicators<C>{std::move(*local), std::move(*cross), sizes[0] == -sizes[1]});
 }
 
 }  // namespace detail
@@ -75,10 +66,9 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
   options level = opt;
   level.algorithm = algorithm::automatic;
   if (t.node_count == 1 || t.node_count == comm.size()) {
-    // One level only: nothing to decompose. Pick the best flat algorithm, so a forced
-    // RINGZERO_ALGO=hier does not send this call straight back here.
-    level.algorithm = tuning::select(collective::all_reduce, static_cast<double>(out.size_bytes()),
-                                     comm.size(), comm.cost(), false);
+    // One level only: nothing to decompose. The cost model picks a flat algorithm (the
+    // hierarchical one does not apply on one level, so RINGZERO_ALGO=hier cannot send this
+    // call straight back here).
     all_reduce(comm, in, out, o, level);
     return;
   }
@@ -124,5 +114,45 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
   levels(std::span<const E>(buf), buf);
   std::memcpy(out.data(), buf.data(), out.size_bytes());
 }
+
+namespace hierarchical {
+
+/// Node-aware all_reduce; competes only when the ranks span more than one node and fewer nodes
+/// than ranks. Priced as the three levels it runs, each as the algorithm it will pick (only
+/// (ranks, nodes) enter, never a rank's own node size, so every rank predicts the same). With L
+/// = n / nodes ranks per node: reduce_scatter(S over L) + all_reduce(S/L over nodes) +
+/// all_gather(S over L). When nodes cannot be equal the leader scheme is priced: reduce(S over
+/// ceil L) + all_reduce(S over nodes) + broadcast(S over ceil L).
+struct descriptor {
+  static constexpr algorithm id = algorithm::hierarchical;
+  static constexpr std::string_view name = "hier";
+  static constexpr collective_set implements{collective::all_reduce};
+  static constexpr bool needs_nodes = true;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    const int n = q.ranks, nodes = q.nodes;
+    if (nodes <= 1 || nodes >= n) return std::numeric_limits<double>::infinity();
+    const auto best = [&](collective c, double bytes, int ranks) {
+      return Table::predict_best(tuning::cost_query{c, bytes, ranks, q.p, 1});
+    };
+    if (n % nodes == 0) {
+      const int per = n / nodes;
+      return best(collective::reduce_scatter, q.bytes, per) +
+             best(collective::all_reduce, q.bytes / per, nodes) +
+             best(collective::all_gather, q.bytes, per);
+    }
+    const int per = (n + nodes - 1) / nodes;
+    return best(collective::reduce, q.bytes, per) + best(collective::all_reduce, q.bytes, nodes) +
+           best(collective::broadcast, q.bytes, per);
+  }
+
+  template <class C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    hierarchical_all_reduce(comm, c.in, c.out, c.reduction, opt);
+  }
+};
+
+}  // namespace hierarchical
 
 }  // namespace ringzero::algorithms

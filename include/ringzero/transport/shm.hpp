@@ -7,10 +7,11 @@
 //   auto comm = ringzero::shm::communicator::from_env();   // ringzero-run, torchrun, Slurm, ...
 //   ringzero::all_reduce(comm, std::span<float>(grads), ringzero::op::sum);
 //
-// ringzero::shm::transport is the messaging layer alone (send, receive, test, progress) plus
-// what it offers as data: its tuning constants, its topology (one node) and symmetric memory
-// (allocate(): a buffer every rank of the node addresses). ringzero::shm::communicator
-// (transport/shm/communicator.hpp) adapts it to what today's collectives call.
+// ringzero::shm::transport is messaging (send, receive, test, progress), its tuning policy and
+// host names, and two capabilities the communicator uses where they apply: symmetric memory
+// (comm.allocate<T>(n): a buffer every rank of the node addresses) and collectives run in the
+// segment itself (try_native(), transport/native.hpp). shm::communicator is
+// ringzero::communicator<shm::transport> (transport/shm/communicator.hpp).
 #pragma once
 
 #include <fmt/core.h>
@@ -29,14 +30,23 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/algorithm.hpp"
+#include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/native.hpp"
+#include "ringzero/transport/shm/detail/collectives.hpp"
 #include "ringzero/transport/shm/detail/engine.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
+#include "ringzero/transport/shm/symmetric.hpp"
+#include "ringzero/transport/shm/workspace.hpp"
+#include "ringzero/types.hpp"
 
 namespace ringzero::shm {
 
@@ -52,10 +62,10 @@ struct tuning {
   /// Pipelining granularity the algorithms use.
   std::size_t chunk_bytes = std::size_t{256} << 10;
   /// Bytes per rank of the workspace that collectives in the segment use
-  /// (algorithms/segment.hpp): two buffers of this size each.
+  /// (shm/detail/collectives.hpp): two buffers of this size each.
   std::size_t workspace_bytes = std::size_t{1} << 20;
   /// Collectives up to this many bytes run in the segment's workspace rather than over
-  /// messages (algorithms/segment.hpp), when the caller leaves the algorithm to ringzero.
+  /// messages (shm/detail/collectives.hpp), when the caller leaves the algorithm to ringzero.
   std::size_t segment_bytes = std::size_t{4} << 20;
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
   /// cache (the output would not stay in it, and reading it for ownership costs a third more
@@ -85,45 +95,12 @@ struct options {
   tuning tune{};
 };
 
-/// Memory mapped by every rank of the transport: rank r's part starts at r * stride. Ranks
-/// read and write each other's parts directly (collectives on symmetric buffers do so).
-class symmetric_memory {
- public:
-  symmetric_memory() = default;
-  symmetric_memory(std::shared_ptr<detail::mapping> m, std::size_t bytes, std::size_t stride,
-                   int rank, int size)
-      : map_(std::move(m)), bytes_(bytes), stride_(stride), rank_(rank), size_(size) {}
-
-  /// This rank's part.
-  [[nodiscard]] std::span<std::byte> local() const noexcept { return peer(rank_); }
-  /// Rank r's part, as this process addresses it.
-  [[nodiscard]] std::span<std::byte> peer(int r) const noexcept {
-    return {map_->data() + static_cast<std::size_t>(r) * stride_, bytes_};
-  }
-  /// Which rank's part holds p (-1 if none): lets a collective find a buffer's peers' copies.
-  [[nodiscard]] int owner(const void* p) const noexcept {
-    const auto* b = static_cast<const std::byte*>(p);
-    if (!map_ || b < map_->data() || b >= map_->data() + stride_ * static_cast<std::size_t>(size_))
-      return -1;
-    const auto r = static_cast<std::size_t>(b - map_->data()) / stride_;
-    return b < map_->data() + r * stride_ + bytes_ ? static_cast<int>(r) : -1;
-  }
-  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return size_; }
-
- private:
-  std::shared_ptr<detail::mapping> map_;
-  std::size_t bytes_ = 0;
-  std::size_t stride_ = 0;
-  int rank_ = 0;
-  int size_ = 0;
-};
-
 class transport {
  public:
-  /// Tags with all of these bits set are the transport's own (symmetric allocation); a
-  /// communicator keeps its ids below them.
+  using from_env_options = shm::options;
+
+  /// Tags with all of these bits set are the transport's own (symmetric allocation); the
+  /// communicator keeps its ids below them (comm_id_bits()).
   static constexpr std::uint64_t internal_tag = std::uint64_t{0xfff} << tag_bits;
 
   /// Handle to one posted send or receive. Destroying it before completion cancels it: a
@@ -159,12 +136,23 @@ class transport {
     bool done_ = false;
   };
 
+  /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
+  /// variables): opens the store, builds the transport, closes the store again.
+  [[nodiscard]] static transport from_env(const from_env_options& opt = {}) {
+    const bootstrap::launch_info info = bootstrap::detect_launch();
+    log::detail::process_rank().store(info.rank);
+    const auto timeout = opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout();
+    const std::unique_ptr<bootstrap::store> store = bootstrap::make_store(info, timeout);
+    return transport(*store, info.rank, info.world_size, opt);
+  }
+
   /// Collective over the `size` processes sharing `store` (used only while constructing).
   transport(bootstrap::store& store, int rank, int size, const options& opt = {})
       : rank_(rank),
         size_(size),
         timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()),
-        tune_(opt.tune) {
+        tune_(opt.tune),
+        host_(log::detail::host_name()) {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
     if (tune_.slots < 2 || tune_.slot_bytes < 2 * detail::cache_line ||
@@ -241,10 +229,17 @@ class transport {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] cost_params tuning() const noexcept { return tune_.cost(); }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
+  /// Every rank runs on this host (the constructor checked it).
+  [[nodiscard]] const std::string& host_of(int /*rank*/) const noexcept { return host_; }
+  /// Communicator ids stay below internal_tag's.
+  [[nodiscard]] static constexpr int comm_id_bits() noexcept {
+    return tag_layout::comm_id_bits - 1;
+  }
   [[nodiscard]] const shm::tuning& tune() const noexcept { return tune_; }
-  /// Every rank of this transport is on one node.
-  [[nodiscard]] topology topo() const noexcept { return {0, rank_, size_, 1}; }
+  /// Whether a collective ran in the segment yet (the first one allocates its workspace).
+  [[nodiscard]] bool segment_used() const noexcept { return ws_ != nullptr; }
 
   [[nodiscard]] request isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
@@ -314,9 +309,16 @@ class transport {
     if (eng_->peer_gone(peer)) throw peer_error(eng_->dead_message(peer), peer);
   }
 
+  /// Collective over every rank of the transport: n elements of T per rank, addressed by every
+  /// rank (communicator::allocate).
+  template <class T>
+  [[nodiscard]] symmetric_buffer<T> allocate(std::size_t n) {
+    return {allocate_memory(n * sizeof(T)), n};
+  }
+
   /// Collective over every rank of the transport: `bytes` of memory per rank, in one mapping
   /// every rank addresses (symmetric memory, as ncclMemAlloc and a registered window give).
-  [[nodiscard]] symmetric_memory allocate(std::size_t bytes) {
+  [[nodiscard]] symmetric_memory allocate_memory(std::size_t bytes) {
     const std::size_t stride = detail::round_up(std::max<std::size_t>(bytes, 1), 4096);
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     const std::uint64_t tag = internal_tag | allocations_++;
@@ -386,7 +388,73 @@ class transport {
     }
   }
 
+  /// Runs a validated call of a world communicator (ranks are the transport's) in the segment
+  /// and returns true where that path applies: all_reduce, broadcast, all_gather and
+  /// reduce_scatter up to tuning::segment_bytes, all_reduce of any size on symmetric buffers,
+  /// barrier. False leaves the call to ringzero's algorithms over messages. The decision
+  /// depends only on what every rank passes alike (kind, size, whether the buffers are
+  /// symmetric), so all ranks take the same path.
+  [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
+    if (size_ == 1) return false;
+    const std::chrono::nanoseconds timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    if (c.kind == collective::barrier) {
+      detail::barrier(workspace(), timeout);
+      return true;
+    }
+    return visit_dtype(c.type, [&]<class E>(E) { return run_segment<E>(c, timeout); });
+  }
+
  private:
+  template <element E>
+  [[nodiscard]] bool run_segment(const native_call& c, std::chrono::nanoseconds timeout) {
+    const auto n = static_cast<std::size_t>(size_);
+    const auto* in = static_cast<const E*>(c.in);
+    auto* out = static_cast<E*>(c.out);
+    switch (c.kind) {
+      case collective::all_reduce:
+        if (peer_address(in, 0) && peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
+            peer_address(out + c.count - 1, 0)) {
+          detail::all_reduce_symmetric<E>(
+              workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
+              [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count,
+              c.reduction, timeout);
+          return true;
+        }
+        if (c.count * sizeof(E) > tune_.segment_bytes) return false;
+        detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
+                              std::span<E>(out, c.count), c.reduction, timeout);
+        return true;
+      case collective::broadcast:
+        if (c.count * sizeof(E) > tune_.segment_bytes) return false;
+        detail::broadcast<E>(
+            workspace(),
+            std::span<const E>(rank_ == c.root ? in : nullptr, rank_ == c.root ? c.count : 0),
+            std::span<E>(out, c.count), c.root, timeout);
+        return true;
+      case collective::all_gather:
+        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
+                              std::span<E>(out, c.count * n), timeout);
+        return true;
+      case collective::reduce_scatter:
+        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
+                                  std::span<E>(out, c.count), c.reduction, timeout);
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  /// The segment collectives' workspace, allocated (collectively) by the first of them.
+  [[nodiscard]] shm::workspace& workspace() {
+    if (!ws_)
+      ws_ = std::make_unique<shm::workspace>(
+          eng_, allocate_memory(shm::workspace::bytes_for(tune_.workspace_bytes)),
+          tune_.workspace_bytes, tune_.streaming_bytes);
+    return *ws_;
+  }
+
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size_ || peer == rank_)
       throw invalid_argument(fmt::format(
@@ -398,7 +466,9 @@ class transport {
   int size_ = 1;
   std::chrono::nanoseconds timeout_{0};
   shm::tuning tune_{};
+  std::string host_;
   std::shared_ptr<detail::engine> eng_;
+  std::unique_ptr<shm::workspace> ws_;
   std::uint64_t allocations_ = 0;
   std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
   unsigned idle_polls_ = 0;

@@ -1,5 +1,5 @@
-// The workspace of collectives that run in the shared segment (algorithms/segment.hpp): per rank
-// a cache line holding the rank's phase counter and two buffers, in symmetric memory.
+// The workspace of the collectives that run in the shared segment (shm/detail/collectives.hpp): per
+// rank a cache line holding the rank's phase counter and two buffers, in symmetric memory.
 //
 // A collective is a sequence of phases. In a phase a rank writes what others will read, then
 // posts the phase number and waits until every rank has posted it: posting is a release store
@@ -14,12 +14,16 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
-#include "ringzero/transport/shm.hpp"
+#include "ringzero/transport/shm/detail/engine.hpp"
+#include "ringzero/transport/shm/detail/segment.hpp"
+#include "ringzero/transport/shm/symmetric.hpp"
 
 namespace ringzero::shm {
 
@@ -27,16 +31,25 @@ class workspace {
  public:
   static constexpr std::size_t header_bytes = 2 * detail::cache_line;
 
-  workspace(transport& tp, std::size_t buffer_bytes)
-      : tp_(&tp),
+  /// Symmetric bytes per rank that a workspace with buffers of buffer_bytes needs.
+  [[nodiscard]] static constexpr std::size_t bytes_for(std::size_t buffer_bytes) noexcept {
+    return header_bytes + 2 * detail::round_up(buffer_bytes, detail::cache_line);
+  }
+
+  /// mem: symmetric memory of bytes_for(buffer_bytes) per rank; eng: the transport's engine,
+  /// which keeps messages moving and tells dead peers while a phase waits.
+  workspace(std::shared_ptr<detail::engine> eng, symmetric_memory mem, std::size_t buffer_bytes,
+            std::size_t streaming_bytes)
+      : eng_(std::move(eng)),
         buffer_bytes_(detail::round_up(buffer_bytes, detail::cache_line)),
-        mem_(tp.allocate(header_bytes + 2 * buffer_bytes_)) {}
+        streaming_bytes_(streaming_bytes),
+        mem_(std::move(mem)) {}
 
   [[nodiscard]] int rank() const noexcept { return mem_.rank(); }
   [[nodiscard]] int size() const noexcept { return mem_.size(); }
   /// Bytes in each of a rank's two buffers.
   [[nodiscard]] std::size_t capacity() const noexcept { return buffer_bytes_; }
-  [[nodiscard]] std::size_t streaming_bytes() const noexcept { return tp_->tune().streaming_bytes; }
+  [[nodiscard]] std::size_t streaming_bytes() const noexcept { return streaming_bytes_; }
   /// The phase the next begin_phase() starts.
   [[nodiscard]] std::uint64_t next_phase() const noexcept { return phase_ + 1; }
 
@@ -57,7 +70,10 @@ class workspace {
       auto last_check = std::chrono::steady_clock::now();
       while (counter(q).load(std::memory_order_acquire) < p) {
         // Messages still move meanwhile: a peer may wait on a send of this rank's to get here.
-        tp_->progress();
+        {
+          std::lock_guard lock(eng_->mutex());
+          eng_->progress();
+        }
         b.pause();
         if ((++polls & 255u) != 0) continue;
         const auto now = std::chrono::steady_clock::now();
@@ -68,7 +84,8 @@ class workspace {
                               q);
         if (now - last_check > std::chrono::milliseconds(5)) {
           last_check = now;
-          tp_->check_alive(q);
+          std::lock_guard lock(eng_->mutex());
+          if (eng_->peer_gone(q)) throw peer_error(eng_->dead_message(q), q);
         }
       }
     }
@@ -80,8 +97,9 @@ class workspace {
     return *reinterpret_cast<std::atomic<std::uint64_t>*>(mem_.peer(r).data());
   }
 
-  transport* tp_;
+  std::shared_ptr<detail::engine> eng_;
   std::size_t buffer_bytes_;
+  std::size_t streaming_bytes_;
   symmetric_memory mem_;
   std::uint64_t phase_ = 0;
 };

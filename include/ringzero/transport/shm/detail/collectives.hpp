@@ -1,6 +1,7 @@
-// Collectives that run in a shared-memory segment rather than over messages, for communicators
-// whose transport offers a workspace in symmetric memory (shm::workspace: every rank addresses
-// every rank's buffers, and phases order the ranks).
+// The shm transport's own collectives: they run in the shared segment rather than over
+// messages, in a workspace of symmetric memory (shm::workspace: every rank addresses every
+// rank's buffers, and phases order the ranks). The transport offers them to the communicator
+// through try_native() (transport/native.hpp) where they apply.
 //
 // Small and medium all_reduce: every rank copies its input into its buffer once; then each rank
 // reduces the contributions of all ranks in rank order, so every rank's result is bitwise
@@ -26,16 +27,13 @@
 
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/shm/workspace.hpp"
 #include "ringzero/types.hpp"
 
-namespace ringzero::algorithms::segment {
+namespace ringzero::shm::detail {
 
 /// Below this, every rank reduces the whole message (one phase, n S bytes read); above, each
 /// reduces a block and copies the others' (two phases, about 3 S).
 inline constexpr std::size_t one_shot_bytes = std::size_t{16} << 10;
-
-namespace detail {
 
 /// Copies with non-temporal stores: the destination lines are written without being read for
 /// ownership first and do not evict the working set. Ends with a store fence, so a release store
@@ -79,13 +77,11 @@ void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
   return std::chrono::steady_clock::now() + t;
 }
 
-}  // namespace detail
-
 /// all_reduce through the workspace; in may equal out.
-template <element E>
-void all_reduce(shm::workspace& ws, std::span<const E> in, std::span<E> out, op o,
+template <element E, class W>
+void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
                 std::chrono::nanoseconds timeout) {
-  const auto deadline = detail::deadline_of(timeout);
+  const auto deadline = deadline_of(timeout);
   const int n = ws.size();
   const int me = ws.rank();
   const std::size_t piece = ws.capacity() / sizeof(E);
@@ -97,7 +93,7 @@ void all_reduce(shm::workspace& ws, std::span<const E> in, std::span<E> out, op 
     ws.phase(deadline, "all_reduce");
     auto input = [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)); };
     if (one_shot) {
-      detail::reduce_in_order<E>(o, n, input, out.data() + first, count);
+      reduce_in_order<E>(o, n, input, out.data() + first, count);
       continue;
     }
     // Rank r reduces block r into the next phase's buffer; everyone then copies every block.
@@ -108,7 +104,7 @@ void all_reduce(shm::workspace& ws, std::span<const E> in, std::span<E> out, op 
     };
     const auto [lo, hi] = block(me);
     E* mine = reinterpret_cast<E*>(ws.buffer(me, p + 1)) + lo;
-    detail::reduce_in_order<E>(
+    reduce_in_order<E>(
         o, n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
     ws.phase(deadline, "all_reduce");
     for (int q = 0; q < n; ++q) {
@@ -121,10 +117,10 @@ void all_reduce(shm::workspace& ws, std::span<const E> in, std::span<E> out, op 
 
 /// all_reduce on symmetric buffers: in_of(q) and out_of(q) are rank q's input and output as this
 /// process addresses them (equal for in place).
-template <element E, class In, class Out>
-void all_reduce_symmetric(shm::workspace& ws, In in_of, Out out_of, std::size_t count, op o,
+template <element E, class W, class In, class Out>
+void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
                           std::chrono::nanoseconds timeout) {
-  const auto deadline = detail::deadline_of(timeout);
+  const auto deadline = deadline_of(timeout);
   const int n = ws.size();
   const int me = ws.rank();
   ws.phase(deadline, "all_reduce");  // every input is written
@@ -138,13 +134,13 @@ void all_reduce_symmetric(shm::workspace& ws, In in_of, Out out_of, std::size_t 
   for (std::size_t first = lo; first < hi; first += piece) {
     const std::size_t len = std::min(piece, hi - first);
     E* t = reinterpret_cast<E*>(tmp);
-    detail::reduce_in_order<E>(
+    reduce_in_order<E>(
         o, n, [&](int q) { return in_of(q) + first; }, t, len);
     for (int k = 0; k < n; ++k) {
       const int q = (me + k) % n;  // ranks write each output in a different order
       auto* dst = reinterpret_cast<std::byte*>(out_of(q) + first);
       if (streaming)
-        detail::stream_copy(dst, tmp, len * sizeof(E));
+        stream_copy(dst, tmp, len * sizeof(E));
       else
         std::memcpy(dst, tmp, len * sizeof(E));
     }
@@ -153,10 +149,10 @@ void all_reduce_symmetric(shm::workspace& ws, In in_of, Out out_of, std::size_t 
 }
 
 /// Copies root's in (read on root only) into every rank's out, through root's buffer.
-template <element E>
-void broadcast(shm::workspace& ws, std::span<const E> in, std::span<E> out, int root,
+template <element E, class W>
+void broadcast(W& ws, std::span<const E> in, std::span<E> out, int root,
                std::chrono::nanoseconds timeout) {
-  const auto deadline = detail::deadline_of(timeout);
+  const auto deadline = deadline_of(timeout);
   const std::size_t piece = ws.capacity() / sizeof(E);
   const bool is_root = ws.rank() == root;
   for (std::size_t first = 0; first < out.size(); first += piece) {
@@ -170,10 +166,9 @@ void broadcast(shm::workspace& ws, std::span<const E> in, std::span<E> out, int 
 }
 
 /// out (n * in.size() elements) receives every rank's in, block r from rank r.
-template <element E>
-void all_gather(shm::workspace& ws, std::span<const E> in, std::span<E> out,
-                std::chrono::nanoseconds timeout) {
-  const auto deadline = detail::deadline_of(timeout);
+template <element E, class W>
+void all_gather(W& ws, std::span<const E> in, std::span<E> out, std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
   const std::size_t piece = ws.capacity() / sizeof(E);
   const int n = ws.size();
   for (std::size_t first = 0; first < in.size(); first += piece) {
@@ -189,10 +184,10 @@ void all_gather(shm::workspace& ws, std::span<const E> in, std::span<E> out,
 
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
 /// order.
-template <element E>
-void reduce_scatter(shm::workspace& ws, std::span<const E> in, std::span<E> out, op o,
+template <element E, class W>
+void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o,
                     std::chrono::nanoseconds timeout) {
-  const auto deadline = detail::deadline_of(timeout);
+  const auto deadline = deadline_of(timeout);
   const int n = ws.size();
   const std::size_t block = out.size();
   // Each piece holds the same slice of every block: n slices of `piece` elements.
@@ -208,13 +203,14 @@ void reduce_scatter(shm::workspace& ws, std::span<const E> in, std::span<E> out,
     const std::size_t at = static_cast<std::size_t>(ws.rank()) * count;
     E* dst = out.data() + first;
     // In place, dst is this rank's block of in, already copied to the workspace.
-    detail::reduce_in_order<E>(
+    reduce_in_order<E>(
         o, n, [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)) + at; }, dst, count);
   }
 }
 
-inline void barrier(shm::workspace& ws, std::chrono::nanoseconds timeout) {
-  ws.phase(detail::deadline_of(timeout), "barrier");
+template <class W>
+void barrier(W& ws, std::chrono::nanoseconds timeout) {
+  ws.phase(deadline_of(timeout), "barrier");
 }
 
-}  // namespace ringzero::algorithms::segment
+}  // namespace ringzero::shm::detail
