@@ -290,8 +290,17 @@ class transport {
       const auto now = std::chrono::steady_clock::now();
       if (now - last_liveness_ > std::chrono::milliseconds(5)) {
         last_liveness_ = now;
-        if (const int peer = eng_->find_gone(r.op_->peer); peer >= 0)
+        if (const int peer = eng_->find_gone(r.op_->peer); peer >= 0) {
+          // The peer may have written the rest of this message just before it died: take
+          // that before blaming it.
+          eng_->progress();
+          if (r.op_->state == detail::op::status::done) {
+            eng_->free_op(std::exchange(r.op_, nullptr));
+            r.done_ = true;
+            return true;
+          }
           throw peer_error(eng_->dead_message(peer), peer);
+        }
       }
     }
     return false;

@@ -85,7 +85,9 @@ class workspace {
         if (now - last_check > std::chrono::milliseconds(5)) {
           last_check = now;
           std::lock_guard lock(eng_->mutex());
-          if (eng_->peer_gone(q)) throw peer_error(eng_->dead_message(q), q);
+          // A peer may post the phase just before it dies: only a missing post is an error.
+          if (eng_->peer_gone(q) && counter(q).load(std::memory_order_acquire) < p)
+            throw peer_error(eng_->dead_message(q), q);
         }
       }
     }

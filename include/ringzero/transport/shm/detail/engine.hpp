@@ -189,9 +189,19 @@ class engine {
       ps.unexpected.erase(it);
       return finish_or_keep(o);
     }
-    if (ps.dead) return fail(o, dead_message(peer));
     ps.posted.push_back(o);
     progress_recv(ps);
+    if (ps.dead && o->state == op::status::pending) {
+      // What the peer wrote before it died was taken above; nothing more will come.
+      if (ps.receiving && ps.into == o) {
+        ps.dest = nullptr;
+        ps.into = nullptr;
+      } else if (auto it = std::find(ps.posted.begin(), ps.posted.end(), o);
+                 it != ps.posted.end()) {
+        ps.posted.erase(it);
+      }
+      return fail(o, dead_message(peer));
+    }
     return finish_or_keep(o);
   }
 
@@ -217,21 +227,26 @@ class engine {
     return ps.dead;
   }
 
-  /// The peer to blame while waiting on `waited`: a rank whose process died comes first,
-  /// whichever it is (the ranks that closed their transports since usually did so because of
-  /// that death, and every message of the collective may be waiting on it), then `waited` or
-  /// another peer with messages pending that closed its transport; -1 if none.
+  /// The peer to blame while waiting on `waited`, -1 if none: a peer this rank still has
+  /// messages pending with (or `waited`) that is gone. A dead process is named before a rank
+  /// that merely closed its transport, even when only the latter is waited on: such a rank
+  /// usually closed because of that death. A dead rank this rank needs nothing from is not
+  /// blamed while the peers it waits on are alive (it may have finished its part first).
   [[nodiscard]] int find_gone(int waited) {
+    int killed = -1;
     int left = -1;
     for (int i = 0; i < size_; ++i) {
       const int p = i == 0 ? waited : (i == waited ? 0 : i);
       if (p == rank_ || !peer_gone(p)) continue;
-      if (record(p).state.load(std::memory_order_acquire) != rank_left) return p;
       const auto& ps = peers_[static_cast<std::size_t>(p)];
-      if (left < 0 && (p == waited || !ps.sendq.empty() || !ps.posted.empty() || ps.receiving))
-        left = p;
+      const bool needed = p == waited || !ps.sendq.empty() || !ps.posted.empty() || ps.receiving;
+      const bool closed = record(p).state.load(std::memory_order_acquire) == rank_left;
+      if (!closed && needed) return p;
+      if (!closed && killed < 0) killed = p;
+      if (closed && needed && left < 0) left = p;
     }
-    return left;
+    if (left < 0) return -1;
+    return killed >= 0 ? killed : left;
   }
 
   [[nodiscard]] std::string dead_message(int peer) const {
