@@ -1,9 +1,10 @@
 // The collectives API: what a trainer calls, the same for every backend. Every function
 //   - validates its arguments on the calling rank and throws ringzero::invalid_argument before
 //     anything is sent (sizes, overlapping out-of-place buffers, root range, op);
-//   - hands the call to the transport's own collective where it has one (NCCL), else picks one
-//     of ringzero's algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model,
-//     all from the one algorithm table, algorithms/table.hpp) and runs it over messages;
+//   - hands the call to the transport's own collective where it has one (NCCL; shm in its
+//     segment where that path applies, transport/native.hpp), else picks one of ringzero's
+//     algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model, all from the
+//     one algorithm table, algorithms/table.hpp) and runs it over messages;
 //   - leaves bitwise identical results on every rank that receives them;
 //   - fails with timeout_error naming the step and peer if a peer stops answering.
 //
@@ -177,6 +178,30 @@ template <element E>
   }
 }
 
+/// Offers a validated call (more than one rank, not empty) to a transport that runs some
+/// collectives itself; true if it ran it.
+template <class T, element E>
+[[nodiscard]] bool try_native(communicator<T>& comm, const algorithms::call<E>& c,
+                              std::size_t count, const options& opt) {
+  if constexpr (some_native_collectives<T>) {
+    if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || getenv_str("RINGZERO_ALGO"))
+      return false;
+    native_call nc;
+    nc.kind = c.kind;
+    nc.type = dtype_of<E>();
+    nc.reduction = c.reduction;
+    nc.in = c.in.data();
+    nc.out = c.out.data();
+    nc.count = count;
+    nc.root = c.root;
+    options resolved = opt;
+    if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
+    return comm.transport().try_native(nc, resolved);
+  } else {
+    return false;
+  }
+}
+
 /// The transport's own collective for a validated call.
 template <class T, element E>
 void run_native(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
@@ -218,6 +243,7 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
                                             c.reduction, opt);
     if (sz.count == 0) return;
+    if (comm.size() > 1 && try_native(comm, c, sz.count, opt)) return;
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
       if (root) copy_if_distinct(c.in, c.out);
@@ -344,7 +370,11 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
   } else {
     detail::collective_scope<communicator<T>> scope(comm, collective::barrier, algorithm::automatic,
                                                     0, dtype::uint8, op::sum, opt);
-    if (comm.size() > 1) algorithms::barrier(comm, opt);
+    if (comm.size() == 1) return;
+    algorithms::call<std::uint8_t> c;
+    c.kind = collective::barrier;
+    if (detail::try_native(comm, c, 0, opt)) return;
+    algorithms::barrier(comm, opt);
   }
 }
 
