@@ -372,3 +372,21 @@ TEST_CASE("every rank learns the lowest failing rank's message") {
     }
   }
 }
+
+TEST_CASE("group learning rates are saved by name and restored by name") {
+  zt::zero::config saving;
+  saving.groups = {{.name = "a"}, {.name = "b"}};
+  const auto saved = zt::zero::saved_groups(saving, {0.5f, 0.25f});
+  REQUIRE(saved.size() == 2);
+  CHECK(saved[1].name == "b");
+  CHECK(saved[1].lr == 0.25f);
+  zt::zero::checkpoint_manifest m;
+  m.groups = saved;
+  // The loading config lists the groups in another order and adds one the checkpoint lacks.
+  zt::zero::config loading;
+  loading.groups = {{.name = "b"}, {.name = "c"}, {.name = "a"}};
+  std::vector<float> lr{1.0f, 1.0f, 1.0f};
+  zt::zero::restore_groups(m, loading, lr);
+  CHECK(lr == std::vector<float>{0.25f, 1.0f, 0.5f});
+  CHECK(zt::zero::saved_groups(zt::zero::config{}, {0.125f})[0].name == "default");
+}

@@ -466,6 +466,24 @@ struct training_position {
   return m;
 }
 
+/// Each group's base learning rate under its name, as a checkpoint keeps them.
+[[nodiscard]] inline std::vector<checkpoint_manifest::group> saved_groups(
+    const config& cfg, const std::vector<float>& group_lr) {
+  std::vector<checkpoint_manifest::group> out;
+  for (std::size_t g = 0; g < group_lr.size(); ++g)
+    out.push_back({group_name(cfg, g), group_lr[g]});
+  return out;
+}
+
+/// Sets the base learning rate of each group of `cfg` that checkpoint `m` saved, by name; a
+/// group the checkpoint does not name keeps its rate.
+inline void restore_groups(const checkpoint_manifest& m, const config& cfg,
+                           std::vector<float>& group_lr) {
+  for (const auto& g : m.groups)
+    for (std::size_t i = 0; i < group_lr.size(); ++i)
+      if (group_name(cfg, i) == g.name) group_lr[i] = g.lr;
+}
+
 namespace detail {
 
 /// Collective over `comm`: every rank learns the lowest failing rank's message (truncated; ""

@@ -376,7 +376,7 @@ class sharder {
         [&](std::span<const std::uint64_t> written) {
           return make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
                                {step_, optimizer_steps_, scaler_.scale(), scaler_.good_steps()},
-                               saved_groups(), written);
+                               saved_groups(cfg_, group_lr_), written);
         },
         [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
     log::info("zero: saved step {} to {}", step_, dir.string());
@@ -415,9 +415,7 @@ class sharder {
     step_ = m.step;
     optimizer_steps_ = m.optimizer_steps;
     if (m.precision == dtype::float16) scaler_.restore(m.loss_scale, m.good_steps);
-    for (const auto& g : m.groups)
-      for (std::size_t i = 0; i < group_lr_.size(); ++i)
-        if (group_name(cfg_, i) == g.name) group_lr_[i] = g.lr;
+    restore_groups(m, cfg_, group_lr_);
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", step_, dir.string(),
               m.world_size, m.stage);
   }
@@ -444,12 +442,6 @@ class sharder {
       throw invalid_argument(
           fmt::format("zero: parameter group {} of {}", group, group_lr_.size()));
     return static_cast<std::size_t>(group);
-  }
-  [[nodiscard]] std::vector<checkpoint_manifest::group> saved_groups() const {
-    std::vector<checkpoint_manifest::group> out;
-    for (std::size_t g = 0; g < group_lr_.size(); ++g)
-      out.push_back({group_name(cfg_, g), group_lr_[g]});
-    return out;
   }
   [[nodiscard]] int micro_batches() const {
     return std::visit([](const auto& r) { return r.micro_batches(); }, reducer_);
