@@ -267,11 +267,7 @@ class sharder {
     const float unscale = cfg_.gradient_predivide / (scaler_.scale() * divisor);
     double sumsq = 0.0;
     bool nonfinite = false;
-    std::visit(
-        [&](auto& r) {
-          for (const auto& s : own_) grad_stats(r.gradient(s), s.count, unscale, sumsq, nonfinite);
-        },
-        reducer_);
+    std::visit([&](auto& r) { r.add_stats(own_, unscale, sumsq, nonfinite); }, reducer_);
     std::int32_t overflow = nonfinite ? 1 : 0;
     run_collective([&](Comm& c) {
       ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max,
