@@ -348,3 +348,45 @@ TEST_CASE("manifest: group learning rates round-trip; a version-1 checkpoint (no
   CHECK_THROWS_WITH_AS((void)manifest::read(v3), doctest::Contains("format version 3"),
                        ringzero::checkpoint_error);
 }
+
+TEST_CASE("every rank learns the lowest failing rank's message") {
+  for (int world : {1, 3}) {
+    ringzero::loopback::world w(world);
+    std::vector<std::string> none(static_cast<std::size_t>(world), "x"),
+        some(static_cast<std::size_t>(world));
+    w.run([&](ringzero::loopback::communicator& c) {
+      const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
+      const auto r = static_cast<std::size_t>(c.rank());
+      none[r] = zt::zero::detail::agree_on_failure(c, "", ring);
+      // Ranks 1 and 2 fail; the prefix every ringzero error carries is dropped.
+      const std::string mine = c.rank() >= 1 ? fmt::format("ringzero: disk {} full", c.rank()) : "";
+      some[r] = zt::zero::detail::agree_on_failure(c, mine, ring);
+    });
+    for (int r = 0; r < world; ++r) {
+      CHECK(none[static_cast<std::size_t>(r)].empty());
+      const std::string& got = some[static_cast<std::size_t>(r)];
+      if (world == 1)
+        CHECK(got.empty());
+      else
+        CHECK(got == (r == 1 ? std::string("disk 1 full") : "disk 1 full (reported by rank 1)"));
+    }
+  }
+}
+
+TEST_CASE("group learning rates are saved by name and restored by name") {
+  zt::zero::config saving;
+  saving.groups = {{.name = "a"}, {.name = "b"}};
+  const auto saved = zt::zero::saved_groups(saving, {0.5f, 0.25f});
+  REQUIRE(saved.size() == 2);
+  CHECK(saved[1].name == "b");
+  CHECK(saved[1].lr == 0.25f);
+  zt::zero::checkpoint_manifest m;
+  m.groups = saved;
+  // The loading config lists the groups in another order and adds one the checkpoint lacks.
+  zt::zero::config loading;
+  loading.groups = {{.name = "b"}, {.name = "c"}, {.name = "a"}};
+  std::vector<float> lr{1.0f, 1.0f, 1.0f};
+  zt::zero::restore_groups(m, loading, lr);
+  CHECK(lr == std::vector<float>{0.25f, 1.0f, 0.5f});
+  CHECK(zt::zero::saved_groups(zt::zero::config{}, {0.125f})[0].name == "default");
+}

@@ -3,6 +3,7 @@
 #include <ringzero/transport/loopback.hpp>
 #include <ringzero/zero/gradient_reducer.hpp>
 
+#include <limits>
 #include <vector>
 
 namespace zero = ringzero::zero;
@@ -52,12 +53,9 @@ void check_reduction(int world, int stage, int micro, const std::vector<int>& or
     }
     work.drain();
     CHECK(red.micro_batches() == micro);
-    const auto mine = zero::stage_of(stage).sharded_gradients ? plan.segments(comm.rank()) : [&] {
-      std::vector<zero::segment> all;
-      for (int r = 0; r < world; ++r)
-        for (auto s : plan.segments(r)) all.push_back(s);
-      return all;
-    }();
+    const auto mine =
+        zero::stage_of(stage).sharded_gradients ? plan.segments(comm.rank()) : plan.all_segments();
+    double expect_sumsq = 0.0;
     for (const auto& s : mine) {
       const bool given = std::find(order.begin(), order.end(), s.param) != order.end();
       const float* got = red.gradient(s);
@@ -68,8 +66,15 @@ void check_reduction(int world, int stage, int micro, const std::vector<int>& or
             expect += given ? grad_value(r, m, s.param, s.begin + k) : 0.0f;
         CHECK_MESSAGE(got[k] == expect, "rank ", comm.rank(), " param ", s.param, " element ",
                       s.begin + k);
+        expect_sumsq += 0.25 * static_cast<double>(expect) * static_cast<double>(expect);
       }
     }
+    // Halves of small integers: every order of summation is exact.
+    double sumsq = 0.0;
+    bool nonfinite = false;
+    red.add_stats(mine, 0.5f, sumsq, nonfinite);
+    CHECK(sumsq == expect_sumsq);
+    CHECK_FALSE(nonfinite);
     if (peak != nullptr && comm.rank() == 0) *peak = meter.peak;
   });
 }
@@ -123,5 +128,27 @@ TEST_CASE("misuse: a second gradient, a wrong size, too many micro-batches") {
     CHECK_THROWS_AS(red.end_micro_batch(), ringzero::invalid_argument);
     red.start_step();
     CHECK(red.micro_batches() == 0);
+  });
+}
+
+TEST_CASE("the gradient statistics see a NaN") {
+  const auto l = layout();
+  ringzero::loopback::world w(1);
+  w.run([&](communicator& comm) {
+    const zero::partition_plan plan(l, 1, 16, 4);
+    zero::config cfg;
+    zero::detail::buffer_meter meter;
+    zero::detail::worker work(false);
+    zero::gradient_reducer<communicator, float> red(comm, plan, zero::stage_of(2), cfg, work,
+                                                    meter);
+    std::vector<float> g(plan.params()[2].numel, 1.0f);
+    g[3] = std::numeric_limits<float>::quiet_NaN();
+    red.add(2, std::span<const float>(g));
+    red.end_micro_batch();
+    work.drain();
+    double sumsq = 0.0;
+    bool nonfinite = false;
+    red.add_stats(plan.segments(0), 1.0f, sumsq, nonfinite);
+    CHECK(nonfinite);
   });
 }

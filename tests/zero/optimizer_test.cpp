@@ -131,3 +131,26 @@ TEST_CASE("check_groups names the group and the setting that cannot work") {
   CHECK_THROWS_AS(zero::check_groups(groups{{.name = "x", .lr = std::nanf("")}}),
                   ringzero::invalid_argument);
 }
+
+TEST_CASE("each group starts from its own learning rate, or the optimizer's") {
+  zero::config c;
+  c.optimizer.lr = 0.5f;
+  CHECK(zero::initial_group_lr(c) == std::vector<float>{0.5f});
+  c.groups = {{.name = "a", .lr = 0.25f}, {.name = "b"}};
+  CHECK(zero::initial_group_lr(c) == std::vector<float>{0.25f, 0.5f});
+}
+
+TEST_CASE("group step constants apply each group's rate, the schedule and the gradient scale") {
+  zero::config c;
+  c.optimizer = {.kind = zero::optimizer_kind::sgd, .lr = 1.0f, .momentum = 0.9f};
+  c.groups = {{.name = "a"}, {.name = "b", .weight_decay = 0.5f}};
+  c.schedule = [](std::uint64_t at) { return at == 7 ? 0.5f : 1.0f; };
+  const auto ks = zero::group_step_constants(c, {0.25f, 2.0f}, 7, 3, 0.125f);
+  REQUIRE(ks.size() == 2);
+  CHECK(ks[0].lr == 0.125f);
+  CHECK(ks[1].lr == 1.0f);
+  CHECK(ks[1].weight_decay == 0.5f);
+  CHECK(ks[0].grad_scale == 0.125f);
+  c.schedule = {};
+  CHECK(zero::group_step_constants(c, {0.25f, 2.0f}, 7, 3, 1.0f)[0].lr == 0.25f);
+}

@@ -158,3 +158,32 @@ TEST_CASE("crc32c matches the Castagnoli check value and is incremental") {
   std::string zeros(32, '\0');
   CHECK(zero::detail::crc32c(std::as_bytes(std::span(zeros))) == 0x8a9136aau);
 }
+
+TEST_CASE("all_segments lists every element once; unpadded drops the padding") {
+  for (int variant = 0; variant < 4; ++variant)
+    for (int world : {1, 3, 4}) {
+      const zero::partition_plan plan(odd_layout(variant), world, 64, 8);
+      // A flat buffer holding each element's registration-order index, padding -1.
+      std::vector<long> flat(plan.padded_size(), -1);
+      std::vector<int> seen(plan.numel(), 0);
+      std::size_t start = 0;
+      std::vector<std::size_t> starts;
+      for (const auto& p : plan.params()) {
+        starts.push_back(start);
+        start += p.numel;
+      }
+      for (const auto& s : plan.all_segments())
+        for (std::size_t k = 0; k < s.count; ++k) {
+          const std::size_t at = starts[static_cast<std::size_t>(s.param)] + s.begin + k;
+          ++seen[at];
+          flat[s.flat_offset + k] = static_cast<long>(at);
+        }
+      for (int n : seen) CHECK(n == 1);
+      const auto out = plan.unpadded(flat);
+      REQUIRE(out.size() == plan.numel());
+      for (std::size_t i = 0; i < out.size(); ++i) CHECK(out[i] == static_cast<long>(i));
+    }
+  const zero::partition_plan plan(odd_layout(1), 2, 0);
+  CHECK_THROWS_AS((void)plan.unpadded(std::vector<float>(plan.padded_size() + 1)),
+                  ringzero::invalid_argument);
+}

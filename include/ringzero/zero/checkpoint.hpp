@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/detail/crc32c.hpp"
@@ -465,6 +466,57 @@ struct training_position {
   return m;
 }
 
+/// Each group's base learning rate under its name, as a checkpoint keeps them.
+[[nodiscard]] inline std::vector<checkpoint_manifest::group> saved_groups(
+    const config& cfg, const std::vector<float>& group_lr) {
+  std::vector<checkpoint_manifest::group> out;
+  for (std::size_t g = 0; g < group_lr.size(); ++g)
+    out.push_back({group_name(cfg, g), group_lr[g]});
+  return out;
+}
+
+/// Sets the base learning rate of each group of `cfg` that checkpoint `m` saved, by name; a
+/// group the checkpoint does not name keeps its rate.
+inline void restore_groups(const checkpoint_manifest& m, const config& cfg,
+                           std::vector<float>& group_lr) {
+  for (const auto& g : m.groups)
+    for (std::size_t i = 0; i < group_lr.size(); ++i)
+      if (group_name(cfg, i) == g.name) group_lr[i] = g.lr;
+}
+
+namespace detail {
+
+/// Collective over `comm`: every rank learns the lowest failing rank's message (truncated; ""
+/// when no rank failed), so all raise the same error instead of one raising and the others
+/// waiting in the next collective. `gather` is the all_gather's collective_options.
+template <class Comm, class Options>
+[[nodiscard]] std::string agree_on_failure(Comm& comm, const std::string& mine,
+                                           const Options& gather) {
+  constexpr std::size_t width = 512;
+  constexpr std::string_view prefix = "ringzero: ";
+  std::string_view msg = mine;
+  if (msg.starts_with(prefix)) msg.remove_prefix(prefix.size());
+  std::vector<std::uint8_t> block(width, 0);
+  std::vector<std::uint8_t> all(width * static_cast<std::size_t>(comm.size()));
+  if (!mine.empty()) {
+    block[0] = 1;
+    std::memcpy(block.data() + 1, msg.data(), std::min(msg.size(), width - 1));
+  }
+  ringzero::all_gather(comm, std::span<const std::uint8_t>(block), std::span<std::uint8_t>(all),
+                       gather);
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto* b = all.data() + static_cast<std::size_t>(r) * width;
+    if (b[0] == 0) continue;
+    const auto* text = reinterpret_cast<const char*>(b + 1);
+    std::string out(text, std::find(text, text + width - 1, '\0'));
+    if (r != comm.rank()) out += fmt::format(" (reported by rank {})", r);
+    return out;
+  }
+  return {};
+}
+
+}  // namespace detail
+
 /// Throws checkpoint_error unless the checkpoint in `dir` holds every parameter of `plan` with
 /// the same shape, and state for the optimizer `kind`.
 inline void check_compatible(const checkpoint_manifest& m, const partition_plan& plan,
@@ -606,6 +658,80 @@ class checkpoint_reader {
   std::filesystem::path dir_;
   checkpoint_manifest manifest_;
 };
+
+namespace detail {
+
+/// Collective, through `run` (run(f) calls f(comm) in line with the caller's other
+/// collectives): raises checkpoint_error on every rank if any rank's `mine` is not empty.
+template <class Run, class Options>
+void raise_if_any_failed(Run& run, const Options& gather, const std::string& mine) {
+  const std::string f = run([&](auto& c) { return agree_on_failure(c, mine, gather); });
+  if (!f.empty()) throw checkpoint_error(f);
+}
+
+}  // namespace detail
+
+/// The collective steps of a save, on one rank: writes the shard arrays `shard_arrays()` returns
+/// (master weights, then the moments, each plan.shard_size() long) into `dir`, reports the bytes
+/// to `on_written`, shares every rank's (bytes, crc, save id), and has rank 0 commit the manifest
+/// `manifest_for(records)` builds. `run(f)` calls f(comm) in line with the caller's other
+/// collectives; `gather` is the all_gather's options. Raises checkpoint_error on every rank if
+/// any rank fails; the manifest is written last, so the checkpoint `dir` held stays loadable.
+template <class Run, class Options, class Arrays, class Manifest, class OnWritten>
+void save_checkpoint(Run&& run, const Options& gather, const std::filesystem::path& dir,
+                     const partition_plan& plan, int rank, std::uint64_t step,
+                     Arrays&& shard_arrays, Manifest&& manifest_for, OnWritten&& on_written) {
+  std::string failure;
+  detail::written_file written;
+  const std::uint64_t save_id = detail::unique_id();
+  try {
+    detail::create_directories_durable(dir);
+    written = detail::write_shard(dir, rank, plan.world_size(), step, save_id, shard_arrays(),
+                                  plan.shard_size());
+    on_written(written.bytes);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  detail::raise_if_any_failed(run, gather, failure);
+  const std::uint64_t mine[3] = {written.bytes, written.crc, save_id};
+  std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(plan.world_size()));
+  run([&](auto& c) {
+    ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
+                         gather);
+  });
+  if (rank == 0) {
+    try {
+      detail::commit_manifest(dir, manifest_for(all));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  // Also the barrier that keeps a fast rank's next save from racing rank 0's cleanup.
+  detail::raise_if_any_failed(run, gather, failure);
+}
+
+/// The collective steps of a load, on one rank: reads the manifest in `dir`, checks that it
+/// holds `plan`'s parameters and state for optimizer `kind`, and reads the pieces
+/// `requests_for(manifest)` asks for. Raises checkpoint_error on every rank if any rank fails,
+/// before any rank uses what it read. `run` and `gather` as for save_checkpoint.
+template <class Run, class Options, class Requests>
+[[nodiscard]] checkpoint_manifest read_checkpoint(Run&& run, const Options& gather,
+                                                  const std::filesystem::path& dir,
+                                                  const partition_plan& plan, optimizer_kind kind,
+                                                  Requests&& requests_for) {
+  std::string failure;
+  checkpoint_manifest m;
+  try {
+    const checkpoint_reader reader(dir);
+    m = reader.manifest();
+    check_compatible(m, plan, kind, dir);
+    reader.read(requests_for(m));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  detail::raise_if_any_failed(run, gather, failure);
+  return m;
+}
 
 /// Writes a checkpoint's full fp32 model to one safetensors file (the format the Hugging Face
 /// libraries, PyTorch and JAX read): tensors named and shaped as registered, in registration

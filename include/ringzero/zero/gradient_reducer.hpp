@@ -73,6 +73,13 @@ class gradient_reducer {
   [[nodiscard]] const G* gradient(const segment& s) const noexcept {
     return grads_.data() + (sharded_ ? s.shard_offset : s.flat_offset);
   }
+  /// Adds the sum of squares of `segs`' gradients times `scale` to `sumsq`, and sets
+  /// `nonfinite` if any is inf or NaN: this rank's share of the step's global norm and overflow
+  /// check.
+  void add_stats(const std::vector<segment>& segs, float scale, double& sumsq,
+                 bool& nonfinite) const noexcept {
+    for (const auto& s : segs) grad_stats(gradient(s), s.count, scale, sumsq, nonfinite);
+  }
   [[nodiscard]] std::size_t gradient_bytes() const noexcept {
     return grads_.capacity() * sizeof(G);
   }

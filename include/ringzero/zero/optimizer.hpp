@@ -5,6 +5,7 @@
 // The per-element functions are in optimizer_math.hpp, which CUDA code includes on its own.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +50,30 @@ namespace ringzero::zero {
     o.beta2 = pg.beta2.value_or(o.beta2);
   }
   return o;
+}
+
+/// Each parameter group's base learning rate before any set_learning_rate (one entry for a
+/// config without groups).
+[[nodiscard]] inline std::vector<float> initial_group_lr(const config& cfg) {
+  std::vector<float> lr;
+  for (std::size_t g = 0; g < std::max<std::size_t>(1, cfg.groups.size()); ++g)
+    lr.push_back(group_options(cfg.optimizer, cfg.groups, g).lr);
+  return lr;
+}
+
+/// Every group's step constants for optimizer step `t` (1-based, skipped steps not counted):
+/// its base rate `group_lr[g]` times the schedule at step `at` (0-based, skipped steps counted),
+/// with gradients multiplied by `grad_scale` (unscaling and clipping in one factor).
+[[nodiscard]] inline std::vector<step_constants> group_step_constants(
+    const config& cfg, const std::vector<float>& group_lr, std::uint64_t at, std::uint64_t t,
+    float grad_scale) {
+  std::vector<step_constants> ks;
+  for (std::size_t g = 0; g < group_lr.size(); ++g) {
+    auto o = group_options(cfg.optimizer, cfg.groups, g);
+    o.lr = cfg.schedule ? group_lr[g] * cfg.schedule(at) : group_lr[g];
+    ks.push_back(make_step_constants(o, t, grad_scale));
+  }
+  return ks;
 }
 
 /// The fp32 state of the elements one rank updates (its shard, or everything in stage 0),

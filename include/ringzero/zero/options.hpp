@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,8 @@
 #include "ringzero/error.hpp"
 #include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/types.hpp"
+#include "ringzero/zero/plan.hpp"
+#include "ringzero/zero/stage.hpp"
 
 namespace ringzero::zero {
 
@@ -214,6 +217,62 @@ struct config {
   /// Options for each kind of collective the sharder issues (see collective_options).
   collective_options collectives;
 };
+
+/// The config a sharder of `param_type` parameters trains `layout` with, or invalid_argument
+/// naming the first setting that cannot work. `hierarchical`: the communicator knows its nodes,
+/// so the 'hier' algorithm can run.
+[[nodiscard]] inline config check_config(config cfg, const model_layout& layout, dtype param_type,
+                                         bool hierarchical) {
+  (void)stage_of(cfg.stage);
+  if (cfg.accumulation_steps < 1)
+    throw invalid_argument(fmt::format("zero: accumulation_steps {} < 1", cfg.accumulation_steps));
+  if (cfg.reduce_buffers < 1)
+    throw invalid_argument(fmt::format("zero: reduce_buffers {} < 1", cfg.reduce_buffers));
+  if (!(cfg.optimizer.lr >= 0) || !(cfg.max_grad_norm >= 0))
+    throw invalid_argument("zero: learning rate and max_grad_norm must be >= 0");
+  check_scaling(cfg.scaling);
+  if (cfg.reduce_dtype && *cfg.reduce_dtype != param_type && *cfg.reduce_dtype != dtype::float32)
+    throw invalid_argument(
+        fmt::format("zero: reduce_dtype {} (expected the parameter type {} or float32)",
+                    dtype_name(*cfg.reduce_dtype), dtype_name(param_type)));
+  if (!(cfg.gradient_predivide > 0) || !std::isfinite(cfg.gradient_predivide))
+    throw invalid_argument(
+        fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));
+  check_collectives(cfg.collectives, hierarchical);
+  check_groups(cfg.groups);
+  const auto n_groups = std::max<std::size_t>(1, cfg.groups.size());
+  for (const auto& p : layout.params())
+    if (p.group < 0 || static_cast<std::size_t>(p.group) >= n_groups)
+      throw invalid_argument(fmt::format("zero: parameter {} is in group {}, config has {}", p.name,
+                                         p.group, n_groups));
+  for (const auto& p : layout.params())
+    if (p.type != param_type)
+      throw invalid_argument(fmt::format(
+          "zero: parameter {} is registered as {} but this sharder trains {} parameters", p.name,
+          dtype_name(p.type), dtype_name(param_type)));
+  return cfg;
+}
+
+/// Whether parameters of group `group` are frozen (take no gradient, are never updated).
+[[nodiscard]] inline bool frozen(const config& cfg, int group) noexcept {
+  const auto g = static_cast<std::size_t>(group);
+  return g < cfg.groups.size() && cfg.groups[g].frozen;
+}
+
+/// Throws invalid_argument for a gradient handed over for `p` when its group is frozen, so a
+/// trainer that forgot to detach a frozen parameter hears of it instead of the gradient
+/// vanishing.
+inline void check_trainable(const config& cfg, const param_info& p) {
+  if (frozen(cfg, p.group))
+    throw invalid_argument(fmt::format("add_grad: {} belongs to the frozen group {}", p.name,
+                                       cfg.groups[static_cast<std::size_t>(p.group)].name));
+}
+
+/// The name a group's learning rate is saved under in checkpoints ("default" for the one group
+/// of a config without groups).
+[[nodiscard]] inline std::string group_name(const config& cfg, std::size_t g) {
+  return g < cfg.groups.size() ? cfg.groups[g].name : std::string("default");
+}
 
 /// Bytes this rank holds, by category: the sizes of the buffers the sharder allocated.
 struct memory_report {

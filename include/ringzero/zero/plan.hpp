@@ -273,6 +273,29 @@ class partition_plan {
     return out;
   }
 
+  /// Every rank's segments, rank by rank: what a stage-0 rank, which updates everything, walks.
+  [[nodiscard]] std::vector<segment> all_segments() const {
+    std::vector<segment> out;
+    for (int r = 0; r < world_; ++r)
+      for (const auto& s : segments(r)) out.push_back(s);
+    return out;
+  }
+
+  /// The parameters of a padded flat buffer (padded_size() elements, as laid out by this plan)
+  /// concatenated in registration order without padding: numel() elements.
+  template <class T>
+  [[nodiscard]] std::vector<T> unpadded(const std::vector<T>& flat) const {
+    if (flat.size() != padded_size_)
+      throw invalid_argument(
+          fmt::format("unpadded: {} elements, the plan has {} padded", flat.size(), padded_size_));
+    std::vector<T> out;
+    out.reserve(numel_);
+    for (const auto& p : params_)
+      out.insert(out.end(), flat.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                 flat.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+    return out;
+  }
+
   /// A human-readable description: totals, the buckets, and what each rank owns.
   [[nodiscard]] std::string to_string() const {
     std::string s;

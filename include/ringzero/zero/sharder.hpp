@@ -47,12 +47,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -93,13 +91,13 @@ class sharder {
   /// invalid_argument here.
   sharder(Comm& comm, const model_layout& layout, config cfg)
       : comm_(comm),
-        cfg_(checked(std::move(cfg), layout)),
+        cfg_(check_config(std::move(cfg), layout, dtype_of<P>(), ringzero::knows_nodes<Comm>)),
         stage_(stage_of(cfg_.stage)),
         rank_(comm.rank()),
         world_(comm.size()),
         plan_(layout, world_, bucket_elements(cfg_), cfg_.alignment),
         own_(plan_.segments(rank_)),
-        local_(stage_.sharded_optimizer ? own_ : all_segments(plan_)),
+        local_(stage_.sharded_optimizer ? own_ : plan_.all_segments()),
         params_(stage_.sharded_parameters ? plan_.shard_size() : plan_.padded_size(), P{}),
         optimizer_(cfg_.optimizer,
                    stage_.sharded_optimizer ? plan_.shard_size() : plan_.padded_size()),
@@ -129,10 +127,7 @@ class sharder {
   /// What the trainer multiplies its loss by (1 unless P is float16).
   [[nodiscard]] float loss_scale() const noexcept { return scaler_.scale(); }
   /// false for a parameter of a frozen group (hand it no gradient).
-  [[nodiscard]] bool trainable(int id) const {
-    const auto g = static_cast<std::size_t>(param(id, "trainable").group);
-    return g >= cfg_.groups.size() || !cfg_.groups[g].frozen;
-  }
+  [[nodiscard]] bool trainable(int id) const { return !frozen(cfg_, param(id, "trainable").group); }
 
   /// Sets every parameter group's base learning rate (what the schedule multiplies).
   void set_learning_rate(float lr) noexcept { std::fill(group_lr_.begin(), group_lr_.end(), lr); }
@@ -238,13 +233,13 @@ class sharder {
   /// queued for reduction at once, in descending bucket order, so handing gradients over in
   /// backward order overlaps reduction with the rest of backward.
   void add_grad(int id, std::span<const P> g) {
-    check_trainable(id);
+    check_trainable(cfg_, param(id, "add_grad"));
     std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
   /// The same from fp32 gradients, rounded to P (or to the reduce_dtype) first.
   void add_grad(int id, std::span<const float> g) requires(!std::is_same_v<P, float>) {
-    check_trainable(id);
+    check_trainable(cfg_, param(id, "add_grad"));
     std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
@@ -272,11 +267,7 @@ class sharder {
     const float unscale = cfg_.gradient_predivide / (scaler_.scale() * divisor);
     double sumsq = 0.0;
     bool nonfinite = false;
-    std::visit(
-        [&](auto& r) {
-          for (const auto& s : own_) grad_stats(r.gradient(s), s.count, unscale, sumsq, nonfinite);
-        },
-        reducer_);
+    std::visit([&](auto& r) { r.add_stats(own_, unscale, sumsq, nonfinite); }, reducer_);
     std::int32_t overflow = nonfinite ? 1 : 0;
     run_collective([&](Comm& c) {
       ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max,
@@ -299,20 +290,14 @@ class sharder {
     if (cfg_.max_grad_norm > 0 && res.grad_norm > cfg_.max_grad_norm)
       clip = static_cast<float>(cfg_.max_grad_norm / (res.grad_norm + 1e-6));
     ++optimizer_steps_;
-    std::vector<step_constants> ks;
-    for (std::size_t g = 0; g < group_lr_.size(); ++g) {
-      auto o = group_options(cfg_.optimizer, cfg_.groups, g);
-      o.lr = cfg_.schedule ? group_lr_[g] * cfg_.schedule(at) : group_lr_[g];
-      ks.push_back(make_step_constants(o, optimizer_steps_, unscale * clip));
-    }
+    const auto ks = group_step_constants(cfg_, group_lr_, at, optimizer_steps_, unscale * clip);
     std::visit(
         [&](auto& r) {
           for (const auto& s : local_) {
             const auto& pi = plan_.params()[static_cast<std::size_t>(s.param)];
-            const auto g = static_cast<std::size_t>(pi.group);
-            if (g < cfg_.groups.size() && cfg_.groups[g].frozen) continue;
-            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count, ks[g],
-                              pi.weight_decay);
+            if (frozen(cfg_, pi.group)) continue;
+            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count,
+                              ks[static_cast<std::size_t>(pi.group)], pi.weight_decay);
           }
         },
         reducer_);
@@ -352,34 +337,21 @@ class sharder {
   /// Collective (an all_gather per bucket, except in stage 0).
   [[nodiscard]] std::vector<float> full_parameters() {
     quiesce();
-    std::vector<float> out(plan_.numel());
-    std::vector<std::size_t> start(plan_.params().size());
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < start.size(); ++i) {
-      start[i] = at;
-      at += plan_.params()[i].numel;
-    }
+    std::vector<float> flat(plan_.padded_size());
     if (!stage_.sharded_optimizer) {
       for (const auto& s : local_)
         std::copy_n(master_ptr(s), s.count,
-                    out.begin() + static_cast<std::ptrdiff_t>(
-                                      start[static_cast<std::size_t>(s.param)] + s.begin));
-      return out;
+                    flat.begin() + static_cast<std::ptrdiff_t>(s.flat_offset));
+      return plan_.unpadded(flat);
     }
     const std::vector<float> mine = own_array(0);
-    std::vector<float> flat(plan_.padded_size());
     run_collective([&](Comm& c) {
       for (const auto& b : plan_.buckets())
         ringzero::all_gather(c, std::span<const float>(mine.data() + b.shard_offset, b.slice),
                              std::span<float>(flat.data() + b.offset, b.padded),
                              cfg_.collectives.all_gather);
     });
-    for (std::size_t i = 0; i < start.size(); ++i) {
-      const auto& pi = plan_.params()[i];
-      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(pi.offset), pi.numel,
-                  out.begin() + static_cast<std::ptrdiff_t>(start[i]));
-    }
-    return out;
+    return plan_.unpadded(flat);
   }
 
   /// Writes a checkpoint of the whole training state into `dir` (see checkpoint.hpp).
@@ -390,37 +362,19 @@ class sharder {
       throw invalid_argument("save: a step is in progress; call it after step()");
     trace::scope phase(comm_, "checkpoint");
     quiesce();
-    std::string failure;
-    detail::written_file written;
-    const std::uint64_t save_id = detail::unique_id();
-    try {
-      detail::create_directories_durable(dir);
-      std::vector<std::vector<float>> arrays;
-      for (int a = 0; a <= optimizer_.moment_count(); ++a) arrays.push_back(own_array(a));
-      written = detail::write_shard(dir, rank_, world_, step_, save_id, arrays, plan_.shard_size());
-      phase.set_bytes(written.bytes);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    if (auto f = agree_on_failure(failure); !f.empty()) throw checkpoint_error(f);
-    const std::uint64_t mine[3] = {written.bytes, written.crc, save_id};
-    std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(world_));
-    run_collective([&](Comm& c) {
-      ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
-                           cfg_.collectives.all_gather);
-    });
-    if (rank_ == 0) {
-      try {
-        detail::commit_manifest(
-            dir, make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
+    save_checkpoint(
+        collective_runner(), cfg_.collectives.all_gather, dir, plan_, rank_, step_,
+        [&] {
+          std::vector<std::vector<float>> arrays;
+          for (int a = 0; a <= optimizer_.moment_count(); ++a) arrays.push_back(own_array(a));
+          return arrays;
+        },
+        [&](std::span<const std::uint64_t> written) {
+          return make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
                                {step_, optimizer_steps_, scaler_.scale(), scaler_.good_steps()},
-                               saved_groups(), all));
-      } catch (const std::exception& e) {
-        failure = e.what();
-      }
-    }
-    // Also the barrier that keeps a fast rank's next save from racing rank 0's cleanup.
-    if (auto f = agree_on_failure(failure); !f.empty()) throw checkpoint_error(f);
+                               saved_groups(cfg_, group_lr_), written);
+        },
+        [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
     log::info("zero: saved step {} to {}", step_, dir.string());
   }
 
@@ -433,29 +387,23 @@ class sharder {
       throw invalid_argument("load: a step is in progress; call it after step()");
     const trace::scope phase(comm_, "checkpoint", optimizer_bytes());
     quiesce();
-    std::string failure;
-    checkpoint_manifest m;
     // Read into staging arrays laid out as the optimizer state, so a refused checkpoint leaves
     // the current state untouched.
     const std::size_t local_size = optimizer_.local_size();
     std::vector<float> master(local_size), m1(local_size), m2(optimizer_.moment_size(2));
-    try {
-      const checkpoint_reader reader(dir);
-      m = reader.manifest();
-      check_compatible(m, plan_, cfg_.optimizer.kind, dir);
-      std::vector<checkpoint_reader::request> reqs;
-      for (const auto& s : local_) {
-        const int mp = m.find(plan_.params()[static_cast<std::size_t>(s.param)].name);
-        const std::size_t l = local_of(s);
-        reqs.push_back({mp, s.begin, s.count, 0, master.data() + l});
-        reqs.push_back({mp, s.begin, s.count, 1, m1.data() + l});
-        if (!m2.empty()) reqs.push_back({mp, s.begin, s.count, 2, m2.data() + l});
-      }
-      reader.read(reqs);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    if (auto f = agree_on_failure(failure); !f.empty()) throw checkpoint_error(f);
+    const checkpoint_manifest m = read_checkpoint(
+        collective_runner(), cfg_.collectives.all_gather, dir, plan_, cfg_.optimizer.kind,
+        [&](const checkpoint_manifest& saved) {
+          std::vector<checkpoint_reader::request> reqs;
+          for (const auto& s : local_) {
+            const int mp = saved.find(plan_.params()[static_cast<std::size_t>(s.param)].name);
+            const std::size_t l = local_of(s);
+            reqs.push_back({mp, s.begin, s.count, 0, master.data() + l});
+            reqs.push_back({mp, s.begin, s.count, 1, m1.data() + l});
+            if (!m2.empty()) reqs.push_back({mp, s.begin, s.count, 2, m2.data() + l});
+          }
+          return reqs;
+        });
     for (const auto& s : local_)
       optimizer_.set(local_of(s), param_ptr(s), master.data() + local_of(s), s.count);
     optimizer_.replace_moments(m1, m2);
@@ -463,9 +411,7 @@ class sharder {
     step_ = m.step;
     optimizer_steps_ = m.optimizer_steps;
     if (m.precision == dtype::float16) scaler_.restore(m.loss_scale, m.good_steps);
-    for (const auto& g : m.groups)
-      for (std::size_t i = 0; i < group_lr_.size(); ++i)
-        if (group_name(i) == g.name) group_lr_[i] = g.lr;
+    restore_groups(m, cfg_, group_lr_);
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", step_, dir.string(),
               m.world_size, m.stage);
   }
@@ -487,80 +433,18 @@ class sharder {
     return reducer_type(std::in_place_index<0>, comm_, plan_, stage_, cfg_, worker_, meter_);
   }
 
-  static std::vector<float> initial_group_lr(const config& cfg) {
-    std::vector<float> lr;
-    for (std::size_t g = 0; g < std::max<std::size_t>(1, cfg.groups.size()); ++g)
-      lr.push_back(group_options(cfg.optimizer, cfg.groups, g).lr);
-    return lr;
-  }
   [[nodiscard]] std::size_t group_index(int group) const {
     if (group < 0 || static_cast<std::size_t>(group) >= group_lr_.size())
       throw invalid_argument(
           fmt::format("zero: parameter group {} of {}", group, group_lr_.size()));
     return static_cast<std::size_t>(group);
   }
-  [[nodiscard]] std::string group_name(std::size_t g) const {
-    return g < cfg_.groups.size() ? cfg_.groups[g].name : std::string("default");
-  }
-  [[nodiscard]] std::vector<checkpoint_manifest::group> saved_groups() const {
-    std::vector<checkpoint_manifest::group> out;
-    for (std::size_t g = 0; g < group_lr_.size(); ++g) out.push_back({group_name(g), group_lr_[g]});
-    return out;
-  }
-  void check_trainable(int id) const {
-    const auto& pi = param(id, "add_grad");
-    const auto g = static_cast<std::size_t>(pi.group);
-    if (g < cfg_.groups.size() && cfg_.groups[g].frozen)
-      throw invalid_argument(
-          fmt::format("add_grad: {} belongs to the frozen group {}", pi.name, cfg_.groups[g].name));
-  }
-
   [[nodiscard]] int micro_batches() const {
     return std::visit([](const auto& r) { return r.micro_batches(); }, reducer_);
   }
 
-  static config checked(config cfg, const model_layout& layout) {
-    (void)stage_of(cfg.stage);
-    if (cfg.accumulation_steps < 1)
-      throw invalid_argument(
-          fmt::format("zero: accumulation_steps {} < 1", cfg.accumulation_steps));
-    if (cfg.reduce_buffers < 1)
-      throw invalid_argument(fmt::format("zero: reduce_buffers {} < 1", cfg.reduce_buffers));
-    if (!(cfg.optimizer.lr >= 0) || !(cfg.max_grad_norm >= 0))
-      throw invalid_argument("zero: learning rate and max_grad_norm must be >= 0");
-    check_scaling(cfg.scaling);
-    if (cfg.reduce_dtype && *cfg.reduce_dtype != dtype_of<P>() &&
-        *cfg.reduce_dtype != dtype::float32)
-      throw invalid_argument(
-          fmt::format("zero: reduce_dtype {} (expected the parameter type {} or float32)",
-                      dtype_name(*cfg.reduce_dtype), dtype_name(dtype_of<P>())));
-    if (!(cfg.gradient_predivide > 0) || !std::isfinite(cfg.gradient_predivide))
-      throw invalid_argument(
-          fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));
-    check_collectives(cfg.collectives, ringzero::knows_nodes<Comm>);
-    check_groups(cfg.groups);
-    const auto n_groups = std::max<std::size_t>(1, cfg.groups.size());
-    for (const auto& p : layout.params())
-      if (p.group < 0 || static_cast<std::size_t>(p.group) >= n_groups)
-        throw invalid_argument(fmt::format("zero: parameter {} is in group {}, config has {}",
-                                           p.name, p.group, n_groups));
-    for (const auto& p : layout.params())
-      if (p.type != dtype_of<P>())
-        throw invalid_argument(fmt::format(
-            "zero: parameter {} is registered as {} but this sharder trains {} parameters", p.name,
-            dtype_name(p.type), dtype_name(dtype_of<P>())));
-    return cfg;
-  }
-
   static std::size_t bucket_elements(const config& cfg) noexcept {
     return cfg.bucket_bytes == 0 ? 0 : std::max<std::size_t>(1, cfg.bucket_bytes / sizeof(P));
-  }
-
-  static std::vector<segment> all_segments(const partition_plan& plan) {
-    std::vector<segment> out;
-    for (int r = 0; r < plan.world_size(); ++r)
-      for (const auto& s : plan.segments(r)) out.push_back(s);
-    return out;
   }
 
   [[nodiscard]] const param_info& param(int id, const char* what) const {
@@ -614,32 +498,10 @@ class sharder {
     });
   }
 
-  /// Collective: every rank learns the lowest failing rank's message (truncated), so all raise
-  /// the same error instead of one raising and the others waiting in the next collective.
-  [[nodiscard]] std::string agree_on_failure(const std::string& mine) {
-    constexpr std::size_t width = 512;
-    constexpr std::string_view prefix = "ringzero: ";
-    std::string_view msg = mine;
-    if (msg.starts_with(prefix)) msg.remove_prefix(prefix.size());
-    std::vector<std::uint8_t> block(width, 0);
-    std::vector<std::uint8_t> all(width * static_cast<std::size_t>(world_));
-    if (!mine.empty()) {
-      block[0] = 1;
-      std::memcpy(block.data() + 1, msg.data(), std::min(msg.size(), width - 1));
-    }
-    run_collective([&](Comm& c) {
-      ringzero::all_gather(c, std::span<const std::uint8_t>(block), std::span<std::uint8_t>(all),
-                           cfg_.collectives.all_gather);
-    });
-    for (int r = 0; r < world_; ++r) {
-      const auto* b = all.data() + static_cast<std::size_t>(r) * width;
-      if (b[0] == 0) continue;
-      const auto* text = reinterpret_cast<const char*>(b + 1);
-      std::string out(text, std::find(text, text + width - 1, '\0'));
-      if (r != rank_) out += fmt::format(" (reported by rank {})", r);
-      return out;
-    }
-    return {};
+  /// run_collective as a callable, for the checkpoint steps that take one.
+  [[nodiscard]] auto collective_runner() {
+    return
+        [this](auto&& f) -> decltype(auto) { return run_collective(std::forward<decltype(f)>(f)); };
   }
 
   // Construction order matters: the plan before everything sized by it; the worker last, so it
