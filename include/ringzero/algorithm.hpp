@@ -16,10 +16,13 @@ namespace ringzero {
 enum class algorithm : std::uint8_t {
   automatic,
   ring,  ///< ring (all_reduce, reduce_scatter, all_gather); pipelined chain (broadcast, reduce)
-  tree,  ///< double binary tree (all_reduce); binomial tree (broadcast, reduce)
+  tree,  ///< double binary tree (all_reduce); binomial tree (broadcast, reduce, gather, scatter)
   recursive_doubling,          ///< all_reduce, all_gather: log2(n) exchanges of the whole message
   recursive_halving_doubling,  ///< Rabenseifner all_reduce; recursive halving reduce_scatter
   hierarchical,                ///< intra-node, then inter-node, then intra-node (needs node info)
+  pairwise,  ///< all_to_all(v): n-1 rounds, round k sends to r+k and receives from r-k
+  bruck,     ///< all_to_all: Bruck's ceil(log2 n) rounds of half the blocks (small blocks)
+  linear,    ///< gather, scatter: the root exchanges with every rank directly
 };
 
 enum class collective : std::uint8_t {
@@ -29,7 +32,11 @@ enum class collective : std::uint8_t {
   broadcast,
   reduce,
   barrier,
-  send_recv
+  send_recv,
+  all_to_all,
+  all_to_allv,
+  gather,
+  scatter
 };
 
 [[nodiscard]] constexpr std::string_view collective_name(collective c) noexcept {
@@ -48,6 +55,14 @@ enum class collective : std::uint8_t {
       return "barrier";
     case collective::send_recv:
       return "send_recv";
+    case collective::all_to_all:
+      return "all_to_all";
+    case collective::all_to_allv:
+      return "all_to_allv";
+    case collective::gather:
+      return "gather";
+    case collective::scatter:
+      return "scatter";
   }
   return "?";
 }
@@ -67,6 +82,12 @@ enum class collective : std::uint8_t {
       return "rhd";
     case algorithm::hierarchical:
       return "hier";
+    case algorithm::pairwise:
+      return "pairwise";
+    case algorithm::bruck:
+      return "bruck";
+    case algorithm::linear:
+      return "linear";
   }
   return "?";
 }
@@ -74,11 +95,12 @@ enum class collective : std::uint8_t {
 [[nodiscard]] inline algorithm parse_algorithm(std::string_view s) {
   for (algorithm a :
        {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
-        algorithm::recursive_halving_doubling, algorithm::hierarchical})
+        algorithm::recursive_halving_doubling, algorithm::hierarchical, algorithm::pairwise,
+        algorithm::bruck, algorithm::linear})
     if (algorithm_name(a) == s) return a;
   if (s == "automatic") return algorithm::automatic;
   throw invalid_argument("unknown algorithm '" + std::string(s) +
-                         "' (expected auto, ring, tree, rd, rhd or hier)");
+                         "' (expected auto, ring, tree, rd, rhd, hier, pairwise, bruck or linear)");
 }
 
 /// Per-call knobs. Zero means "the default": the communicator's timeout, the transport's chunk.

@@ -7,11 +7,14 @@
 //
 // In place is expressed as NCCL expresses it: all_reduce/broadcast/reduce with in.data() ==
 // out.data(); reduce_scatter with out being in's block rank(); all_gather with in being out's
-// block rank(). Any other overlap between in and out is an error.
+// block rank(). As MPI_IN_PLACE: all_to_all with in.data() == out.data(); gather with in being
+// the root's block of out, scatter with out being the root's block of in. all_to_allv has no
+// in-place form. Any other overlap between in and out is an error.
 #pragma once
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,12 +22,18 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/barrier.hpp"
 #include "ringzero/algorithms/binomial.hpp"
+#include "ringzero/algorithms/binomial_gather.hpp"
+#include "ringzero/algorithms/bruck.hpp"
 #include "ringzero/algorithms/chain.hpp"
 #include "ringzero/algorithms/hierarchical.hpp"
+#include "ringzero/algorithms/hierarchical_all_to_all.hpp"
+#include "ringzero/algorithms/linear.hpp"
+#include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/algorithms/rabenseifner.hpp"
 #include "ringzero/algorithms/recursive_doubling.hpp"
 #include "ringzero/algorithms/ring.hpp"
@@ -156,6 +165,103 @@ void maybe_check(T& comm, collective c, std::size_t count, op o, int root, const
 template <element E>
 void copy_if_distinct(std::span<const E> in, std::span<E> out) {
   if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
+}
+
+// Argument checks of the collectives below, shared with the NCCL backend so that a caller sees
+// one message per mistake whichever backend runs the call.
+
+template <element E>
+void check_all_to_all(int size, std::span<const E> in, std::span<E> out) {
+  const auto n = static_cast<std::size_t>(size);
+  if (in.size() != out.size())
+    throw invalid_argument(
+        fmt::format("all_to_all: input has {} elements but output has {}", in.size(), out.size()));
+  if (in.size() % n != 0)
+    throw invalid_argument(fmt::format(
+        "all_to_all: {} elements do not split into {} equal blocks, one per rank", in.size(), n));
+  if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+    throw invalid_argument("all_to_all: input and output overlap without being the same buffer");
+}
+
+/// One side (send or receive) of an all_to_allv: a count and a displacement per rank, every
+/// block inside a buffer of `len` elements.
+inline void check_v_blocks(std::string_view side, int size, std::span<const std::size_t> counts,
+                           std::span<const std::size_t> displs, std::size_t len) {
+  const auto n = static_cast<std::size_t>(size);
+  if (counts.size() != n)
+    throw invalid_argument(
+        fmt::format("all_to_allv: {} counts has {} entries, expected one per rank ({})", side,
+                    counts.size(), n));
+  if (displs.size() != n)
+    throw invalid_argument(
+        fmt::format("all_to_allv: {} displacements has {} entries, expected one per rank ({})",
+                    side, displs.size(), n));
+  for (std::size_t r = 0; r < n; ++r)
+    if (displs[r] > len || counts[r] > len - displs[r])
+      throw invalid_argument(fmt::format(
+          "all_to_allv: {} block of rank {} (displacement {}, count {}) ends past the {} "
+          "buffer's {} elements",
+          side, r, displs[r], counts[r], side == "send" ? "input" : "output", len));
+}
+
+template <element E>
+void check_all_to_allv(int rank, int size, std::span<const E> in,
+                       std::span<const std::size_t> send_counts,
+                       std::span<const std::size_t> send_displs, std::span<E> out,
+                       std::span<const std::size_t> recv_counts,
+                       std::span<const std::size_t> recv_displs) {
+  check_v_blocks("send", size, send_counts, send_displs, in.size());
+  check_v_blocks("receive", size, recv_counts, recv_displs, out.size());
+  const auto me = static_cast<std::size_t>(rank);
+  if (send_counts[me] != recv_counts[me])
+    throw invalid_argument(
+        fmt::format("all_to_allv: rank {} sends itself {} elements but receives {} from itself",
+                    rank, send_counts[me], recv_counts[me]));
+  if (overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+    throw invalid_argument(
+        "all_to_allv: input and output overlap (all_to_allv has no in-place form)");
+  // Receive blocks must not overlap: sorted by displacement, each ends before the next begins.
+  std::vector<std::size_t> order;
+  for (std::size_t r = 0; r < recv_counts.size(); ++r)
+    if (recv_counts[r] > 0) order.push_back(r);
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return recv_displs[a] < recv_displs[b]; });
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const std::size_t a = order[i - 1], b = order[i];
+    if (recv_displs[a] + recv_counts[a] > recv_displs[b])
+      throw invalid_argument(fmt::format(
+          "all_to_allv: receive blocks of ranks {} and {} overlap (elements {}..{} and {}..{})",
+          std::min(a, b), std::max(a, b), recv_displs[a], recv_displs[a] + recv_counts[a],
+          recv_displs[b], recv_displs[b] + recv_counts[b]));
+  }
+}
+
+template <element E>
+void check_gather(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
+  check_root(root, size, "gather");
+  if (rank != root) return;
+  const auto n = static_cast<std::size_t>(size);
+  if (out.size() != in.size() * n)
+    throw invalid_argument(fmt::format(
+        "gather: root's output must hold size() * input elements ({} * {} = {}), got {}", n,
+        in.size(), n * in.size(), out.size()));
+  const E* own_block = out.data() + in.size() * static_cast<std::size_t>(root);
+  if (in.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+    throw invalid_argument("gather: input overlaps the root's output but is not the root's block");
+}
+
+template <element E>
+void check_scatter(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
+  check_root(root, size, "scatter");
+  if (rank != root) return;
+  const auto n = static_cast<std::size_t>(size);
+  if (in.size() != out.size() * n)
+    throw invalid_argument(fmt::format(
+        "scatter: root's input must hold size() * output elements ({} * {} = {}), got {}", n,
+        out.size(), n * out.size(), in.size()));
+  const E* own_block = in.data() + out.size() * static_cast<std::size_t>(root);
+  if (out.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+    throw invalid_argument("scatter: output overlaps the root's input but is not the root's block");
 }
 
 }  // namespace detail
@@ -361,6 +467,176 @@ void reduce(T& comm, std::span<E> in, std::span<E> out, op o, int root, const op
 template <transport T, element E>
 void reduce(T& comm, std::span<E> data, op o, int root, const options& opt = {}) {
   reduce(comm, std::span<const E>(data), data, o, root, opt);
+}
+
+/// Block r of in (in.size() / size() elements) goes to rank r; block r of out comes from rank r.
+/// In place when in.data() == out.data(). Cost: pairwise exchange n-1 steps, (n-1)/n of the
+/// buffer sent and received per rank; Bruck (small blocks) ceil(log2 n) steps of about half the
+/// buffer; hierarchical (several nodes) gathers to node leaders, which exchange per-node bundles.
+template <transport T, element E>
+void all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options& opt = {}) {
+  detail::check_all_to_all(comm.size(), in, out);
+  const algorithm a = detail::choose(comm, collective::all_to_all, in.size_bytes(), opt);
+  const auto n = static_cast<std::size_t>(comm.size());
+  detail::maybe_check<T, E>(comm, collective::all_to_all, in.size() / n, op::sum, 0, opt);
+  if (in.empty()) return;
+  if (n == 1) return detail::copy_if_distinct(in, out);
+  options o2 = opt;
+  o2.algorithm = a;
+  switch (a) {
+    case algorithm::pairwise:
+      return algorithms::pairwise::all_to_all(comm, in, out, o2);
+    case algorithm::bruck:
+      return algorithms::bruck::all_to_all(comm, in, out, o2);
+    case algorithm::hierarchical:
+      if constexpr (detail::hierarchical_transport<T>)
+        return algorithms::hierarchical_all_to_all(comm, in, out, o2);
+      [[fallthrough]];
+    default:
+      throw unsupported(fmt::format("all_to_all: algorithm '{}' unavailable", algorithm_name(a)));
+  }
+}
+
+/// In-place all_to_all.
+template <transport T, element E>
+void all_to_all(T& comm, std::span<E> data, const options& opt = {}) {
+  all_to_all(comm, std::span<const E>(data), data, opt);
+}
+
+template <transport T, element E>
+void all_to_all(T& comm, std::span<E> in, std::span<E> out, const options& opt = {}) {
+  all_to_all(comm, std::span<const E>(in), out, opt);
+}
+
+namespace detail {
+
+/// RINGZERO_CHECK=1 for all_to_allv: what each rank sends a peer must be what that peer
+/// expects from it. Every rank learns whether any pair disagreed, so all of them throw.
+template <transport T>
+void check_v_agreement(T& comm, std::span<const std::size_t> send_counts,
+                       std::span<const std::size_t> recv_counts) {
+  if (!check_enabled() || comm.size() == 1) return;
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> mine(send_counts.begin(), send_counts.end()), theirs(n);
+  const options plain{.algorithm = algorithm::pairwise};
+  algorithms::pairwise::all_to_all(comm, std::span<const std::uint64_t>(mine),
+                                   std::span<std::uint64_t>(theirs), plain);
+  std::int64_t bad[3] = {-1, 0, 0};  // (sender, sent, expected) of the first disagreement
+  for (std::size_t r = 0; r < n && bad[0] < 0; ++r) {
+    if (theirs[r] == recv_counts[r]) continue;
+    bad[0] = static_cast<std::int64_t>(r);
+    bad[1] = static_cast<std::int64_t>(theirs[r]);
+    bad[2] = static_cast<std::int64_t>(recv_counts[r]);
+  }
+  std::int64_t finder[1] = {bad[0] >= 0 ? comm.rank() : -1};
+  all_reduce(comm, std::span<std::int64_t>(finder), op::max, options{.algorithm = algorithm::ring});
+  if (finder[0] < 0) return;
+  broadcast(comm, std::span<std::int64_t>(bad), static_cast<int>(finder[0]),
+            options{.algorithm = algorithm::ring});
+  throw mismatch_error(
+      fmt::format("RINGZERO_CHECK: all_to_allv: rank {} sends {} elements to rank {}, which "
+                  "expects {} from it",
+                  bad[0], bad[1], finder[0], bad[2]));
+}
+
+}  // namespace detail
+
+/// As MPI_Alltoallv: the send_counts[r] elements at in[send_displs[r]] go to rank r, and the
+/// recv_counts[r] elements from rank r land at out[recv_displs[r]]. Counts may be zero and
+/// differ per peer, but what rank i sends rank j must be what j expects from i (RINGZERO_CHECK=1
+/// verifies it). Send blocks may overlap, receive blocks may not; in and out may not overlap.
+/// Cost: pairwise exchange, n-1 steps.
+template <transport T, element E>
+void all_to_allv(T& comm, std::span<const E> in, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displs, std::span<E> out,
+                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                 const options& opt = {}) {
+  detail::check_all_to_allv(comm.rank(), comm.size(), in, send_counts, send_displs, out,
+                            recv_counts, recv_displs);
+  const algorithm a = detail::choose(comm, collective::all_to_allv, in.size_bytes(), opt);
+  detail::maybe_check<T, E>(comm, collective::all_to_allv, 0, op::sum, 0, opt);
+  detail::check_v_agreement(comm, send_counts, recv_counts);
+  const algorithms::pairwise::block_map m{send_counts, send_displs, recv_counts, recv_displs};
+  if (comm.size() == 1) {
+    if (recv_counts[0] > 0)
+      std::memcpy(out.data() + recv_displs[0], in.data() + send_displs[0],
+                  recv_counts[0] * sizeof(E));
+    return;
+  }
+  options o2 = opt;
+  o2.algorithm = a;
+  switch (a) {
+    case algorithm::pairwise:
+      return algorithms::pairwise::all_to_allv(comm, in, out, m, o2);
+    default:
+      throw unsupported(fmt::format("all_to_allv: algorithm '{}' unavailable", algorithm_name(a)));
+  }
+}
+
+template <transport T, element E>
+void all_to_allv(T& comm, std::span<E> in, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displs, std::span<E> out,
+                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                 const options& opt = {}) {
+  all_to_allv(comm, std::span<const E>(in), send_counts, send_displs, out, recv_counts, recv_displs,
+              opt);
+}
+
+/// out on root (size()*in.size() elements) receives every rank's in, block r from rank r; out
+/// is not touched elsewhere (it may be empty there). In place when in is the root's block of
+/// out. Cost: linear n-1 messages into the root; binomial tree (tree) ceil(log2 n) steps; both
+/// carry (n-1)/n of the root's buffer over its link.
+template <transport T, element E>
+void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt = {}) {
+  detail::check_gather(comm.rank(), comm.size(), in, out, root);
+  const auto n = static_cast<std::size_t>(comm.size());
+  const algorithm a = detail::choose(comm, collective::gather, in.size_bytes() * n, opt);
+  detail::maybe_check<T, E>(comm, collective::gather, in.size(), op::sum, root, opt);
+  if (in.empty()) return;
+  if (n == 1) return detail::copy_if_distinct(in, out);
+  options o2 = opt;
+  o2.algorithm = a;
+  switch (a) {
+    case algorithm::linear:
+      return algorithms::linear::gather(comm, in, out, root, o2);
+    case algorithm::tree:
+      return algorithms::binomial::gather(comm, in, out, root, o2);
+    default:
+      throw unsupported(fmt::format("gather: algorithm '{}' unavailable", algorithm_name(a)));
+  }
+}
+
+template <transport T, element E>
+void gather(T& comm, std::span<E> in, std::span<E> out, int root, const options& opt = {}) {
+  gather(comm, std::span<const E>(in), out, root, opt);
+}
+
+/// Block r of root's in (size()*out.size() elements) goes to rank r's out; in is read only on
+/// root (it may be empty elsewhere). In place when out is the root's block of in. Cost: as
+/// gather, the other way.
+template <transport T, element E>
+void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt = {}) {
+  detail::check_scatter(comm.rank(), comm.size(), in, out, root);
+  const auto n = static_cast<std::size_t>(comm.size());
+  const algorithm a = detail::choose(comm, collective::scatter, out.size_bytes() * n, opt);
+  detail::maybe_check<T, E>(comm, collective::scatter, out.size(), op::sum, root, opt);
+  if (out.empty()) return;
+  if (n == 1) return detail::copy_if_distinct(in, out);
+  options o2 = opt;
+  o2.algorithm = a;
+  switch (a) {
+    case algorithm::linear:
+      return algorithms::linear::scatter(comm, in, out, root, o2);
+    case algorithm::tree:
+      return algorithms::binomial::scatter(comm, in, out, root, o2);
+    default:
+      throw unsupported(fmt::format("scatter: algorithm '{}' unavailable", algorithm_name(a)));
+  }
+}
+
+template <transport T, element E>
+void scatter(T& comm, std::span<E> in, std::span<E> out, int root, const options& opt = {}) {
+  scatter(comm, std::span<const E>(in), out, root, opt);
 }
 
 /// Returns once every rank has entered. Cost: ceil(log2 n) zero-byte steps (dissemination).

@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
@@ -41,6 +42,9 @@ struct node_communicators {
   T local;       ///< the ranks of this node, in parent rank order
   T cross;       ///< the ranks with this local rank, one per node, in node order
   bool uniform;  ///< every node holds the same number of ranks
+  /// With uniform nodes, the rank in the parent of local rank l on node c (cross rank c) at
+  /// c * local.size() + l; empty otherwise (hierarchical all_to_all needs it).
+  std::vector<int> parent_rank;
 };
 
 // The public collectives are found by argument-dependent lookup (ringzero::options is an
@@ -57,8 +61,20 @@ node_communicators<T>& nodes_of(T& comm) {
     all_reduce(comm, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
     auto local = comm.split(t.node, comm.rank());
     auto cross = comm.split(t.local_rank, t.node);
-    cache = std::make_shared<node_communicators<T>>(
-        node_communicators<T>{std::move(*local), std::move(*cross), sizes[0] == -sizes[1]});
+    const bool uniform = sizes[0] == -sizes[1];
+    const auto n = static_cast<std::size_t>(comm.size());
+    std::vector<int> where(2 * n), parent_rank;
+    const int mine[2] = {cross->rank(), local->rank()};
+    all_gather(comm, std::span<const int>(mine), std::span<int>(where),
+               options{.algorithm = algorithm::ring});
+    if (uniform) {
+      parent_rank.resize(n);
+      for (std::size_t g = 0; g < n; ++g)
+        parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
+            static_cast<int>(g);
+    }
+    cache = std::make_shared<node_communicators<T>>(node_communicators<T>{
+        std::move(*local), std::move(*cross), uniform, std::move(parent_rank)});
   }
   return *static_cast<node_communicators<T>*>(cache.get());
 }

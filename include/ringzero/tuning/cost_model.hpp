@@ -48,6 +48,14 @@ namespace ringzero::tuning {
     case collective::broadcast:
     case collective::reduce:
       return {algorithm::ring, algorithm::tree};
+    case collective::all_to_all:
+      if (multi_node) return {algorithm::pairwise, algorithm::bruck, algorithm::hierarchical};
+      return {algorithm::pairwise, algorithm::bruck};
+    case collective::all_to_allv:
+      return {algorithm::pairwise};
+    case collective::gather:
+    case collective::scatter:
+      return {algorithm::linear, algorithm::tree};
     case collective::barrier:
     case collective::send_recv:
       return {};
@@ -63,7 +71,7 @@ namespace ringzero::tuning {
 
 /// Predicted seconds for `c` with algorithm `a` on `n` ranks. `bytes` is the size of one
 /// rank's full buffer: the all_reduce vector, the reduce_scatter input, the all_gather output,
-/// the broadcast/reduce buffer.
+/// the broadcast/reduce buffer, the all_to_all(v) input, the gather/scatter root's n blocks.
 [[nodiscard]] inline double predict(collective c, algorithm a, double bytes, int n,
                                     const cost_params& p) {
   if (n <= 1) return 0.0;
@@ -122,6 +130,28 @@ namespace ringzero::tuning {
           return std::numeric_limits<double>::infinity();
       }
     }
+    case collective::all_to_all:
+    case collective::all_to_allv:
+      switch (a) {
+        case algorithm::pairwise:
+          return (n - 1) * al + frac * bytes * be;
+        case algorithm::bruck:
+          // About half the blocks move in each round, and the buffer is copied three times.
+          return c == collective::all_to_all ? ceil_log2(n) * (al + bytes / 2 * be) + 3 * bytes * ga
+                                             : std::numeric_limits<double>::infinity();
+        default:
+          return std::numeric_limits<double>::infinity();
+      }
+    case collective::gather:
+    case collective::scatter:
+      switch (a) {
+        case algorithm::linear:
+          return (n - 1) * al + frac * bytes * be;
+        case algorithm::tree:
+          return ceil_log2(n) * al + frac * bytes * be;
+        default:
+          return std::numeric_limits<double>::infinity();
+      }
     case collective::barrier:
     case collective::send_recv:
       return 0.0;
@@ -173,6 +203,18 @@ namespace ringzero::tuning {
          predict_best(collective::broadcast, bytes, per, p);
 }
 
+/// Hierarchical all_to_all of `bytes` per rank on n ranks over `nodes` equal nodes of L = n /
+/// nodes ranks: gather(L·S over L) + all_to_all(L·S over nodes) + scatter(L·S over L), each
+/// level costed as the algorithm it will pick. Unequal nodes (and one level) are never chosen.
+[[nodiscard]] inline double predict_hierarchical_all_to_all(double bytes, int n, int nodes,
+                                                            const cost_params& p) {
+  if (nodes <= 1 || nodes >= n || n % nodes != 0) return std::numeric_limits<double>::infinity();
+  const int per = n / nodes;
+  return predict_best(collective::gather, per * bytes, per, p) +
+         predict_best(collective::all_to_all, per * bytes, nodes, p) +
+         predict_best(collective::scatter, per * bytes, per, p);
+}
+
 /// select() for a communicator whose placement is known: hierarchical competes when the ranks
 /// span more than one node.
 [[nodiscard]] inline algorithm select(collective c, double bytes, int n, const cost_params& p,
@@ -180,9 +222,10 @@ namespace ringzero::tuning {
   algorithm best = algorithm::ring;
   double best_t = std::numeric_limits<double>::infinity();
   for (algorithm a : candidates(c, t.node_count > 1)) {
-    const double time = a == algorithm::hierarchical
-                            ? predict_hierarchical(bytes, n, t.node_count, p)
-                            : predict(c, a, bytes, n, p);
+    const double time = a != algorithm::hierarchical ? predict(c, a, bytes, n, p)
+                        : c == collective::all_to_all
+                            ? predict_hierarchical_all_to_all(bytes, n, t.node_count, p)
+                            : predict_hierarchical(bytes, n, t.node_count, p);
     if (time < best_t) {
       best_t = time;
       best = a;
