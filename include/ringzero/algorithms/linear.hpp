@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -36,7 +37,7 @@ template <element E>
   return chunking::make(count, sizeof(E), chunk_bytes, std::min(per_peer, chunking::burst)).chunk;
 }
 
-template <transport T, element E, class Post>
+template <class E, class Post>
 void each_chunk(std::span<E> block, std::size_t c, Post&& post) {
   for (std::size_t i = 0, id = 0; i < block.size(); i += c, ++id)
     post(static_cast<std::uint32_t>(id), block.subspan(i, std::min(c, block.size() - i)));
@@ -56,7 +57,7 @@ void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const op
   const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt));
   std::vector<pending> ps;
   if (comm.rank() != root) {
-    detail::each_chunk<T, const E>(in, c, [&](std::uint32_t id, std::span<const E> s) {
+    detail::each_chunk<const E>(in, c, [&](std::uint32_t id, std::span<const E> s) {
       ps.push_back(ex.send(root, 0, id, std::as_bytes(s)));
     });
     ex.wait_all(ps);
@@ -64,10 +65,10 @@ void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const op
   }
   for (int p = 0; p < n; ++p) {
     if (p == root) continue;
-    detail::each_chunk<T, E>(out.subspan(static_cast<std::size_t>(p) * count, count), c,
-                             [&](std::uint32_t id, std::span<E> s) {
-                               ps.push_back(ex.recv(p, 0, id, std::as_writable_bytes(s)));
-                             });
+    detail::each_chunk<E>(out.subspan(static_cast<std::size_t>(p) * count, count), c,
+                          [&](std::uint32_t id, std::span<E> s) {
+                            ps.push_back(ex.recv(p, 0, id, std::as_writable_bytes(s)));
+                          });
   }
   E* own = out.data() + static_cast<std::size_t>(root) * count;
   if (own != in.data()) std::memcpy(own, in.data(), in.size_bytes());
@@ -86,7 +87,7 @@ void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const o
   const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt));
   std::vector<pending> ps;
   if (comm.rank() != root) {
-    detail::each_chunk<T, E>(out, c, [&](std::uint32_t id, std::span<E> s) {
+    detail::each_chunk<E>(out, c, [&](std::uint32_t id, std::span<E> s) {
       ps.push_back(ex.recv(root, 0, id, std::as_writable_bytes(s)));
     });
     ex.wait_all(ps);
@@ -94,10 +95,10 @@ void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const o
   }
   for (int p = 0; p < n; ++p) {
     if (p == root) continue;
-    detail::each_chunk<T, const E>(in.subspan(static_cast<std::size_t>(p) * count, count), c,
-                                   [&](std::uint32_t id, std::span<const E> s) {
-                                     ps.push_back(ex.send(p, 0, id, std::as_bytes(s)));
-                                   });
+    detail::each_chunk<const E>(in.subspan(static_cast<std::size_t>(p) * count, count), c,
+                                [&](std::uint32_t id, std::span<const E> s) {
+                                  ps.push_back(ex.send(p, 0, id, std::as_bytes(s)));
+                                });
   }
   const E* own = in.data() + static_cast<std::size_t>(root) * count;
   if (own != out.data()) std::memcpy(out.data(), own, out.size_bytes());

@@ -10,9 +10,11 @@
 // the world size and the block size.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"

@@ -6,7 +6,8 @@
 //   ringzero::all_gather(comm, d_shard, d_full, {.stream = s, .async = true});
 //
 // The calls have the signatures and guarantees of collectives.hpp, with nccl::options in place of
-// ringzero::options (NCCL picks its own algorithm and protocol; NCCL_ALGO and NCCL_PROTO steer it):
+// ringzero::options (NCCL picks its own algorithm and protocol; NCCL_ALGO and NCCL_PROTO steer it;
+// all_to_all(v), gather and scatter are grouped ncclSend/ncclRecv, as nccl-tests runs them):
 //   - arguments are validated with the same messages, and every buffer is checked to be memory
 //     the communicator's GPU can address, before anything is enqueued (invalid_argument);
 //   - by default a call returns once the result is in place, and a call that misses its deadline
@@ -161,6 +162,60 @@ void maybe_check(communicator& comm, collective c, std::size_t count, op o, int 
                                        describe(all[0]), r, describe(all[r])));
 }
 
+/// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.
+[[nodiscard]] inline ncclResult_t cuda_status(cudaError_t e) noexcept {
+  return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+/// Stream-ordered device scratch (cudaMallocAsync), freed on the same stream when the scope
+/// ends. Freed only after the enqueue that uses it has returned: in non-blocking mode
+/// ncclGroupEnd may answer before the group's kernels are on the stream, so a free enqueued
+/// inside the group's callback could run ahead of them.
+class stream_scratch {
+ public:
+  stream_scratch(int device, cudaStream_t s, std::size_t bytes) : device_(device), stream_(s) {
+    const device_guard guard(device_);
+    check_cuda(cudaMallocAsync(&data_, bytes, stream_), "nccl: cudaMallocAsync");
+  }
+  ~stream_scratch() {
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    if (previous != device_) static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaFreeAsync(data_, stream_));
+    if (previous != device_) static_cast<void>(cudaSetDevice(previous));
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+/// The group of sends and receives that moves blocks between every pair of ranks, as
+/// nccl-tests' alltoall issues it: per peer (this rank included) one ncclSend of its block and
+/// one ncclRecv of the peer's. Empty blocks are skipped on both sides, which agree on them.
+template <element E>
+[[nodiscard]] ncclResult_t exchange_blocks(ncclComm_t h, cudaStream_t s, int size, const E* in,
+                                           std::span<const std::size_t> send_counts,
+                                           std::span<const std::size_t> send_displs, E* out,
+                                           std::span<const std::size_t> recv_counts,
+                                           std::span<const std::size_t> recv_displs) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (send_counts[up] > 0)
+      first = ncclSend(in + send_displs[up], send_counts[up], nccl_type_v<E>, p, h, s);
+    if (first == ncclSuccess && recv_counts[up] > 0)
+      first = ncclRecv(out + recv_displs[up], recv_counts[up], nccl_type_v<E>, p, h, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
 }  // namespace ringzero::nccl::detail
 
 namespace ringzero {
@@ -301,6 +356,159 @@ template <element E>
 void reduce(nccl::communicator& comm, std::span<E> data, op o, int root,
             const nccl::options& opt = {}) {
   reduce(comm, std::span<const E>(data), data, o, root, opt);
+}
+
+/// Block r of in goes to rank r, block r of out comes from rank r: one NCCL group of
+/// ncclSend/ncclRecv per peer (nccl-tests' alltoall). In place when in.data() == out.data(); the
+/// input is then first copied to a stream-ordered temporary, since a peer may write a block
+/// before this rank has sent it.
+template <element E>
+void all_to_all(nccl::communicator& comm, std::span<const E> in, std::span<E> out,
+                const nccl::options& opt = {}) {
+  constexpr std::string_view what = "all_to_all";
+  ringzero::detail::check_all_to_all(comm.size(), in, out);
+  nccl::detail::check_device<E>(comm, what, "input", in);
+  if (out.data() != in.data()) nccl::detail::check_device<E>(comm, what, "output", out);
+  const auto n = static_cast<std::size_t>(comm.size());
+  nccl::detail::maybe_check<E>(comm, collective::all_to_all, in.size() / n, op::sum, 0);
+  if (in.empty()) return;
+  const std::size_t b = in.size() / n;
+  std::vector<std::size_t> counts(n, b), displs(n);
+  for (std::size_t i = 0; i < n; ++i) displs[i] = i * b;
+  if (in.data() != out.data()) {
+    comm.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+      return nccl::detail::exchange_blocks<E>(h, s, comm.size(), in.data(), counts, displs,
+                                              out.data(), counts, displs);
+    });
+    return;
+  }
+  const nccl::detail::stream_scratch copy(
+      comm.device(), opt.stream != nullptr ? opt.stream : comm.stream(), in.size_bytes());
+  comm.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+    if (const ncclResult_t r = nccl::detail::cuda_status(
+            cudaMemcpyAsync(copy.data(), in.data(), in.size_bytes(), cudaMemcpyDeviceToDevice, s));
+        r != ncclSuccess)
+      return r;
+    return nccl::detail::exchange_blocks<E>(h, s, comm.size(), static_cast<const E*>(copy.data()),
+                                            counts, displs, out.data(), counts, displs);
+  });
+}
+
+/// In-place all_to_all.
+template <element E>
+void all_to_all(nccl::communicator& comm, std::span<E> data, const nccl::options& opt = {}) {
+  all_to_all(comm, std::span<const E>(data), data, opt);
+}
+
+template <element E>
+void all_to_all(nccl::communicator& comm, std::span<E> in, std::span<E> out,
+                const nccl::options& opt = {}) {
+  all_to_all(comm, std::span<const E>(in), out, opt);
+}
+
+/// As MPI_Alltoallv (see collectives.hpp): one NCCL group of ncclSend/ncclRecv per non-empty
+/// block. No in-place form.
+template <element E>
+void all_to_allv(nccl::communicator& comm, std::span<const E> in,
+                 std::span<const std::size_t> send_counts, std::span<const std::size_t> send_displs,
+                 std::span<E> out, std::span<const std::size_t> recv_counts,
+                 std::span<const std::size_t> recv_displs, const nccl::options& opt = {}) {
+  constexpr std::string_view what = "all_to_allv";
+  ringzero::detail::check_all_to_allv(comm.rank(), comm.size(), in, send_counts, send_displs, out,
+                                      recv_counts, recv_displs);
+  nccl::detail::check_device<E>(comm, what, "input", in);
+  nccl::detail::check_device<E>(comm, what, "output", std::span<const E>(out));
+  nccl::detail::maybe_check<E>(comm, collective::all_to_allv, 0, op::sum, 0);
+  comm.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+    return nccl::detail::exchange_blocks<E>(h, s, comm.size(), in.data(), send_counts, send_displs,
+                                            out.data(), recv_counts, recv_displs);
+  });
+}
+
+template <element E>
+void all_to_allv(nccl::communicator& comm, std::span<E> in,
+                 std::span<const std::size_t> send_counts, std::span<const std::size_t> send_displs,
+                 std::span<E> out, std::span<const std::size_t> recv_counts,
+                 std::span<const std::size_t> recv_displs, const nccl::options& opt = {}) {
+  all_to_allv(comm, std::span<const E>(in), send_counts, send_displs, out, recv_counts, recv_displs,
+              opt);
+}
+
+/// out on root receives every rank's in, block r from rank r (one NCCL group: the root posts an
+/// ncclRecv per peer, every other rank one ncclSend). In place when in is the root's block of out.
+template <element E>
+void gather(nccl::communicator& comm, std::span<const E> in, std::span<E> out, int root,
+            const nccl::options& opt = {}) {
+  constexpr std::string_view what = "gather";
+  ringzero::detail::check_gather(comm.rank(), comm.size(), in, out, root);
+  const bool is_root = comm.rank() == root;
+  const std::size_t count = in.size();
+  E* own = is_root ? out.data() + count * static_cast<std::size_t>(root) : nullptr;
+  if (own != in.data()) nccl::detail::check_device<E>(comm, what, "input", in);
+  if (is_root) nccl::detail::check_device<E>(comm, what, "output", std::span<const E>(out));
+  nccl::detail::maybe_check<E>(comm, collective::gather, count, op::sum, root);
+  if (count == 0) return;
+  comm.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+    if (!is_root) return ncclSend(in.data(), count, nccl::detail::nccl_type_v<E>, root, h, s);
+    if (own != in.data())
+      if (const ncclResult_t r = nccl::detail::cuda_status(
+              cudaMemcpyAsync(own, in.data(), in.size_bytes(), cudaMemcpyDeviceToDevice, s));
+          r != ncclSuccess)
+        return r;
+    if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+    ncclResult_t first = ncclSuccess;
+    for (int p = 0; p < comm.size() && first == ncclSuccess; ++p)
+      if (p != root)
+        first = ncclRecv(out.data() + count * static_cast<std::size_t>(p), count,
+                         nccl::detail::nccl_type_v<E>, p, h, s);
+    const ncclResult_t end = ncclGroupEnd();
+    return first != ncclSuccess ? first : end;
+  });
+}
+
+template <element E>
+void gather(nccl::communicator& comm, std::span<E> in, std::span<E> out, int root,
+            const nccl::options& opt = {}) {
+  gather(comm, std::span<const E>(in), out, root, opt);
+}
+
+/// Block r of root's in goes to rank r's out (one NCCL group: the root posts an ncclSend per
+/// peer, every other rank one ncclRecv). In place when out is the root's block of in.
+template <element E>
+void scatter(nccl::communicator& comm, std::span<const E> in, std::span<E> out, int root,
+             const nccl::options& opt = {}) {
+  constexpr std::string_view what = "scatter";
+  ringzero::detail::check_scatter(comm.rank(), comm.size(), in, out, root);
+  const bool is_root = comm.rank() == root;
+  const std::size_t count = out.size();
+  const E* own = is_root ? in.data() + count * static_cast<std::size_t>(root) : nullptr;
+  if (is_root) nccl::detail::check_device<E>(comm, what, "input", in);
+  if (own != out.data())
+    nccl::detail::check_device<E>(comm, what, "output", std::span<const E>(out));
+  nccl::detail::maybe_check<E>(comm, collective::scatter, count, op::sum, root);
+  if (count == 0) return;
+  comm.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+    if (!is_root) return ncclRecv(out.data(), count, nccl::detail::nccl_type_v<E>, root, h, s);
+    if (own != out.data())
+      if (const ncclResult_t r = nccl::detail::cuda_status(
+              cudaMemcpyAsync(out.data(), own, out.size_bytes(), cudaMemcpyDeviceToDevice, s));
+          r != ncclSuccess)
+        return r;
+    if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+    ncclResult_t first = ncclSuccess;
+    for (int p = 0; p < comm.size() && first == ncclSuccess; ++p)
+      if (p != root)
+        first = ncclSend(in.data() + count * static_cast<std::size_t>(p), count,
+                         nccl::detail::nccl_type_v<E>, p, h, s);
+    const ncclResult_t end = ncclGroupEnd();
+    return first != ncclSuccess ? first : end;
+  });
+}
+
+template <element E>
+void scatter(nccl::communicator& comm, std::span<E> in, std::span<E> out, int root,
+             const nccl::options& opt = {}) {
+  scatter(comm, std::span<const E>(in), out, root, opt);
 }
 
 /// Returns once every rank has entered (a one-element all_reduce on the communicator's stream,
