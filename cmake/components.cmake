@@ -61,3 +61,40 @@ if(RINGZERO_HAVE_NCCL)
   target_sources(ringzero_nccl INTERFACE FILE_SET HEADERS BASE_DIRS include
                  FILES ${RINGZERO_NCCL_HEADERS})
 endif()
+
+# --- ringzero::cuda: the CUDA kernels (include/ringzero/kernels/cuda/*.cuh) --------------------
+# Reductions and the optimizer's kernels on device buffers. Needs nvcc (CMake's CUDA language);
+# the per-element code they run lives in the core's kernels/*.hpp and is tested on the host.
+# Built for sm_80 and sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise. The .cuh files are
+# not in a verified header set (CMake would compile them as C++); tests/kernels compiles each
+# on its own with nvcc instead.
+set(RINGZERO_HAVE_CUDA OFF)
+if(NOT RINGZERO_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(RINGZERO_HAVE_CUDA ON)
+  elseif(RINGZERO_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "RINGZERO_WITH_CUDA=ON but no CUDA compiler or toolkit was found "
+                        "(put nvcc on PATH or set CMAKE_CUDA_COMPILER)")
+  else()
+    message(STATUS "ringzero: no CUDA compiler found; ringzero::cuda will not be available")
+  endif()
+endif()
+if(RINGZERO_HAVE_CUDA)
+  file(GLOB_RECURSE RINGZERO_CUDA_HEADERS CONFIGURE_DEPENDS
+       RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}" include/ringzero/kernels/cuda/*.cuh)
+  add_library(ringzero_cuda INTERFACE)
+  add_library(ringzero::cuda ALIAS ringzero_cuda)
+  set_target_properties(ringzero_cuda PROPERTIES EXPORT_NAME cuda)
+  target_link_libraries(ringzero_cuda INTERFACE ringzero::ringzero CUDA::cudart)
+  # CMake 3.25 knows neither cuda_std_20 nor CUDA20's flag for nvcc 13, so the flag is given.
+  target_compile_options(ringzero_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  target_sources(ringzero_cuda INTERFACE FILE_SET HEADERS BASE_DIRS include
+                 FILES ${RINGZERO_CUDA_HEADERS})
+endif()

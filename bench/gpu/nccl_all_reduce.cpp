@@ -167,8 +167,8 @@ void run(ringzero::nccl::communicator& comm, const settings& s) {
                "cudaMemcpy");
   }
   const int n = comm.size();
-  const cudaStream_t stream = comm.stream();
-  const ringzero::nccl::options async{.async = true};
+  const cudaStream_t stream = comm.transport().stream();
+  const ringzero::options async{.async = true};
   const double bus_factor = 2.0 * (n - 1) / n;
   const std::string type(ringzero::dtype_name(s.type));
   const std::string redop(ringzero::op_name(s.reduction));
@@ -200,7 +200,8 @@ void run(ringzero::nccl::communicator& comm, const settings& s) {
     const double raw = time_us(stream, s.warmup, s.iters, [&] {
       ringzero::nccl::detail::check_nccl(
           ncclAllReduce(in, out, count, ringzero::nccl::detail::nccl_type_v<T>,
-                        ringzero::nccl::detail::to_nccl(s.reduction), comm.native_handle(), stream),
+                        ringzero::nccl::detail::to_nccl(s.reduction),
+                        comm.transport().native_handle(), stream),
           "ncclAllReduce");
     });
     const double copy = time_us(stream, s.warmup, s.iters, [&] {
@@ -263,12 +264,13 @@ int main(int argc, char** argv) {
     check_cuda(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion");
     check_cuda(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
     cudaDeviceProp prop{};
-    check_cuda(cudaGetDeviceProperties(&prop, comm.device()), "cudaGetDeviceProperties");
+    check_cuda(cudaGetDeviceProperties(&prop, comm.transport().device()),
+               "cudaGetDeviceProperties");
     if (comm.rank() == 0) {
       std::printf(
           "# ringzero-bench-nccl: all_reduce, %d rank(s); device %d: %s; NCCL %d; CUDA "
           "runtime %d, driver %d\n",
-          comm.size(), comm.device(), prop.name, nccl_version, runtime, driver);
+          comm.size(), comm.transport().device(), prop.name, nccl_version, runtime, driver);
       std::printf("# -b %zu -e %zu -f %g -n %d -w %d -d %s -o %s\n", s.min_bytes, s.max_bytes,
                   s.factor, s.iters, s.warmup, std::string(ringzero::dtype_name(s.type)).c_str(),
                   std::string(ringzero::op_name(s.reduction)).c_str());

@@ -1,15 +1,19 @@
-// Algorithm names and per-call options. automatic asks the cost model (tuning/cost_model.hpp);
-// RINGZERO_ALGO forces one for every collective it applies to, and options::algorithm forces
-// one for a single call.
+// The vocabulary of a collective call: which collective, which algorithm, and the per-call
+// options. automatic asks the cost model (tuning/cost_model.hpp); RINGZERO_ALGO forces one for
+// every collective it applies to, and options::algorithm forces one for a single call. Each
+// algorithm's name and the collectives it implements live in its descriptor
+// (algorithms/table.hpp lists them; algorithm_name() and parse_algorithm() are defined there).
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <string_view>
 
 #include "ringzero/error.hpp"
+
+// CUDA's stream type (cudaStream_t is CUstream_st*), named without including a CUDA header.
+struct CUstream_st;
 
 namespace ringzero {
 
@@ -67,47 +71,19 @@ enum class collective : std::uint8_t {
   return "?";
 }
 
-/// Short names as RINGZERO_ALGO and ringzero-perf -A spell them.
-[[nodiscard]] constexpr std::string_view algorithm_name(algorithm a) noexcept {
-  switch (a) {
-    case algorithm::automatic:
-      return "auto";
-    case algorithm::ring:
-      return "ring";
-    case algorithm::tree:
-      return "tree";
-    case algorithm::recursive_doubling:
-      return "rd";
-    case algorithm::recursive_halving_doubling:
-      return "rhd";
-    case algorithm::hierarchical:
-      return "hier";
-    case algorithm::pairwise:
-      return "pairwise";
-    case algorithm::bruck:
-      return "bruck";
-    case algorithm::linear:
-      return "linear";
-  }
-  return "?";
-}
-
-[[nodiscard]] inline algorithm parse_algorithm(std::string_view s) {
-  for (algorithm a :
-       {algorithm::automatic, algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
-        algorithm::recursive_halving_doubling, algorithm::hierarchical, algorithm::pairwise,
-        algorithm::bruck, algorithm::linear})
-    if (algorithm_name(a) == s) return a;
-  if (s == "automatic") return algorithm::automatic;
-  throw invalid_argument("unknown algorithm '" + std::string(s) +
-                         "' (expected auto, ring, tree, rd, rhd, hier, pairwise, bruck or linear)");
-}
-
 /// Per-call knobs. Zero means "the default": the communicator's timeout, the transport's chunk.
 struct options {
   ringzero::algorithm algorithm = ringzero::algorithm::automatic;
   std::chrono::nanoseconds timeout{0};
   std::size_t chunk_bytes = 0;
+  /// Stream-ordered backends (NCCL): the CUDA stream to enqueue on; null = the communicator's
+  /// own. Declared through CUDA's own opaque type, so cudaStream_t converts without a cast and
+  /// the core needs no CUDA header. Host transports run on the calling thread and ignore it.
+  CUstream_st* stream = nullptr;
+  /// Stream-ordered backends: return once enqueued instead of once complete (the caller orders
+  /// later work on `stream` and synchronizes through the transport). Host transports complete
+  /// every call before returning and refuse async = true.
+  bool async = false;
 };
 
 }  // namespace ringzero

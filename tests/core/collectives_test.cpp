@@ -317,17 +317,17 @@ TEST_CASE("RINGZERO_CHECK=1 stops ranks that disagree, on every rank, naming the
 }
 
 TEST_CASE("RINGZERO_ALGO forces an algorithm where it applies; options::algorithm wins") {
-  using spy = testing::recording<loopback::communicator>;
+  using spy = testing::recording<loopback::transport>;
   // What rank 0 sends in an all_reduce of 8 floats on 4 ranks, by algorithm.
   auto pattern = [](const options& opt) {
     loopback::world w(4);
     std::vector<spy::sent> seen;
     w.run([&](loopback::communicator& c) {
-      spy s(c);
+      ringzero::communicator<spy> s(spy(c.transport()));
       std::vector<float> v(8, 1.0f);
       all_reduce(s, std::span<float>(v), op::sum, opt);
       CHECK(v == std::vector<float>(8, 4.0f));
-      if (c.rank() == 0) seen = s.sends();
+      if (c.rank() == 0) seen = s.transport().sends();
     });
     return seen;
   };

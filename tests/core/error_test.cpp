@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/table.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"

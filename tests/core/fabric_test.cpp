@@ -37,8 +37,9 @@ tuning::fabric shared_nic() {
 
 constexpr collective collectives[] = {collective::all_reduce, collective::reduce_scatter,
                                       collective::all_gather};
-constexpr algorithm algorithms[] = {algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
-                                    algorithm::recursive_halving_doubling, algorithm::hierarchical};
+constexpr algorithm every_algorithm[] = {
+    algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
+    algorithm::recursive_halving_doubling, algorithm::hierarchical};
 constexpr double sizes[] = {8, 4096, 1 << 20, 3e7, 8.0 * (1 << 30)};
 
 }  // namespace
@@ -58,7 +59,7 @@ TEST_CASE("fabric: each level's constants come from its links") {
 TEST_CASE("fabric: one node is the one-level model with the intra-node constants") {
   const tuning::fabric f = p5();
   for (collective c : collectives)
-    for (algorithm a : algorithms)
+    for (algorithm a : every_algorithm)
       for (double s : sizes) {
         INFO(collective_name(c) << " " << algorithm_name(a) << " " << s);
         const double t = tuning::predict(f, c, a, s, 1);
@@ -73,7 +74,7 @@ TEST_CASE("fabric: across nodes, flat algorithms run at the inter-node rate of o
   const tuning::fabric f = shared_nic();
   for (int nodes : {2, 3, 16, 4096})
     for (collective c : collectives)
-      for (algorithm a : algorithms) {
+      for (algorithm a : every_algorithm) {
         if (a == algorithm::hierarchical || !tuning::applies(c, a, true)) continue;
         for (double s : sizes)
           CHECK(tuning::predict(f, c, a, s, nodes) ==
@@ -119,7 +120,7 @@ TEST_CASE("fabric: today's one-level pick is cost_model.hpp's select with the NI
     CHECK(tuning::select_one_level(f, collective::all_reduce, s, 16) ==
           tuning::select(collective::all_reduce, s, 128, tuning::inter_node(f), t));
   CHECK(tuning::select_one_level(f, collective::all_reduce, 8.0 * (1 << 30), 1) ==
-        tuning::select(collective::all_reduce, 8.0 * (1 << 30), 8, tuning::intra_node(f), false));
+        tuning::select(collective::all_reduce, 8.0 * (1 << 30), 8, tuning::intra_node(f)));
 }
 
 TEST_CASE("fabric: a striped ring is bound by the node's NICs, or by NVLink inside a node") {

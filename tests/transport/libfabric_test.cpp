@@ -76,8 +76,8 @@ constexpr bool sanitized = false;
     if (tc.algo != ringzero::algorithm::automatic) cases.push_back(tc);
   auto failures = conformance::run_all(comm, cases);
   if (comm.rank() == 0)
-    std::fprintf(stderr, "%s, %d ranks: %zu cases, %zu failures\n", comm.provider().c_str(),
-                 comm.size(), cases.size(), failures.size());
+    std::fprintf(stderr, "%s, %d ranks: %zu cases, %zu failures\n",
+                 comm.transport().provider().c_str(), comm.size(), cases.size(), failures.size());
   return failures;
 }
 
@@ -91,7 +91,7 @@ void conformance_over(const char* provider, int n) {
     return;
   }
   auto out = multiprocess::run(n, 300s, [&](int r, int size, ringzero::bootstrap::store& s) {
-    fabric::communicator comm(s, r, size, {.provider = provider});
+    fabric::communicator comm(fabric::transport(s, r, size, {.provider = provider}));
     const auto failures = run_matrix(comm);
     for (const auto& f : failures) std::fprintf(stderr, "%s\n", f.c_str());
     return failures.empty() ? 0 : 1;
@@ -126,7 +126,7 @@ TEST_CASE("sub-communicators share the endpoint and keep their messages apart") 
     CAPTURE(provider);
     auto out = multiprocess::run(4, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
       const auto t = comm.topo();
       check.expect(t.node_count == 1 && t.local_size == 4 && t.local_rank == r,
                    "one node holding all four ranks, in rank order");
@@ -171,7 +171,7 @@ TEST_CASE("a destroyed receive is cancelled and never written") {
     CAPTURE(provider);
     auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
       constexpr ringzero::tag_t tag = 12345;
       std::vector<std::uint8_t> payload(100000, 0xab);
       std::vector<std::uint8_t> abandoned(payload.size(), 0), fresh(payload.size(), 0);
@@ -207,7 +207,7 @@ TEST_CASE("hundreds of messages in flight to one peer") {
     CAPTURE(provider);
     auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
       constexpr int count = 400;
       const int peer = 1 - r;
       // Sizes straddle every provider's inject limit and its eager/rendezvous switch.
@@ -250,8 +250,8 @@ TEST_CASE("more messages than the provider's queues hold wait in the endpoint, i
     CAPTURE(provider);
     auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
-      const auto& ep = comm.endpoint();
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
+      const auto& ep = comm.transport().endpoint();
       const int count = static_cast<int>(2 * ep.receive_limit() + 2 * ep.send_limit() + 100);
       const int peer = 1 - r;
       std::vector<std::uint32_t> in(static_cast<std::size_t>(count), 0);
@@ -292,7 +292,7 @@ TEST_CASE("large messages in small chunks: every algorithm stays within the prov
   // to 16 KiB, above shm's eager limit.
   auto out = multiprocess::run(4, 180s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    fabric::communicator comm(s, r, n, {.provider = "shm"});
+    fabric::communicator comm(fabric::transport(s, r, n, {.provider = "shm"}));
     constexpr std::size_t count = std::size_t{4} << 20;
     for (auto algo : {ringzero::algorithm::ring, ringzero::algorithm::tree,
                       ringzero::algorithm::recursive_doubling,
@@ -350,8 +350,10 @@ TEST_CASE("registered buffers: descriptors from the cache, results unchanged") {
     CAPTURE(provider);
     auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider, .register_memory = true});
-      check.expect(comm.endpoint().registers(), "register_memory to turn registration on");
+      fabric::communicator comm(
+          fabric::transport(s, r, n, {.provider = provider, .register_memory = true}));
+      check.expect(comm.transport().endpoint().registers(),
+                   "register_memory to turn registration on");
       std::vector<std::int64_t> v(200000);
       for (int rep = 0; rep < 3; ++rep) {
         std::fill(v.begin(), v.end(), r + rep);
@@ -359,10 +361,11 @@ TEST_CASE("registered buffers: descriptors from the cache, results unchanged") {
                              {.algorithm = ringzero::algorithm::ring});
         check.expect(v[0] == 3 + 3 * rep && v.back() == 3 + 3 * rep, "the ring sum");
       }
-      const auto held = comm.endpoint().registrations();
+      const auto held = comm.transport().endpoint().registrations();
       check.expect(held > 0, "registrations cached after the collectives");
-      comm.forget_memory(v.data(), v.size() * sizeof v[0]);
-      check.expect(comm.endpoint().registrations() < held, "forget_memory to drop the buffer's");
+      comm.transport().forget_memory(v.data(), v.size() * sizeof v[0]);
+      check.expect(comm.transport().endpoint().registrations() < held,
+                   "forget_memory to drop the buffer's");
       ringzero::all_reduce(comm, std::span<std::int64_t>(v), op::max);
       check.expect(v[7] == 3 + 3 * 2, "the max after re-registering");
       return check.code();
@@ -379,7 +382,7 @@ TEST_CASE("a receive posted with the wrong size fails with both sizes named") {
     CAPTURE(provider);
     auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
       std::vector<std::byte> small(100), big(1000);
       if (r == 1) {
         auto shorter = comm.isend(0, 8, std::span<const std::byte>(small));
@@ -433,7 +436,7 @@ TEST_CASE("a rank that dies is named by the survivors' errors") {
     CAPTURE(provider);
     auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
-      fabric::communicator comm(s, r, n, {.provider = provider});
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
       const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
       std::vector<float> v(300000, 1.0f);
       ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
@@ -469,17 +472,18 @@ TEST_CASE("provider choice: agreed on rank 0, shm by default on one host, errors
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
     {
-      fabric::communicator comm(s, r, n);
+      fabric::communicator comm(fabric::transport(s, r, n));
       const bool efa = static_cast<bool>(fabric::detail::query("efa"));
+      check.expect(comm.transport().provider() == (efa ? "efa" : "shm"),
+                   "efa where present, else shm with every rank on one host; got " +
+                       comm.transport().provider());
       check.expect(
-          comm.provider() == (efa ? "efa" : "shm"),
-          "efa where present, else shm with every rank on one host; got " + comm.provider());
-      check.expect(comm.cost().alpha == fabric::detail::provider_cost(comm.provider()).alpha,
-                   "the provider's cost constants");
+          comm.cost().alpha == fabric::detail::provider_cost(comm.transport().provider()).alpha,
+          "the provider's cost constants");
     }
     std::string what;
     try {
-      fabric::communicator bad(s, r, n, {.provider = "no-such-provider"});
+      fabric::communicator bad(fabric::transport(s, r, n, {.provider = "no-such-provider"}));
     } catch (const ringzero::error& e) {
       what = e.what();
     }
@@ -557,7 +561,8 @@ TEST_CASE("the endpoint address is one that peers on other hosts can reach") {
 TEST_CASE("two hosts rank" * doctest::skip()) {
   auto comm = fabric::communicator::from_env();
   REQUIRE(comm.size() == 4);
-  CHECK_MESSAGE(comm.provider() == "tcp;ofi_rxm", "ranks on two hosts default to tcp;ofi_rxm");
+  CHECK_MESSAGE(comm.transport().provider() == "tcp;ofi_rxm",
+                "ranks on two hosts default to tcp;ofi_rxm");
   const auto t = comm.topo();
   CHECK(t.node_count == 2);
   CHECK(t.local_size == 2);

@@ -160,11 +160,11 @@ TEST_CASE("hierarchical all_reduce builds its sub-communicators once") {
     std::vector<float> v(100, 1.0f);
     ringzero::all_reduce(comm, std::span<float>(v), op::sum,
                          {.algorithm = ringzero::algorithm::hierarchical});
-    const void* cached = comm.state().hierarchy.get();
+    const void* cached = static_cast<const void*>(comm.hierarchy());
     REQUIRE(cached != nullptr);
     ringzero::all_reduce(comm, std::span<float>(v), op::sum,
                          {.algorithm = ringzero::algorithm::hierarchical});
-    CHECK(comm.state().hierarchy.get() == cached);
+    CHECK(static_cast<const void*>(comm.hierarchy()) == cached);
     CHECK(v[0] == 16.0f);
   });
 }

@@ -88,7 +88,7 @@ void run_world(int n, F&& f, nccl::config cfg = {}) {
       try {
         nccl::config c = cfg;
         c.device = r;
-        nccl::communicator comm(store, r, n, c);
+        nccl::communicator comm(nccl::transport(store, r, n, c));
         f(comm);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -422,7 +422,7 @@ TEST_CASE("every collective, element type and op matches a host reference") {
   const int n = nccl::device_count();
   MESSAGE("world of ", n, " rank(s), one per visible GPU");
   run_world(n, [](nccl::communicator& comm) {
-    REQUIRE(comm.device() == comm.rank());
+    REQUIRE(comm.transport().device() == comm.rank());
     for (ringzero::dtype t : ringzero::all_dtypes)
       ringzero::visit_dtype(t, [&](auto zero) { check_type<decltype(zero)>(comm); });
     ringzero::barrier(comm);
@@ -431,13 +431,13 @@ TEST_CASE("every collective, element type and op matches a host reference") {
 
 TEST_CASE("a communicator made by single() is a world of one on the chosen device") {
   if (!have_gpu()) return;
-  auto comm = nccl::communicator::single({.device = 0});
+  auto comm = nccl::communicator(nccl::transport::single({.device = 0}));
   CHECK(comm.rank() == 0);
   CHECK(comm.size() == 1);
-  CHECK(comm.device() == 0);
-  CHECK(comm.native_handle() != nullptr);
-  CHECK(comm.stream() != nullptr);
-  CHECK_FALSE(comm.aborted());
+  CHECK(comm.transport().device() == 0);
+  CHECK(comm.transport().native_handle() != nullptr);
+  CHECK(comm.transport().stream() != nullptr);
+  CHECK_FALSE(comm.transport().aborted());
   ringzero::barrier(comm);
 }
 
@@ -454,12 +454,12 @@ TEST_CASE("async calls on a caller's stream complete at synchronize()") {
                           cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync");
   b.poison();
-  const nccl::options async{.stream = s, .async = true};
+  const ringzero::options async{.stream = s, .async = true};
   for (int i = 0; i < 8; ++i) {
     ringzero::all_reduce(comm, a.span(), b.span(), op::sum, async);
     ringzero::all_reduce(comm, b.span(), a.span(), op::max, async);
   }
-  comm.synchronize(s);
+  comm.transport().synchronize(s);
   CHECK(a.download() == host);
   CHECK(b.download() == host);
   cuda_ok(cudaStreamDestroy(s), "cudaStreamDestroy");
@@ -495,9 +495,10 @@ TEST_CASE("bad arguments throw invalid_argument and leave the communicator usabl
   // A span far longer than its allocation ends in memory CUDA does not know. Checked on the
   // check itself: if it missed, NCCL's illegal access would poison the context for every test.
   device_buffer<std::uint8_t> tiny(16);
-  expect_invalid([&] { nd_check(tiny.span().data(), std::size_t{1} << 30, comm.device()); },
-                 "all_reduce: the end of the input");
-  CHECK_FALSE(comm.aborted());
+  expect_invalid(
+      [&] { nd_check(tiny.span().data(), std::size_t{1} << 30, comm.transport().device()); },
+      "all_reduce: the end of the input");
+  CHECK_FALSE(comm.transport().aborted());
   std::vector<int> v(64, 5);
   d.upload(v);
   ringzero::all_reduce(comm, d.span(), op::sum);
@@ -511,7 +512,7 @@ TEST_CASE("NCCL errors become transport_error with NCCL's text and abort the com
   // error as its state, so ringzero aborts it and says why from then on.
   auto comm = nccl::communicator::single();
   try {
-    comm.enqueue("custom all_reduce", {}, [&](ncclComm_t h, cudaStream_t s) {
+    comm.transport().enqueue("custom all_reduce", {}, [&](ncclComm_t h, cudaStream_t s) {
       return ncclAllReduce(d.span().data(), d.span().data(), 16, ncclNumTypes, ncclSum, h, s);
     });
     FAIL("expected transport_error");
@@ -525,8 +526,8 @@ TEST_CASE("NCCL errors become transport_error with NCCL's text and abort the com
     CHECK_MESSAGE(msg.find("the communicator was aborted") != std::string::npos, msg);
     CHECK(e.code() == ringzero::errc::transport);
   }
-  CHECK(comm.aborted());
-  CHECK(comm.native_handle() == nullptr);
+  CHECK(comm.transport().aborted());
+  CHECK(comm.transport().native_handle() == nullptr);
   try {
     ringzero::all_reduce(comm, d.span(), op::sum);
     FAIL("expected transport_error");
@@ -540,10 +541,11 @@ TEST_CASE("NCCL errors become transport_error with NCCL's text and abort the com
   // Any other status is mapped the same way, with NCCL's own wording.
   auto other = nccl::communicator::single();
   CHECK_THROWS_WITH_AS(
-      other.enqueue("custom", {}, [](ncclComm_t, cudaStream_t) { return ncclSystemError; }),
+      other.transport().enqueue("custom", {},
+                                [](ncclComm_t, cudaStream_t) { return ncclSystemError; }),
       doctest::Contains("custom on rank 0 of 1 (device 0): NCCL error: unhandled system error"),
       ringzero::transport_error);
-  CHECK(other.aborted());
+  CHECK(other.transport().aborted());
 
   // A fresh communicator works: the failures stayed with the ones that were aborted.
   auto fresh = nccl::communicator::single();
@@ -555,7 +557,7 @@ TEST_CASE("NCCL errors become transport_error with NCCL's text and abort the com
 
 TEST_CASE("a call whose stream never drains times out, names the call and aborts") {
   if (!have_gpu()) return;
-  auto comm = nccl::communicator::single({.timeout = 10s});
+  auto comm = nccl::communicator(nccl::transport::single({.timeout = 10s}));
   cudaStream_t s = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   device_buffer<float> a(1024), b(1024);
@@ -568,7 +570,7 @@ TEST_CASE("a call whose stream never drains times out, names the call and aborts
   });
   const auto start = std::chrono::steady_clock::now();
   try {
-    ringzero::all_reduce(comm, a.span(), b.span(), op::sum, {.stream = s, .timeout = 500ms});
+    ringzero::all_reduce(comm, a.span(), b.span(), op::sum, {.timeout = 500ms, .stream = s});
     FAIL("expected timeout_error");
   } catch (const ringzero::timeout_error& e) {
     const std::string msg = e.what();
@@ -583,11 +585,11 @@ TEST_CASE("a call whose stream never drains times out, names the call and aborts
   const auto waited = std::chrono::steady_clock::now() - start;
   MESSAGE("timed out and aborted after ",
           std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(), " ms");
-  CHECK(comm.aborted());
+  CHECK(comm.transport().aborted());
   opener.join();
   cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   cuda_ok(cudaStreamDestroy(s), "cudaStreamDestroy");
-  CHECK_THROWS_AS(comm.synchronize(), ringzero::transport_error);
+  CHECK_THROWS_AS(comm.transport().synchronize(), ringzero::transport_error);
 }
 
 TEST_CASE("creation with a rank that never comes times out and aborts") {
@@ -595,7 +597,7 @@ TEST_CASE("creation with a rank that never comes times out and aborts") {
   memory_store store;
   const auto start = std::chrono::steady_clock::now();
   try {
-    nccl::communicator comm(store, 0, 2, {.device = 0, .timeout = 2s});
+    nccl::communicator comm(nccl::transport(store, 0, 2, {.device = 0, .timeout = 2s}));
     FAIL("expected timeout_error");
   } catch (const ringzero::timeout_error& e) {
     const std::string msg = e.what();
@@ -618,7 +620,7 @@ TEST_CASE("two ranks on one GPU: NCCL's refusal arrives as a ringzero error") {
   for (int r = 0; r < 2; ++r)
     ranks.emplace_back([&, r] {
       try {
-        nccl::communicator comm(store, r, 2, {.device = 0, .timeout = 30s});
+        nccl::communicator comm(nccl::transport(store, r, 2, {.device = 0, .timeout = 30s}));
         outcome[static_cast<std::size_t>(r)] = "created";
       } catch (const ringzero::transport_error& e) {
         outcome[static_cast<std::size_t>(r)] = std::string("transport_error: ") + e.what();
@@ -650,25 +652,25 @@ TEST_CASE("adopting an ncclComm_t: borrowed handles outlive the wrapper, owned o
   std::vector<double> v(100, 2.5);
   d.upload(v);
   {
-    nccl::communicator comm(raw, nccl::ownership::borrowed);
+    nccl::communicator comm(nccl::transport(raw, nccl::ownership::borrowed));
     CHECK(comm.rank() == 0);
     CHECK(comm.size() == 1);
-    CHECK(comm.device() == dev);
+    CHECK(comm.transport().device() == dev);
     ringzero::all_reduce(comm, d.span(), op::avg);
   }
   CHECK(d.download() == v);
   CHECK(ncclCommDestroy(raw) == ncclSuccess);
 
   REQUIRE(ncclCommInitAll(&raw, 1, &dev) == ncclSuccess);
-  nccl::communicator owner(raw);
+  nccl::communicator owner{nccl::transport(raw)};
   nccl::communicator moved = std::move(owner);
-  CHECK(owner.native_handle() == nullptr);
-  CHECK(moved.native_handle() == raw);
+  CHECK_FALSE(owner.valid());
+  CHECK(moved.transport().native_handle() == raw);
   CHECK_THROWS_WITH_AS(ringzero::all_reduce(owner, d.span(), op::sum),
                        "ringzero: all_reduce: this communicator was moved from",
                        ringzero::invalid_argument);
   ringzero::all_reduce(moved, d.span(), op::min);
   CHECK(d.download() == v);
   owner = std::move(moved);
-  CHECK(owner.native_handle() == raw);
+  CHECK(owner.transport().native_handle() == raw);
 }

@@ -149,8 +149,8 @@ void call_collective(Comm& comm, const Opts& opt, coll_kind c, const E* in, E* o
   }
 }
 
-/// A transport whose collectives take host memory: the collectives API of collectives.hpp.
-template <transport T>
+/// A communicator whose collectives take host memory: the collectives API of collectives.hpp.
+template <class T>
 class host_backend {
  public:
   host_backend(T& comm, const options& o, std::string device_description)

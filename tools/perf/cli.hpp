@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/table.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"

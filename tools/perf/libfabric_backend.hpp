@@ -9,27 +9,20 @@
 #include <optional>
 #include <string>
 
-// The libfabric communicator must be declared before bench.hpp's calls to the collectives.
-#include "ringzero/transport/libfabric.hpp"
-
 #include "bench.hpp"
 #include "cli.hpp"
 #include "perf.hpp"
+#include "ringzero/transport/libfabric.hpp"
 
 namespace ringzero::perf {
 
-template <class Communicator = libfabric::communicator>
-[[nodiscard]] Communicator make_libfabric_communicator(const options& o) {
+[[nodiscard]] inline libfabric::communicator make_libfabric_communicator(const options& o) {
   libfabric::options opts;
   opts.provider = o.provider;
   if (o.timeout_s > 0)
     opts.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
   opts.register_memory = o.registration >= 1;
-  if constexpr (requires { Communicator::from_env(opts); }) {
-    return Communicator::from_env(opts);
-  } else {
-    throw unsupported("-T libfabric: this ringzero has no libfabric::communicator::from_env");
-  }
+  return libfabric::communicator::from_env(opts);
 }
 
 [[nodiscard]] inline int run_libfabric(const options& o, const context& ctx) {
@@ -39,8 +32,9 @@ template <class Communicator = libfabric::communicator>
   if (prints) p.emplace(o, ctx);
   run_info info;
   info.program = ctx.program;
-  info.transport = fmt::format("libfabric, provider {}, {} rank{} as processes", comm.provider(),
-                               comm.size(), comm.size() == 1 ? "" : "s");
+  info.transport =
+      fmt::format("libfabric, provider {}, {} rank{} as processes", comm.transport().provider(),
+                  comm.size(), comm.size() == 1 ? "" : "s");
   info.algorithm = algorithm_line(o);
   switch (o.registration) {
     case 0:
@@ -55,7 +49,7 @@ template <class Communicator = libfabric::communicator>
           "memory, registered (-R 1)";
   }
   host_backend<libfabric::communicator> b(
-      comm, o, fmt::format("libfabric {} on {}", comm.provider(), cpu_model()));
+      comm, o, fmt::format("libfabric {} on {}", comm.transport().provider(), cpu_model()));
   try {
     const outcome r = run_rank(b, o, prints ? &*p : nullptr, info);
     return status_of(r);

@@ -20,12 +20,10 @@
 #include <thread>
 #include <vector>
 
-// The NCCL overloads of the collectives must be declared before bench.hpp's calls to them.
-#include "ringzero/transport/nccl.hpp"
-
 #include "bench.hpp"
 #include "cli.hpp"
 #include "perf.hpp"
+#include "ringzero/transport/nccl.hpp"
 
 namespace ringzero::perf {
 
@@ -70,19 +68,19 @@ class nccl_backend {
   [[nodiscard]] std::byte* allocate(std::size_t bytes) {
     device_buffer b;
     b.bytes = std::max<std::size_t>(bytes, 64);
-    const nccl::detail::device_guard guard(comm_.device());
+    const nccl::detail::device_guard guard(comm_.transport().device());
     if (registration_ == 0) {
       check(cudaMalloc(&b.ptr, b.bytes), "cudaMalloc");
     } else {
       check_nccl(ncclMemAlloc(&b.ptr, b.bytes), "ncclMemAlloc");
       b.nccl_alloc = true;
       if (registration_ == 1) {
-        check_nccl(ncclCommRegister(comm_.native_handle(), b.ptr, b.bytes, &b.handle),
+        check_nccl(ncclCommRegister(comm_.transport().native_handle(), b.ptr, b.bytes, &b.handle),
                    "ncclCommRegister");
       } else {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
         ncclWindow_t w = nullptr;
-        check_nccl(ncclCommWindowRegister(comm_.native_handle(), b.ptr, b.bytes, &w,
+        check_nccl(ncclCommWindowRegister(comm_.transport().native_handle(), b.ptr, b.bytes, &w,
                                           NCCL_WIN_COLL_SYMMETRIC),
                    "ncclCommWindowRegister");
         b.window = w;
@@ -100,26 +98,26 @@ class nccl_backend {
   }
   void end_write(std::byte* buf, std::size_t bytes) {
     if (bytes == 0) return;
-    const nccl::detail::device_guard guard(comm_.device());
+    const nccl::detail::device_guard guard(comm_.transport().device());
     check(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   [[nodiscard]] const std::byte* read(const std::byte* buf, std::size_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);
     if (bytes == 0) return staging_.data();
-    const nccl::detail::device_guard guard(comm_.device());
+    const nccl::detail::device_guard guard(comm_.transport().device());
     check(cudaMemcpy(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return staging_.data();
   }
 
   /// Waits for everything enqueued, with the communicator's deadline and NCCL's async errors.
   void complete() {
-    comm_.synchronize();
+    comm_.transport().synchronize();
   }
 
   template <element E>
   void run(coll_kind c, const E* in, E* out, const shape& sh, op o, int root, E* bounce) {
-    cudaStream_t s = comm_.stream();
-    const int device = comm_.device();
+    cudaStream_t s = comm_.transport().stream();
+    const int device = comm_.transport().device();
     call_collective(comm_, opt_, c, in, out, sh, o, root, bounce,
                     [s, device](void* dst, const void* src, std::size_t n) {
                       const nccl::detail::device_guard guard(device);
@@ -132,7 +130,7 @@ class nccl_backend {
   [[nodiscard]] std::vector<V> all_gather(const V& v) {
     const auto n = static_cast<std::size_t>(comm_.size());
     const std::size_t bytes = n * sizeof(V);
-    const nccl::detail::device_guard guard(comm_.device());
+    const nccl::detail::device_guard guard(comm_.transport().device());
     if (scratch_bytes_ < bytes) {
       if (scratch_ != nullptr) check(cudaFree(scratch_), "cudaFree");
       check(cudaMalloc(&scratch_, bytes), "cudaMalloc");
@@ -155,10 +153,10 @@ class nccl_backend {
   [[nodiscard]] device_record local_device() const {
     device_record d;
     d.pid = static_cast<std::int32_t>(::getpid());
-    d.device = comm_.device();
+    d.device = comm_.transport().device();
     copy_text(d.host, sizeof d.host, host_name());
     cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, comm_.device()) == cudaSuccess) {
+    if (cudaGetDeviceProperties(&prop, comm_.transport().device()) == cudaSuccess) {
       copy_text(
           d.hex, sizeof d.hex,
           fmt::format("{:04x}:{:02x}:{:02x}", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID));
@@ -191,7 +189,7 @@ class nccl_backend {
     const auto deadline = std::chrono::steady_clock::now() + comm_.timeout();
     if (r == ncclSuccess || r == ncclInProgress) {
       do {
-        if (ncclCommGetAsyncError(comm_.native_handle(), &r) != ncclSuccess) break;
+        if (ncclCommGetAsyncError(comm_.transport().native_handle(), &r) != ncclSuccess) break;
         if (r != ncclInProgress) break;
         if (std::chrono::steady_clock::now() > deadline)
           throw timeout_error(fmt::format("{} did not complete within the deadline", what), -1);
@@ -203,12 +201,12 @@ class nccl_backend {
 
   void release(device_buffer& b) noexcept {
     if (b.ptr == nullptr) return;
-    if (comm_.native_handle() != nullptr) {
+    if (comm_.transport().native_handle() != nullptr) {
       if (b.handle != nullptr)
-        static_cast<void>(ncclCommDeregister(comm_.native_handle(), b.handle));
+        static_cast<void>(ncclCommDeregister(comm_.transport().native_handle(), b.handle));
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
       if (b.window != nullptr)
-        static_cast<void>(ncclCommWindowDeregister(comm_.native_handle(), b.window));
+        static_cast<void>(ncclCommWindowDeregister(comm_.transport().native_handle(), b.window));
 #endif
     }
     if (b.nccl_alloc)
@@ -220,8 +218,8 @@ class nccl_backend {
 
   nccl::communicator& comm_;
   int registration_;
-  nccl::options opt_;
-  nccl::options meta_;
+  ringzero::options opt_;
+  ringzero::options meta_;
   std::vector<device_buffer> buffers_;
   std::vector<std::byte> staging_;
   void* scratch_ = nullptr;
@@ -230,20 +228,12 @@ class nccl_backend {
 
 /// A communicator for this process: the whole world when a launcher started several ranks,
 /// otherwise one rank on one GPU.
-template <class Communicator = nccl::communicator>
-[[nodiscard]] Communicator make_nccl_communicator(const options& o) {
+[[nodiscard]] inline nccl::communicator make_nccl_communicator(const options& o) {
   nccl::config cfg;
   if (o.timeout_s > 0)
     cfg.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
-  if constexpr (requires { Communicator::from_env(cfg); }) {
-    if (launched_as_rank()) return Communicator::from_env(cfg);
-  } else {
-    if (launched_as_rank())
-      throw unsupported(
-          "-T nccl: this ringzero has no nccl::communicator::from_env yet; only a "
-          "single-rank run is possible");
-  }
-  return Communicator::single(cfg);
+  if (launched_as_rank()) return nccl::communicator::from_env(cfg);
+  return nccl::communicator(nccl::transport::single(cfg));
 }
 
 [[nodiscard]] inline int run_nccl(const options& o, const context& ctx) {

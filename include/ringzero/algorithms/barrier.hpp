@@ -10,13 +10,13 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
-#include "ringzero/transport/concept.hpp"
 
 namespace ringzero::algorithms {
 
 /// Precondition (checked by the collectives layer): size() >= 2.
-template <transport T>
+template <collective_comm T>
 void barrier(T& comm, const options& opt) {
   ringzero::detail::exchange<T> ex(comm, "barrier", "dissemination", opt.timeout);
   const int n = comm.size();

@@ -19,9 +19,9 @@
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::binomial {
@@ -46,7 +46,7 @@ namespace detail {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, data.size() > 0, and the
 /// root's data already holds what is broadcast.
-template <transport T, element E>
+template <collective_comm T, element E>
 void broadcast(T& comm, std::span<E> data, int root, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "broadcast", "binomial", opt.timeout);
@@ -59,7 +59,7 @@ void broadcast(T& comm, std::span<E> data, int root, const options& opt) {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() > 0, and on the
 /// root out.size() == in.size() (out may equal in there). out is not touched elsewhere.
-template <transport T, element E>
+template <collective_comm T, element E>
 void reduce(T& comm, std::span<const E> in, std::span<E> out, op o, int root, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "reduce", "binomial", opt.timeout);

@@ -8,8 +8,8 @@
 //
 // Ranks that forward (inner nodes) hold their subtree's blocks in the communicator's scratch;
 // a root other than rank 0 also rotates the buffer between relative and rank order there.
-// Each message is cut into at most chunking::burst chunks and a rank talks to at most
-// ceil(log2 n) + 1 peers, so the messages in flight stay bounded.
+// Each message is cut into at most the transport's cost_params::burst chunks and a rank talks to at
+// most ceil(log2 n) + 1 peers, so the messages in flight stay bounded.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +20,8 @@
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::binomial {
@@ -63,7 +63,7 @@ void rotate(const E* from, E* to, std::size_t count, int n, int shift) {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() > 0, and on the
 /// root out.size() == size() * in.size() (in may be the root's block of out).
-template <transport T, element E>
+template <collective_comm T, element E>
 void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;
@@ -100,7 +100,7 @@ void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const op
 
 /// Preconditions (checked by the collectives layer): size() >= 2, out.size() > 0, and on the
 /// root in.size() == size() * out.size() (out may be the root's block of in).
-template <transport T, element E>
+template <collective_comm T, element E>
 void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;

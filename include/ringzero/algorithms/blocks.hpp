@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <vector>
 
+#include "ringzero/transport/concept.hpp"
+
 namespace ringzero::algorithms {
 
 struct block_layout {
@@ -47,18 +49,14 @@ struct chunking {
   std::size_t chunk = 1;
   std::size_t count = 1;
 
-  /// The most chunks of one message an algorithm posts at once (ring, recursive doubling and
-  /// halving, Bruck): past it chunks grow instead. Every posted receive holds a provider
-  /// entry, and libfabric's shm provider has 1024 for posted receives and early arrivals
-  /// together; 256 MiB in 256 KiB chunks on 4 ranks used them all and deadlocked. 32 chunks
-  /// in flight per message keep the pipeline as full as 1024 do.
-  static constexpr std::size_t burst = 32;
-
-  /// At most `max_chunks` (and 65536, so chunk ids fit their 16 tag bits) chunks per block.
+  /// At most `max_chunks` (and tag_layout::max_chunks, so chunk ids fit their tag bits) chunks
+  /// per block. Algorithms that post a whole message at once pass the transport's
+  /// cost_params::burst.
   [[nodiscard]] static chunking make(std::size_t max_length, std::size_t elem_size,
-                                     std::size_t chunk_bytes, std::size_t max_chunks = 65536) {
+                                     std::size_t chunk_bytes,
+                                     std::size_t max_chunks = tag_layout::max_chunks) {
     chunking c;
-    max_chunks = std::clamp<std::size_t>(max_chunks, 1, 65536);
+    max_chunks = std::clamp<std::size_t>(max_chunks, 1, tag_layout::max_chunks);
     c.chunk = std::max<std::size_t>(1, chunk_bytes / std::max<std::size_t>(1, elem_size));
     c.chunk = std::max(c.chunk, (max_length + max_chunks - 1) / max_chunks);
     c.count = std::max<std::size_t>(1, (max_length + c.chunk - 1) / c.chunk);

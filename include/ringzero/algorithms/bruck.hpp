@@ -17,20 +17,22 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::bruck {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0
 /// and a multiple of size(); in may equal out.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;
@@ -69,5 +71,25 @@ void all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options&
     std::memcpy(out.data() + static_cast<std::size_t>(mod(r - static_cast<int>(i), n)) * b,
                 rotated + i * b, b * sizeof(E));
 }
+
+/// all_to_all for small blocks. About half the blocks move in each round, and the buffer is
+/// copied three times (priced as a pass of gamma each).
+struct descriptor {
+  static constexpr algorithm id = algorithm::bruck;
+  static constexpr std::string_view name = "bruck";
+  static constexpr collective_set implements{collective::all_to_all};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    return tuning::ceil_log2(q.ranks) * (q.p.alpha + q.bytes / 2 * q.p.beta) +
+           3 * q.bytes * q.p.gamma;
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    bruck::all_to_all(comm, c.in, c.out, opt);
+  }
+};
 
 }  // namespace ringzero::algorithms::bruck

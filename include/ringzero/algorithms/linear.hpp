@@ -4,8 +4,9 @@
 //
 //   gather, scatter: (n-1)α + (n-1)/n·Sβ with S the root's whole buffer.
 //
-// Bounded in flight: the root's messages are cut so that it has at most root_inflight chunks
-// outstanding in all (each peer's block is one message of larger chunks when n is large).
+// Bounded in flight: the root's messages are cut so that it has at most inflight·burst chunks
+// (the transport's cost_params) outstanding in all (each peer's block is one message of larger
+// chunks when n is large).
 #pragma once
 
 #include <algorithm>
@@ -13,28 +14,31 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::linear {
 
 namespace detail {
 
-/// The most chunks the root has posted at once, summed over its peers.
-inline constexpr std::size_t root_inflight = 8 * chunking::burst;
-
-/// Chunk length of one peer's block: both ends compute it from (count, n) alone.
+/// Chunk length of one peer's block: both ends compute it from (count, n) and the transport's
+/// limits alone. The root has at most inflight·burst chunks posted at once, summed over its peers.
 template <element E>
-[[nodiscard]] std::size_t chunk_of(std::size_t count, int n, std::size_t chunk_bytes) {
+[[nodiscard]] std::size_t chunk_of(std::size_t count, int n, std::size_t chunk_bytes,
+                                   const cost_params& p) {
+  const std::size_t burst = std::max<std::size_t>(1, p.burst);
+  const std::size_t root_inflight = std::max<std::size_t>(1, p.inflight) * burst;
   const std::size_t per_peer =
       std::max<std::size_t>(1, root_inflight / static_cast<std::size_t>(n - 1));
-  return chunking::make(count, sizeof(E), chunk_bytes, std::min(per_peer, chunking::burst)).chunk;
+  return chunking::make(count, sizeof(E), chunk_bytes, std::min(per_peer, burst)).chunk;
 }
 
 template <class E, class Post>
@@ -47,14 +51,14 @@ void each_chunk(std::span<E> block, std::size_t c, Post&& post) {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() > 0, and on the
 /// root out.size() == size() * in.size() (in may be the root's block of out).
-template <transport T, element E>
+template <collective_comm T, element E>
 void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;
   ringzero::detail::exchange<T> ex(comm, "gather", "linear", opt.timeout);
   const int n = comm.size();
   const std::size_t count = in.size();
-  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt));
+  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.cost());
   std::vector<pending> ps;
   if (comm.rank() != root) {
     detail::each_chunk<const E>(in, c, [&](std::uint32_t id, std::span<const E> s) {
@@ -77,14 +81,14 @@ void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const op
 
 /// Preconditions (checked by the collectives layer): size() >= 2, out.size() > 0, and on the
 /// root in.size() == size() * out.size() (out may be the root's block of in).
-template <transport T, element E>
+template <collective_comm T, element E>
 void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;
   ringzero::detail::exchange<T> ex(comm, "scatter", "linear", opt.timeout);
   const int n = comm.size();
   const std::size_t count = out.size();
-  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt));
+  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.cost());
   std::vector<pending> ps;
   if (comm.rank() != root) {
     detail::each_chunk<E>(out, c, [&](std::uint32_t id, std::span<E> s) {
@@ -104,5 +108,24 @@ void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const o
   if (own != out.data()) std::memcpy(out.data(), own, out.size_bytes());
   ex.wait_all(ps);
 }
+
+/// gather and scatter: n-1 messages through the root's link, at once.
+struct descriptor {
+  static constexpr algorithm id = algorithm::linear;
+  static constexpr std::string_view name = "linear";
+  static constexpr collective_set implements{collective::gather, collective::scatter};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    return (q.ranks - 1) * q.p.alpha + q.frac() * q.bytes * q.p.beta;
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    if (c.kind == collective::gather) return linear::gather(comm, c.in, c.out, c.root, opt);
+    linear::scatter(comm, c.in, c.out, c.root, opt);
+  }
+};
 
 }  // namespace ringzero::algorithms::linear

@@ -5,7 +5,7 @@
 //
 //   n-1 rounds; each rank sends and receives (n-1)/n of its buffer: (n-1)α + (n-1)/n·Sβ.
 //
-// Bounded in flight: a block is cut into at most chunking::burst chunks and at most `window`
+// Bounded in flight: a block is cut into at most cost_params::burst chunks and at most `window`
 // rounds are posted at once, so a rank has at most 2·window·burst messages outstanding whatever
 // the world size and the block size.
 #pragma once
@@ -19,20 +19,13 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::pairwise {
-
-/// Where each peer's block sits, in elements: send_* index the input, recv_* the output.
-struct block_map {
-  std::span<const std::size_t> send_counts;
-  std::span<const std::size_t> send_displs;
-  std::span<const std::size_t> recv_counts;
-  std::span<const std::size_t> recv_displs;
-};
 
 namespace detail {
 
@@ -43,7 +36,7 @@ inline constexpr int window = 4;
 /// Preconditions (checked by the collectives layer): in and out do not overlap, every block
 /// lies inside its buffer, receive blocks do not overlap, and the own block's send and receive
 /// counts are equal.
-template <transport T, element E>
+template <collective_comm T, element E>
 void exchange_blocks(T& comm, std::string_view what, const E* in, E* out, const block_map& m,
                      const options& opt) {
   namespace ad = algorithms::detail;
@@ -75,7 +68,7 @@ void exchange_blocks(T& comm, std::string_view what, const E* in, E* out, const 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0
 /// and a multiple of size(); in may equal out (then the input is first copied to the
 /// communicator's scratch, one extra pass over S).
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options& opt) {
   const auto n = static_cast<std::size_t>(comm.size());
   const std::size_t block = in.size() / n;
@@ -92,10 +85,30 @@ void all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options&
 }
 
 /// Preconditions (checked by the collectives layer): size() >= 2 and those of exchange_blocks.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_to_allv(T& comm, std::span<const E> in, std::span<E> out, const block_map& m,
                  const options& opt) {
   detail::exchange_blocks(comm, "all_to_allv", in.data(), out.data(), m, opt);
 }
+
+/// all_to_all and all_to_allv, the bandwidth choice: every block crosses one link once.
+struct descriptor {
+  static constexpr algorithm id = algorithm::pairwise;
+  static constexpr std::string_view name = "pairwise";
+  static constexpr collective_set implements{collective::all_to_all, collective::all_to_allv};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    return (q.ranks - 1) * q.p.alpha + q.frac() * q.bytes * q.p.beta;
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    if (c.kind == collective::all_to_allv)
+      return pairwise::all_to_allv(comm, c.in, c.out, c.blocks, opt);
+    pairwise::all_to_all(comm, c.in, c.out, opt);
+  }
+};
 
 }  // namespace ringzero::algorithms::pairwise

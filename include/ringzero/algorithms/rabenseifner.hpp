@@ -23,12 +23,13 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
 #include "ringzero/algorithms/recursive_doubling.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::rabenseifner {
@@ -50,7 +51,7 @@ struct region {
 ///
 /// `src` holds this rank's partial over the whole range; `theirs` has room for the largest half
 /// received; dest(last) says where the kept half goes (it must hold every later window too).
-template <transport T, element E, class Dest>
+template <collective_comm T, element E, class Dest>
 void halve(ringzero::detail::exchange<T>& ex, const algorithms::detail::fold& f,
            const std::vector<std::size_t>& bounds, op o, std::size_t chunk_bytes, int step0,
            region<const E> src, E* theirs, Dest dest) {
@@ -99,7 +100,7 @@ void halve(ringzero::detail::exchange<T>& ex, const algorithms::detail::fold& f,
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0;
 /// in may equal out.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "rhd", opt.timeout);
@@ -155,7 +156,7 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
 
 /// in holds size()*out.size() elements; out receives block rank() reduced over all ranks. out
 /// may be in's own block. Scratch: about n*count elements (twice that on folding ranks).
-template <transport T, element E>
+template <collective_comm T, element E>
 void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "reduce_scatter", "rhd", opt.timeout);
@@ -208,5 +209,28 @@ void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, cons
     std::memcpy(out.data(), result.at(mine), out.size_bytes());
   }
 }
+
+/// Rabenseifner's all_reduce (recursive halving, then doubling) and its reduce_scatter half.
+struct descriptor {
+  static constexpr algorithm id = algorithm::recursive_halving_doubling;
+  static constexpr std::string_view name = "rhd";
+  static constexpr collective_set implements{collective::all_reduce, collective::reduce_scatter};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    const double al = q.p.alpha, be = q.p.beta, ga = q.p.gamma, s = q.bytes;
+    const double lg = q.log2_floor(), fold = q.fold(), frac = q.frac();
+    if (q.c == collective::reduce_scatter) return (lg + fold) * al + (frac + fold) * s * (be + ga);
+    return 2 * (lg + fold) * al + (2 * frac + 2 * fold) * s * be + (frac + fold) * s * ga;
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    if (c.kind == collective::reduce_scatter)
+      return rabenseifner::reduce_scatter(comm, c.in, c.out, c.reduction, opt);
+    rabenseifner::all_reduce(comm, c.in, c.out, c.reduction, opt);
+  }
+};
 
 }  // namespace ringzero::algorithms::rabenseifner

@@ -21,11 +21,12 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms {
@@ -68,7 +69,7 @@ namespace recursive_doubling {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0;
 /// in may equal out.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "rd", opt.timeout);
@@ -110,7 +111,7 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
 }
 
 /// out holds size()*in.size() elements; in may be out's block rank().
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options& opt) {
   namespace ad = algorithms::detail;
   using pending = typename ringzero::detail::exchange<T>::pending;
@@ -161,6 +162,29 @@ void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options&
     ps.clear();
   }
 }
+
+/// Recursive doubling all_reduce and all_gather (Bruck's all_gather off powers of two).
+struct descriptor {
+  static constexpr algorithm id = algorithm::recursive_doubling;
+  static constexpr std::string_view name = "rd";
+  static constexpr collective_set implements{collective::all_reduce, collective::all_gather};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    const double al = q.p.alpha, be = q.p.beta, ga = q.p.gamma, s = q.bytes;
+    if (q.c == collective::all_gather) return tuning::ceil_log2(q.ranks) * al + q.frac() * s * be;
+    const double lg = q.log2_floor(), fold = q.fold();
+    return (lg + 2 * fold) * (al + s * be) + (lg + fold) * s * ga;
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    if (c.kind == collective::all_gather)
+      return recursive_doubling::all_gather(comm, c.in, c.out, opt);
+    recursive_doubling::all_reduce(comm, c.in, c.out, c.reduction, opt);
+  }
+};
 
 }  // namespace recursive_doubling
 

@@ -17,10 +17,12 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/algorithms/chain.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::ring {
@@ -44,7 +46,7 @@ std::span<std::byte> writable_bytes_of(T* p, std::size_t n) {
 ///
 /// The schedule: at step s rank r sends block r-1-s and receives block r-2-s from its left
 /// neighbour, so after n-1 steps it holds block r reduced over all ranks.
-template <transport T, element E, class Dest>
+template <collective_comm T, element E, class Dest>
 void reduce_scatter_phase(exchange<T>& ex, const block_layout& bl, const E* in, Dest dest, op o,
                           const chunking& ch, E* rbuf) {
   using pending = typename exchange<T>::pending;
@@ -112,7 +114,7 @@ void reduce_scatter_phase(exchange<T>& ex, const block_layout& bl, const E* in, 
 }
 
 /// All-gather over `blocks` of `out`, where each rank's own block r is already in place.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chunking& ch,
                       int step0) {
   using pending = typename exchange<T>::pending;
@@ -189,13 +191,13 @@ std::size_t chunk_bytes_for(const options& opt, const cost_params& cp) {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0;
 /// in may equal out.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::even(out.size(), n);
   const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
   E* o_base = out.data();
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(2 * bl.max_length * sizeof(E)).data());
   detail::reduce_scatter_phase(
@@ -204,13 +206,13 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
 }
 
 /// in holds size()*out.size() elements; out receives block rank(). out may be in's own block.
-template <transport T, element E>
+template <collective_comm T, element E>
 void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   ringzero::detail::exchange<T> ex(comm, "reduce_scatter", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(out.size(), n);
   const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
   // Scratch holds two receive slots and two partial-result slots: partials travel through
   // scratch so the input is never written, and the last step reduces straight into out.
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(4 * bl.max_length * sizeof(E)).data());
@@ -225,16 +227,61 @@ void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, cons
 }
 
 /// out holds size()*in.size() elements; in may be out's block rank().
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options& opt) {
   ringzero::detail::exchange<T> ex(comm, "all_gather", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(in.size(), n);
   const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), chunking::burst);
+                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
   E* own = out.data() + bl.offset[static_cast<std::size_t>(comm.rank())];
   if (own != in.data()) std::memcpy(own, in.data(), in.size_bytes());
   detail::all_gather_phase(ex, bl, out.data(), ch, 0);
 }
+
+/// Ring all_reduce, reduce_scatter and all_gather; for the rooted collectives, the same
+/// neighbour-to-neighbour pipeline as a chain (algorithms/chain.hpp).
+struct descriptor {
+  static constexpr algorithm id = algorithm::ring;
+  static constexpr std::string_view name = "ring";
+  static constexpr collective_set implements{collective::all_reduce, collective::reduce_scatter,
+                                             collective::all_gather, collective::broadcast,
+                                             collective::reduce};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    const double al = q.p.alpha, be = q.p.beta, ga = q.p.gamma, s = q.bytes, n = q.ranks;
+    switch (q.c) {
+      case collective::all_reduce:
+        return 2 * (n - 1) * al + 2 * q.frac() * s * be + q.frac() * s * ga;
+      case collective::reduce_scatter:
+        return (n - 1) * al + q.frac() * s * (be + ga);
+      case collective::all_gather:
+        return (n - 1) * al + q.frac() * s * be;
+      default: {
+        const double g = q.c == collective::reduce ? ga : 0.0;
+        const double k = q.chunks();
+        return (n - 2 + k) * (al + s / k * (be + g));
+      }
+    }
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    switch (c.kind) {
+      case collective::all_reduce:
+        return ring::all_reduce(comm, c.in, c.out, c.reduction, opt);
+      case collective::reduce_scatter:
+        return ring::reduce_scatter(comm, c.in, c.out, c.reduction, opt);
+      case collective::all_gather:
+        return ring::all_gather(comm, c.in, c.out, opt);
+      case collective::broadcast:
+        return chain::broadcast(comm, c.out, c.root, opt);
+      default:
+        return chain::reduce(comm, c.in, c.out, c.reduction, c.root, opt);
+    }
+  }
+};
 
 }  // namespace ringzero::algorithms::ring

@@ -23,10 +23,13 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/binomial.hpp"
+#include "ringzero/algorithms/binomial_gather.hpp"
+#include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::tree {
@@ -110,7 +113,7 @@ struct inorder_tree {
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0;
 /// in may equal out.
-template <transport T, element E>
+template <collective_comm T, element E>
 void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const options& opt) {
   namespace ad = algorithms::detail;
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "tree", opt.timeout);
@@ -135,5 +138,49 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
                                  scratch.subspan(need0), 2);
   ad::drive(first, second);
 }
+
+/// Double binary tree all_reduce; binomial trees for the rooted collectives
+/// (algorithms/binomial.hpp, algorithms/binomial_gather.hpp).
+struct descriptor {
+  static constexpr algorithm id = algorithm::tree;
+  static constexpr std::string_view name = "tree";
+  static constexpr collective_set implements{collective::all_reduce, collective::broadcast,
+                                             collective::reduce, collective::gather,
+                                             collective::scatter};
+  static constexpr bool needs_nodes = false;
+
+  template <class Table>
+  [[nodiscard]] static double cost(const tuning::cost_query& q) {
+    const double al = q.p.alpha, be = q.p.beta, ga = q.p.gamma, s = q.bytes;
+    const double depth = tuning::ceil_log2(q.ranks);
+    if (q.c == collective::all_reduce) {
+      // Two trees, each carrying half; a pipeline of chunks up and down log2(n) levels.
+      const double k = q.chunks();
+      return 2 * (depth + k - 1) * (al + s / k * be) + s * ga;
+    }
+    if (q.c == collective::gather || q.c == collective::scatter)
+      // Binomial: each level forwards whole subtrees, so the root's link still carries
+      // (n-1)/n of its buffer, in ceil(log2 n) messages.
+      return depth * al + q.frac() * s * be;
+    const double g = q.c == collective::reduce ? ga : 0.0;
+    return depth * (al + s * (be + g));
+  }
+
+  template <collective_comm C, element E>
+  static void run(C& comm, const call<E>& c, const options& opt) {
+    switch (c.kind) {
+      case collective::all_reduce:
+        return tree::all_reduce(comm, c.in, c.out, c.reduction, opt);
+      case collective::broadcast:
+        return binomial::broadcast(comm, c.out, c.root, opt);
+      case collective::gather:
+        return binomial::gather(comm, c.in, c.out, c.root, opt);
+      case collective::scatter:
+        return binomial::scatter(comm, c.in, c.out, c.root, opt);
+      default:
+        return binomial::reduce(comm, c.in, c.out, c.reduction, c.root, opt);
+    }
+  }
+};
 
 }  // namespace ringzero::algorithms::tree

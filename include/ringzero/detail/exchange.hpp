@@ -13,20 +13,17 @@
 #include <thread>
 #include <vector>
 
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/error.hpp"
-#include "ringzero/transport/concept.hpp"
 
 namespace ringzero::detail {
 
 using clock = std::chrono::steady_clock;
 
-/// Tag layout below the transport's communicator bits: [p2p:1][sequence:23][step:12][chunk:16].
-/// Steps and chunks wrap; two messages between the same pair of ranks only share a tag if they
-/// are 4096 steps or 65536 chunks apart within one collective, which the pipelines never are.
+/// The algorithm's part of a message tag (tag_layout says where each field sits).
 [[nodiscard]] constexpr tag_t make_tag(bool p2p, std::uint32_t seq, std::uint32_t step,
                                        std::uint32_t chunk) noexcept {
-  return (static_cast<tag_t>(p2p) << 51) | (static_cast<tag_t>(seq & 0x7fffffu) << 28) |
-         (static_cast<tag_t>(step & 0xfffu) << 16) | static_cast<tag_t>(chunk & 0xffffu);
+  return tag_layout::make(p2p, seq, step, chunk);
 }
 
 template <class T>
@@ -59,7 +56,7 @@ class backoff {
 };
 
 /// One collective call's messaging context.
-template <transport T>
+template <collective_comm T>
 class exchange {
  public:
   using request = typename T::request;

@@ -1,20 +1,20 @@
-// The transport concept: everything an algorithm may ask of a network. Algorithms post tagged,
-// non-blocking sends and receives of bytes to peers and test them; they never see libfabric or
-// NCCL types. Each transport also carries the alpha-beta-gamma constants the cost model uses.
+// What a transport is: the messaging a network offers, the capabilities it advertises and its
+// tuning policy as data. Everything collective (sequence numbers, scratch, deadlines, split(),
+// topology, the hierarchy) belongs to ringzero::communicator<Transport> (communicator.hpp), so a
+// transport author writes messaging code only.
 #pragma once
 
-#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <span>
-#include <vector>
 
 namespace ringzero {
 
-/// Hockney/Thakur-style constants of a transport, in seconds: a message of m bytes costs
-/// alpha + m*beta on the wire, and reducing m bytes costs m*gamma.
+/// A transport's tuning policy: the Hockney/Thakur constants the cost model prices algorithms
+/// with, in seconds (a message of m bytes costs alpha + m*beta on the wire, reducing m bytes
+/// costs m*gamma), and the flow-control limits the algorithms respect on it. One struct, so
+/// every limit of a network is named and explained once, next to the others.
 struct cost_params {
   double alpha = 5e-6;
   double beta = 1.0 / 5e9;
@@ -26,7 +26,19 @@ struct cost_params {
   /// algorithms bound their chunks in flight by waiting for sends; a send that completes on
   /// the sender alone (eager) would let it run ahead and pile early arrivals on the receiver.
   std::size_t min_chunk_bytes = 0;
+  /// The most chunks of one message an algorithm posts at once (ring, recursive doubling and
+  /// halving, Bruck); past it chunks grow instead. Every posted receive holds a provider
+  /// entry, and libfabric's shm provider has 1024 for posted receives and early arrivals
+  /// together: 256 MiB in 256 KiB chunks on 4 ranks used them all and deadlocked. 32 chunks in
+  /// flight per message keep the pipeline as full as 1024 do.
+  std::size_t burst = 32;
+  /// Chunks a tree pipeline keeps in flight per direction and per child, whatever the size
+  /// (the same provider limit, for pipelines that stream instead of posting a whole message).
+  std::size_t inflight = 8;
 };
+
+/// The name the 0.2 architecture uses for the same data.
+using tuning_policy = cost_params;
 
 /// Where a rank sits: ranks with the same node id share a host (hierarchical algorithms).
 struct topology {
@@ -36,41 +48,81 @@ struct topology {
   int node_count = 1;
 };
 
-/// A tag as algorithms build it: 52 bits. Transports add their communicator id above it.
+/// A message tag: 64 bits, of which the algorithm's part is the low 52.
 using tag_t = std::uint64_t;
-inline constexpr int tag_bits = 52;
 
-namespace detail {
+/// The wire format of a tag, in one place:
+///   [comm id : 12][p2p : 1][sequence : 23][step : 12][chunk : 16]
+/// The communicator fills the top 12 bits with its id, so communicators that share a
+/// transport (split()) never match each other's messages; the exchange fills the rest.
+/// Steps and chunks wrap: two messages between the same pair of ranks share a tag only if they
+/// are 4096 steps or 65536 chunks apart within one collective, which the pipelines never are.
+struct tag_layout {
+  static constexpr int chunk_bits = 16;
+  static constexpr int step_bits = 12;
+  static constexpr int sequence_bits = 23;
+  static constexpr int p2p_bits = 1;
+  static constexpr int comm_id_bits = 12;
 
-/// Per-communicator bookkeeping that every transport carries and the collectives layer uses:
-/// sequence numbers keep back-to-back collectives from matching each other's messages, and the
-/// scratch buffer is reused so a registering transport sees the same memory every call.
-struct comm_state {
-  std::uint32_t collective_seq = 0;
-  std::vector<std::uint32_t> p2p_send_seq;
-  std::vector<std::uint32_t> p2p_recv_seq;
-  std::vector<std::byte> scratch_buffer;
-  /// Sub-communicators a hierarchical algorithm built from this one, kept so they are split
-  /// once per communicator rather than once per call (the algorithm knows their type).
-  std::shared_ptr<void> hierarchy;
+  static constexpr int chunk_shift = 0;
+  static constexpr int step_shift = chunk_shift + chunk_bits;
+  static constexpr int sequence_shift = step_shift + step_bits;
+  static constexpr int p2p_shift = sequence_shift + sequence_bits;
+  /// Bits an algorithm's tag uses; the communicator id sits above them.
+  static constexpr int algorithm_bits = p2p_shift + p2p_bits;
+  static constexpr int total_bits = algorithm_bits + comm_id_bits;
 
-  std::span<std::byte> scratch(std::size_t bytes) {
-    if (scratch_buffer.size() < bytes) scratch_buffer.resize(bytes);
-    return {scratch_buffer.data(), bytes};
+  static constexpr std::uint32_t chunk_mask = (1u << chunk_bits) - 1;
+  static constexpr std::uint32_t step_mask = (1u << step_bits) - 1;
+  static constexpr std::uint32_t sequence_mask = (1u << sequence_bits) - 1;
+  static constexpr tag_t algorithm_mask = (tag_t{1} << algorithm_bits) - 1;
+  /// The most chunks one message of a collective may be cut into (chunk ids must fit).
+  static constexpr std::size_t max_chunks = std::size_t{1} << chunk_bits;
+  /// Communicator ids one transport can tell apart.
+  static constexpr std::uint32_t max_comm_ids = 1u << comm_id_bits;
+
+  [[nodiscard]] static constexpr tag_t make(bool p2p, std::uint32_t sequence, std::uint32_t step,
+                                            std::uint32_t chunk) noexcept {
+    return (static_cast<tag_t>(p2p) << p2p_shift) |
+           (static_cast<tag_t>(sequence & sequence_mask) << sequence_shift) |
+           (static_cast<tag_t>(step & step_mask) << step_shift) |
+           (static_cast<tag_t>(chunk & chunk_mask) << chunk_shift);
+  }
+  [[nodiscard]] static constexpr tag_t with_comm_id(std::uint32_t id, tag_t tag) noexcept {
+    return (static_cast<tag_t>(id) << algorithm_bits) | (tag & algorithm_mask);
+  }
+  [[nodiscard]] static constexpr std::uint32_t step_of(tag_t tag) noexcept {
+    return static_cast<std::uint32_t>(tag >> step_shift) & step_mask;
+  }
+  [[nodiscard]] static constexpr std::uint32_t chunk_of(tag_t tag) noexcept {
+    return static_cast<std::uint32_t>(tag >> chunk_shift) & chunk_mask;
   }
 };
 
-}  // namespace detail
+static_assert(tag_layout::total_bits == 64, "the tag layout fills exactly 64 bits");
+static_assert(tag_layout::algorithm_bits == 52, "transports reserve 12 bits above 52");
+static_assert(tag_layout::make(true, tag_layout::sequence_mask, tag_layout::step_mask,
+                               tag_layout::chunk_mask) == tag_layout::algorithm_mask,
+              "the algorithm fields tile their 52 bits without gaps or overlap");
+static_assert(tag_layout::step_of(tag_layout::make(false, 7, 300, 9)) == 300 &&
+                  tag_layout::chunk_of(tag_layout::make(false, 7, 300, 9)) == 9,
+              "fields read back what was written");
 
-/// A transport: rank/size, tagged non-blocking send/recv of bytes, test, progress.
+/// Bits of an algorithm's tag (the communicator id goes above them).
+inline constexpr int tag_bits = tag_layout::algorithm_bits;
+
+/// Point-to-point messaging, the one thing every ringzero algorithm needs from a network.
 ///
-/// - isend/irecv return a move-only request; destroying an unfinished request cancels it, so
-///   an exception unwinding an algorithm never leaves the network writing into freed memory.
+/// - Peers are the transport's own ranks (0 .. size()-1 of the job it was opened for); the
+///   communicator maps its ranks onto them.
+/// - isend/irecv return a move-only request; destroying an unfinished request cancels it, so an
+///   exception unwinding an algorithm never leaves the network writing into freed memory.
+/// - A receive is posted with exactly the size its matching send carries; messages with the same
+///   (peer, tag) match in posting order.
 /// - test(req) makes progress and returns true once req completed; it throws peer_error if the
 ///   peer is known to be gone and transport_error on a network failure.
-/// - A receive must be posted with exactly the size the matching send carries.
 template <class T>
-concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> sb,
+concept messaging = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> sb,
                              std::span<std::byte> rb, typename T::request& req) {
   typename T::request;
   requires std::movable<typename T::request>;
@@ -80,9 +132,27 @@ concept transport = requires(T& t, const T& ct, int peer, tag_t tag, std::span<c
   { t.irecv(peer, tag, rb) } -> std::same_as<typename T::request>;
   { t.test(req) } -> std::same_as<bool>;
   {t.progress()};
-  { ct.cost() } -> std::convertible_to<cost_params>;
-  { ct.timeout() } -> std::convertible_to<std::chrono::nanoseconds>;
-  { t.state() } -> std::same_as<detail::comm_state&>;
+};
+
+/// A transport: messaging (or, for a backend such as NCCL, native collectives; see
+/// native_transport in communicator.hpp) plus its tuning policy.
+///
+/// Optional capabilities, detected by the communicator when present:
+///   host_of(rank) -> a value equal for ranks on one host      (node topology, hierarchy)
+///   comm_id_bits() -> int                                      (fewer than 12 tag bits free)
+///   default_timeout() -> std::chrono::nanoseconds, 0 = unset   (a deadline it was opened with)
+template <class T>
+concept transport = requires(const T& ct) {
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { ct.tuning() } -> std::convertible_to<cost_params>;
+};
+
+/// Node placement capability: every rank can name the host each peer runs on.
+template <class T>
+concept has_hosts = requires(const T& ct, int r) {
+  {ct.host_of(r)};
+  { ct.host_of(r) == ct.host_of(r) } -> std::convertible_to<bool>;
 };
 
 }  // namespace ringzero

@@ -10,7 +10,8 @@
 // use the same one.
 //
 // A communicator is used from one thread at a time; it and the communicators split from it
-// share one endpoint and may be used from different threads (calls are serialized).
+// share one endpoint (the transport) and may be used from different threads (calls are
+// serialized).
 // Progress is manual: messages move while some rank's thread is inside test() or progress(),
 // which every blocking collective calls.
 #pragma once
@@ -30,11 +31,11 @@
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
+#include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
-#include "ringzero/transport/detail/split.hpp"
 #include "ringzero/transport/libfabric/endpoint.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
@@ -56,8 +57,12 @@ struct options {
 
 using from_env_options = options;
 
-class communicator {
+/// Messaging over one FI_EP_RDM endpoint. Peers are job ranks; the endpoint is shared by every
+/// communicator split from the world, each under its own id in the tag's top bits.
+class transport {
  public:
+  using from_env_options = libfabric::options;
+
   /// Handle to one posted send or receive. Destroying it before completion cancels the
   /// operation and waits for the provider to release the buffer.
   class request {
@@ -79,7 +84,7 @@ class communicator {
     ~request() { abandon(); }
 
    private:
-    friend class communicator;
+    friend class transport;
     void abandon() noexcept {
       if (ctx_) ep_->abandon(ctx_);
       ctx_ = nullptr;
@@ -93,17 +98,17 @@ class communicator {
   /// variables, see bootstrap/environment.hpp): opens the store (rank 0 serves the TCP store),
   /// picks the provider, opens the endpoint, exchanges addresses, and tags this process's log
   /// lines with its rank. The store is closed again before this returns.
-  [[nodiscard]] static communicator from_env(const from_env_options& opt = {}) {
+  [[nodiscard]] static transport from_env(const from_env_options& opt = {}) {
     const bootstrap::launch_info info = bootstrap::detect_launch();
     log::detail::process_rank().store(info.rank);
     const auto timeout = opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout();
     const std::unique_ptr<bootstrap::store> store = bootstrap::make_store(info, timeout);
-    return communicator(*store, info.rank, info.world_size, opt);
+    return transport(*store, info.rank, info.world_size, opt);
   }
 
   /// Collective over `size` processes that share `store`: rank r of size. The store is only
   /// used while constructing; it must be the same logical store on every rank.
-  communicator(bootstrap::store& store, int rank, int size, const options& opt = {})
+  transport(bootstrap::store& store, int rank, int size, const options& opt = {})
       : rank_(rank),
         timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()) {
     if (size < 1 || rank < 0 || rank >= size)
@@ -112,31 +117,21 @@ class communicator {
     auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory, timeout_);
     ep_ = std::move(world.ep);
     hosts_ = std::move(world.hosts);
-    members_.resize(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) members_[static_cast<std::size_t>(r)] = r;
     cost_ = opt.cost ? *opt.cost : detail::provider_cost(ep_->provider());
-    topo_ = place();
-    log::info("libfabric: rank {} of {} on {} (node {} of {}, local rank {} of {})", rank, size,
-              ep_->provider(), topo_.node, topo_.node_count, topo_.local_rank, topo_.local_size);
+    log::info("libfabric: rank {} of {} on {} ({})", rank, size, ep_->provider(),
+              hosts_[static_cast<std::size_t>(rank)]);
   }
 
-  communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  ~communicator() = default;
-
   [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
-  [[nodiscard]] cost_params cost() const noexcept { return cost_; }
-  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
-  [[nodiscard]] ringzero::detail::comm_state& state() noexcept { return state_; }
-  [[nodiscard]] topology topo() const noexcept { return topo_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
+  [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
+  [[nodiscard]] const std::string& host_of(int r) const noexcept {
+    return hosts_[static_cast<std::size_t>(r)];
+  }
+  [[nodiscard]] int comm_id_bits() const noexcept { return ep_->comm_id_bits(); }
   /// The provider every rank uses, as fi_info names it.
   [[nodiscard]] const std::string& provider() const noexcept { return ep_->provider(); }
-  /// World ranks of this communicator's ranks (the identity for the world communicator).
-  [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
-  [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
   /// The shared endpoint, for diagnostics (registrations, provider limits).
   [[nodiscard]] const detail::endpoint& endpoint() const noexcept { return *ep_; }
 
@@ -145,19 +140,17 @@ class communicator {
   void forget_memory(const void* p, std::size_t n) { ep_->forget_memory(p, n); }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
-    check_peer(peer, "isend");
     request r;
     r.ep_ = ep_;
-    r.ctx_ = ep_->send(world_of(peer), peer, full_tag(tag), data);
+    r.ctx_ = ep_->send(peer, peer, tag, data);
     r.done_ = r.ctx_ == nullptr;
     return r;
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
-    check_peer(peer, "irecv");
     request r;
     r.ep_ = ep_;
-    r.ctx_ = ep_->recv(world_of(peer), peer, full_tag(tag), data);
+    r.ctx_ = ep_->recv(peer, peer, tag, data);
     return r;
   }
 
@@ -178,64 +171,15 @@ class communicator {
 
   void progress() { ep_->progress(); }
 
-  /// Collective over this communicator, as MPI_Comm_split / ncclCommSplit: ranks passing the
-  /// same color >= 0 form a communicator ranked by (key, rank here); a negative color returns
-  /// nullopt. The new communicator shares this one's endpoint under a communicator id that no
-  /// member's process has in use, carried in the tag bits above the algorithm's 52. Two splits
-  /// of communicators sharing an endpoint must not run at the same time on different threads:
-  /// both could settle on the same free id.
-  [[nodiscard]] std::optional<communicator> split(int color, int key) {
-    auto plan = ringzero::detail::plan_split(*this, color, key, *ep_->ids());
-    if (!plan) return std::nullopt;
-    communicator sub;
-    sub.ep_ = ep_;
-    sub.hosts_ = hosts_;
-    sub.members_.reserve(plan->members.size());
-    for (int p : plan->members) sub.members_.push_back(members_[static_cast<std::size_t>(p)]);
-    sub.rank_ = plan->rank;
-    sub.comm_id_ = plan->id;
-    sub.lease_ = std::make_shared<ringzero::detail::comm_id_lease>(ep_->ids(), plan->id);
-    sub.cost_ = cost_;
-    sub.timeout_ = timeout_;
-    sub.topo_ = sub.place();
-    return std::optional<communicator>(std::move(sub));
-  }
-
  private:
-  communicator() = default;
-
-  [[nodiscard]] topology place() const {
-    std::vector<std::string> host_of(members_.size());
-    for (std::size_t i = 0; i < members_.size(); ++i)
-      host_of[i] = hosts_[static_cast<std::size_t>(members_[i])];
-    return ringzero::detail::place(std::span<const std::string>(host_of), rank_);
-  }
-  [[nodiscard]] int world_of(int peer) const noexcept {
-    return members_[static_cast<std::size_t>(peer)];
-  }
-  [[nodiscard]] std::uint64_t full_tag(tag_t tag) const noexcept {
-    return (static_cast<std::uint64_t>(comm_id_) << tag_bits) | tag;
-  }
-  void check_peer(int peer, const char* what) const {
-    if (peer < 0 || peer >= size() || peer == rank_)
-      throw invalid_argument(
-          fmt::format("{}: peer {} is not another rank of this {}-rank "
-                      "communicator (this is rank {})",
-                      what, peer, size(), rank_));
-  }
-
-  // Members are destroyed last to first: the hierarchy cache in state_, which holds
-  // sub-communicators sharing ep_, goes first.
   std::shared_ptr<detail::endpoint> ep_;
-  std::vector<std::string> hosts_;  ///< host name of every world rank
-  std::vector<int> members_;
+  std::vector<std::string> hosts_;  ///< host name of every rank
   int rank_ = 0;
-  std::uint32_t comm_id_ = 0;
-  std::shared_ptr<ringzero::detail::comm_id_lease> lease_;
   cost_params cost_{};
   std::chrono::nanoseconds timeout_{0};
-  topology topo_{};
-  ringzero::detail::comm_state state_;
 };
+
+/// ringzero's communicator over libfabric: communicator::from_env() joins the job.
+using communicator = ringzero::communicator<transport>;
 
 }  // namespace ringzero::libfabric

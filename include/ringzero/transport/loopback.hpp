@@ -7,7 +7,8 @@
 //   });
 //
 // A send and a receive meet in the receiver's mailbox; whichever arrives second copies the
-// bytes, so no progress thread is needed and each message is copied exactly once.
+// bytes, so no progress thread is needed and each message is copied exactly once. The
+// transport is messaging only; loopback::communicator is ringzero::communicator over it.
 #pragma once
 
 #include <atomic>
@@ -28,10 +29,9 @@
 
 #include <fmt/core.h>
 
-#include "ringzero/detail/env.hpp"
+#include "ringzero/communicator.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
-#include "ringzero/transport/detail/split.hpp"
 
 namespace ringzero::loopback {
 
@@ -63,12 +63,8 @@ struct mailbox {
 };
 
 struct shared_state {
-  explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {
-    for (int r = 0; r < n; ++r) ids.push_back(std::make_shared<ringzero::detail::comm_ids>());
-  }
+  explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {}
   std::vector<mailbox> boxes;
-  /// Communicator ids in use per world rank: each rank stands for a process of its own.
-  std::vector<std::shared_ptr<ringzero::detail::comm_ids>> ids;
   std::atomic<int> failed_rank{-1};
   std::string failure;  // written once, by the thread that set failed_rank
 };
@@ -101,7 +97,9 @@ inline void unlink(std::map<key, std::vector<std::shared_ptr<message>>>& queues,
 
 }  // namespace detail
 
-class communicator {
+/// One rank's end of the world's mailboxes. Peers are world ranks; tags arrive complete (the
+/// communicator has put its id in them).
+class transport {
  public:
   /// Handle to one posted send or receive. Destroying it before completion withdraws it.
   class request {
@@ -124,7 +122,7 @@ class communicator {
     ~request() { cancel(); }
 
    private:
-    friend class communicator;
+    friend class transport;
     void cancel() noexcept {
       if (!msg_ || msg_->done.load(std::memory_order_acquire)) return;
       std::lock_guard lock(box_->mutex);
@@ -138,52 +136,25 @@ class communicator {
     int peer_ = -1;
   };
 
-  communicator(std::shared_ptr<detail::shared_state> shared, std::vector<int> members, int rank,
-               std::uint32_t comm_id, const world_options& opts)
-      : shared_(std::move(shared)),
-        members_(std::move(members)),
-        rank_(rank),
-        comm_id_(comm_id),
-        opts_(opts),
-        timeout_(opts.timeout.count() > 0 ? opts.timeout : ringzero::detail::env_timeout()),
-        topo_(place_members()) {}
+  transport(std::shared_ptr<detail::shared_state> shared, int rank, const world_options& opts)
+      : shared_(std::move(shared)), rank_(rank), opts_(opts) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
-  [[nodiscard]] cost_params cost() const noexcept { return opts_.cost; }
-  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
-  [[nodiscard]] ringzero::detail::comm_state& state() noexcept { return state_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(shared_->boxes.size()); }
+  [[nodiscard]] cost_params tuning() const noexcept { return opts_.cost; }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return opts_.timeout; }
+  /// Node of world rank r when the world simulates several nodes (world_options::ranks_per_node).
+  [[nodiscard]] int host_of(int r) const noexcept {
+    return opts_.ranks_per_node > 0 ? r / opts_.ranks_per_node : 0;
+  }
   void progress() noexcept {}
 
-  /// Node placement when the world simulates several nodes (world_options::ranks_per_node):
-  /// world rank w sits on node w / ranks_per_node. A sub-communicator numbers the nodes its
-  /// members occupy by its lowest member on each.
-  [[nodiscard]] topology topo() const noexcept { return topo_; }
-
-  /// Collective over this communicator, as MPI_Comm_split: ranks passing the same color >= 0
-  /// get a communicator of their own, ranked by (key, rank here); a negative color returns
-  /// nullopt. The new communicator shares the world's mailboxes under a communicator id no
-  /// member uses elsewhere, so it may run collectives alongside this one.
-  [[nodiscard]] std::optional<communicator> split(int color, int key) {
-    const auto& ids = shared_->ids[static_cast<std::size_t>(world_rank())];
-    auto plan = ringzero::detail::plan_split(*this, color, key, *ids);
-    if (!plan) return std::nullopt;
-    std::vector<int> world_members;
-    world_members.reserve(plan->members.size());
-    for (int p : plan->members) world_members.push_back(members_[static_cast<std::size_t>(p)]);
-    std::optional<communicator> sub(std::in_place, shared_, std::move(world_members), plan->rank,
-                                    plan->id, opts_);
-    sub->lease_ = std::make_shared<ringzero::detail::comm_id_lease>(ids, plan->id);
-    return sub;
-  }
-
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
-    check_peer(peer, "isend");
     auto msg = std::make_shared<detail::message>();
-    msg->src = world_rank();
+    msg->src = rank_;
     msg->send_data = data;
-    auto& box = shared_->boxes[static_cast<std::size_t>(members_[static_cast<std::size_t>(peer)])];
-    const detail::key k{world_rank(), full_tag(tag)};
+    auto& box = shared_->boxes[static_cast<std::size_t>(peer)];
+    const detail::key k{rank_, tag};
     {
       std::lock_guard lock(box.mutex);
       if (auto it = box.recvs.find(k); it != box.recvs.end()) {
@@ -199,12 +170,11 @@ class communicator {
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
-    check_peer(peer, "irecv");
     auto msg = std::make_shared<detail::message>();
-    msg->src = members_[static_cast<std::size_t>(peer)];
+    msg->src = peer;
     msg->recv_data = data;
-    auto& box = shared_->boxes[static_cast<std::size_t>(world_rank())];
-    const detail::key k{msg->src, full_tag(tag)};
+    auto& box = shared_->boxes[static_cast<std::size_t>(rank_)];
+    const detail::key k{peer, tag};
     {
       std::lock_guard lock(box.mutex);
       if (auto it = box.sends.find(k); it != box.sends.end()) {
@@ -231,40 +201,17 @@ class communicator {
       return true;
     }
     const int failed = shared_->failed_rank.load(std::memory_order_acquire);
-    if (failed >= 0 && failed != world_rank())
+    if (failed >= 0 && failed != rank_)
       throw peer_error(fmt::format("rank {} failed: {}", failed, shared_->failure), failed);
     return false;
   }
 
-  /// World rank of this communicator's rank (differs from rank() in sub-communicators).
-  [[nodiscard]] int world_rank() const noexcept {
-    return members_[static_cast<std::size_t>(rank_)];
-  }
-  [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
-  [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
   [[nodiscard]] const std::shared_ptr<detail::shared_state>& shared() const noexcept {
     return shared_;
   }
   [[nodiscard]] const world_options& options() const noexcept { return opts_; }
 
  private:
-  [[nodiscard]] topology place_members() const {
-    const int world = static_cast<int>(shared_->boxes.size());
-    const int per = opts_.ranks_per_node > 0 ? opts_.ranks_per_node : world;
-    std::vector<int> node_of(members_.size());
-    for (std::size_t i = 0; i < members_.size(); ++i) node_of[i] = members_[i] / per;
-    return ringzero::detail::place(std::span<const int>(node_of), rank_);
-  }
-  [[nodiscard]] tag_t full_tag(tag_t tag) const noexcept {
-    return (static_cast<tag_t>(comm_id_) << tag_bits) | tag;
-  }
-  void check_peer(int peer, const char* what) const {
-    if (peer < 0 || peer >= size() || peer == rank_)
-      throw invalid_argument(
-          fmt::format("{}: peer {} is not another rank of this {}-rank "
-                      "communicator (this is rank {})",
-                      what, peer, size(), rank_));
-  }
   static request make_request(std::shared_ptr<detail::message> msg, detail::mailbox& box,
                               detail::key k, bool is_send, int peer) {
     request r;
@@ -277,15 +224,11 @@ class communicator {
   }
 
   std::shared_ptr<detail::shared_state> shared_;
-  std::vector<int> members_;
   int rank_;
-  std::uint32_t comm_id_;
   world_options opts_;
-  std::chrono::nanoseconds timeout_;
-  topology topo_;
-  std::shared_ptr<ringzero::detail::comm_id_lease> lease_;
-  ringzero::detail::comm_state state_;
 };
+
+using communicator = ringzero::communicator<transport>;
 
 /// N ranks as N threads. run() blocks until every rank returns; if any rank throws, the others'
 /// waits fail with a peer_error naming it, and run() rethrows the first failure.
@@ -301,11 +244,9 @@ class world {
   template <class F>
   void run(F&& f) {
     auto shared = std::make_shared<detail::shared_state>(size_);
-    std::vector<int> members(static_cast<std::size_t>(size_));
-    std::iota(members.begin(), members.end(), 0);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size_));
     auto body = [&](int r) {
-      communicator comm(shared, members, r, 0, opts_);
+      communicator comm(transport(shared, r, opts_));
       try {
         f(comm);
       } catch (...) {

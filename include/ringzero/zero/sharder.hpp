@@ -73,7 +73,7 @@ template <class P>
 concept parameter_type =
     std::is_same_v<P, float> || std::is_same_v<P, bfloat16> || std::is_same_v<P, float16>;
 
-template <transport T, parameter_type P>
+template <class T, parameter_type P>
 class sharder {
  public:
   using param_type = P;

@@ -40,7 +40,7 @@ int main() {
         return 1;
       }
     fmt::print("rank {} of {} on GPU {}: all_reduce gave {} in all {} elements\n", comm.rank(),
-               comm.size(), comm.device(), host[0], host.size());
+               comm.size(), comm.transport().device(), host[0], host.size());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

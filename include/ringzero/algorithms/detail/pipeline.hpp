@@ -14,10 +14,10 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/blocks.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::detail {
@@ -26,13 +26,13 @@ using ringzero::detail::exchange;
 
 /// `elems` elements of the communicator's scratch buffer. One algorithm call takes it once and
 /// carves it: a second call would be free to move it.
-template <element E, transport T>
+template <element E, collective_comm T>
 [[nodiscard]] std::span<E> scratch_of(T& comm, std::size_t elems) {
   auto raw = comm.state().scratch(elems * sizeof(E));
   return {reinterpret_cast<E*>(raw.data()), elems};
 }
 
-template <transport T>
+template <collective_comm T>
 [[nodiscard]] std::size_t chunk_bytes_of(const T& comm, const options& opt) {
   const cost_params& cp = comm.cost();
   return std::max(opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes, cp.min_chunk_bytes);
@@ -45,32 +45,34 @@ template <element E>
   return chunking::make(len, sizeof(E), chunk_bytes).chunk;
 }
 
-/// Chunk length for a message whose chunks are all posted at once: at most chunking::burst.
+/// Chunk length for a message whose chunks are all posted at once: at most `burst` of them
+/// (the transport's cost_params::burst).
 template <element E>
-[[nodiscard]] std::size_t burst_chunk_elems(std::size_t len, std::size_t chunk_bytes) {
-  return chunking::make(len, sizeof(E), chunk_bytes, chunking::burst).chunk;
+[[nodiscard]] std::size_t burst_chunk_elems(std::size_t len, std::size_t chunk_bytes,
+                                            std::size_t burst) {
+  return chunking::make(len, sizeof(E), chunk_bytes, burst).chunk;
 }
 
-template <transport T, element E>
+template <collective_comm T, element E>
 void post_sends(exchange<T>& ex, int peer, int step, std::span<const E> data,
                 std::size_t chunk_bytes, std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().cost().burst);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.send(peer, step, static_cast<std::uint32_t>(id),
                            std::as_bytes(data.subspan(i, std::min(c, data.size() - i)))));
 }
 
-template <transport T, element E>
+template <collective_comm T, element E>
 void post_recvs(exchange<T>& ex, int peer, int step, std::span<E> data, std::size_t chunk_bytes,
                 std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().cost().burst);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.recv(peer, step, static_cast<std::uint32_t>(id),
                            std::as_writable_bytes(data.subspan(i, std::min(c, data.size() - i)))));
 }
 
 /// Sends `data` to `peer` and waits for it.
-template <transport T, element E>
+template <collective_comm T, element E>
 void send_all(exchange<T>& ex, int peer, int step, std::span<const E> data,
               std::size_t chunk_bytes) {
   std::vector<typename exchange<T>::pending> ps;
@@ -78,7 +80,7 @@ void send_all(exchange<T>& ex, int peer, int step, std::span<const E> data,
   ex.wait_all(ps);
 }
 
-template <transport T, element E>
+template <collective_comm T, element E>
 void recv_all(exchange<T>& ex, int peer, int step, std::span<E> data, std::size_t chunk_bytes) {
   std::vector<typename exchange<T>::pending> ps;
   post_recvs(ex, peer, step, data, chunk_bytes, ps);
@@ -89,13 +91,13 @@ void recv_all(exchange<T>& ex, int peer, int step, std::span<E> data, std::size_
 /// for each chunk of `theirs` as it lands, so reducing it overlaps the rest of the transfer.
 /// With `overlap` (the caller writes over what it sends) a chunk is handed over only once the
 /// send chunk at the same position left; `mine` and `theirs` then have equal lengths.
-template <transport T, element E, class F>
+template <collective_comm T, element E, class F>
 void swap_chunks(exchange<T>& ex, int to, std::span<const E> mine, int from, std::span<E> theirs,
                  int step, std::size_t chunk_bytes, bool overlap, F&& on_chunk) {
   std::vector<typename exchange<T>::pending> recvs, sends;
   post_recvs(ex, from, step, theirs, chunk_bytes, recvs);
   post_sends(ex, to, step, mine, chunk_bytes, sends);
-  const std::size_t c = burst_chunk_elems<E>(theirs.size(), chunk_bytes);
+  const std::size_t c = burst_chunk_elems<E>(theirs.size(), chunk_bytes, ex.comm().cost().burst);
   for (std::size_t i = 0; i < recvs.size(); ++i) {
     if (overlap) ex.wait(sends[i]);
     ex.wait(recvs[i]);
@@ -129,16 +131,16 @@ enum class flow : std::uint8_t {
 ///
 /// Receives from children land in `window` slots per child, so a child is at most `window`
 /// chunks ahead of its parent and scratch stays small whatever the message size. Sends to the
-/// parent, receives from it and sends to each child are each kept to `inflight` chunks, so
+/// parent, receives from it and sends to each child are each kept to `inflight` chunks (the
+/// transport's cost_params::inflight), so
 /// the messages in flight stay bounded whatever the message size: a transport can only queue
 /// so many (libfabric's shm provider runs out of receive entries otherwise), and chunks
 /// posted far ahead gain nothing once the link is busy.
-template <transport T, element E>
+template <collective_comm T, element E>
 class tree_pipeline {
  public:
   using pending = typename exchange<T>::pending;
   static constexpr std::size_t window = 2;
-  static constexpr std::size_t inflight = 8;
 
   /// Scratch elements a pipeline with this node, flow and chunk length needs.
   [[nodiscard]] static std::size_t scratch_elems(const tree_node& node, flow f, std::size_t chunk) {
@@ -165,7 +167,8 @@ class tree_pipeline {
         slots_(scratch.empty() ? nullptr : scratch.data()),
         partials_(keeps_partials(node_, f) ? slots_ + node_.children.size() * window * chunk
                                            : nullptr),
-        step_(step) {
+        step_(step),
+        inflight_(std::max<std::size_t>(1, ex.comm().cost().inflight)) {
     const std::size_t k = node_.children.size();
     if (reduces()) {
       child_recvs_.resize(k * window);
@@ -199,7 +202,7 @@ class tree_pipeline {
       // In all_reduce the final chunk overwrites the partial we sent up: that send must be
       // gone before the receive is posted.
       const std::size_t limit =
-          std::min(flow_ == flow::all_reduce ? up_head_ : chunks_, down_head_ + inflight);
+          std::min(flow_ == flow::all_reduce ? up_head_ : chunks_, down_head_ + inflight_);
       while (down_posted_ < limit &&
              (flow_ != flow::all_reduce || ex_.test(up_sends_[down_posted_]))) {
         const auto r = range(down_posted_);
@@ -216,7 +219,7 @@ class tree_pipeline {
       }
     }
     if (broadcasts()) {
-      while (down_sent_ < ready_ && (down_sent_ < inflight || sent_down(down_sent_ - inflight))) {
+      while (down_sent_ < ready_ && (down_sent_ < inflight_ || sent_down(down_sent_ - inflight_))) {
         send_down(down_sent_++);
         moved = true;
       }
@@ -273,7 +276,7 @@ class tree_pipeline {
     // The partial slot is reused every `window` chunks, so its last send must have left;
     // other senders keep `inflight` chunks on their way up.
     if (!root()) {
-      const std::size_t lag = keeps_partials(node_, flow_) ? window : inflight;
+      const std::size_t lag = keeps_partials(node_, flow_) ? window : inflight_;
       if (c >= lag && !ex_.test(up_sends_[c - lag])) return false;
     }
     return true;
@@ -333,6 +336,7 @@ class tree_pipeline {
   E* slots_;
   E* partials_;
   int step_;
+  std::size_t inflight_;
 
   std::vector<pending> child_recvs_;
   std::vector<pending> up_sends_;
@@ -347,7 +351,7 @@ class tree_pipeline {
 };
 
 /// Drives pipelines until each has everything it receives, then waits for their sends.
-template <transport T, element E, class... P>
+template <collective_comm T, element E, class... P>
 void drive(tree_pipeline<T, E>& first, P&... rest) {
   ringzero::detail::backoff b;
   while (!(first.done() && (rest.done() && ...))) {

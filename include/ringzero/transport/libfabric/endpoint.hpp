@@ -45,11 +45,29 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
-#include "ringzero/transport/detail/split.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
 
 namespace ringzero::libfabric::detail {
+
+/// The endpoint's own limits, named once.
+struct endpoint_limits {
+  /// How long a cancelled send may take to leave: a send the provider cannot cancel is usually
+  /// already on the wire and completes within microseconds; one that has not after 10 ms
+  /// will not, and its buffer is kept instead (the communicator outlives it).
+  static constexpr std::chrono::nanoseconds cancel_send_grace{10'000'000};
+  /// How long submit() drives progress for the first queued operation before returning it to
+  /// the caller's own wait loop: long enough to post behind a momentarily full queue, short
+  /// enough that the caller's deadline is looked at again.
+  static constexpr std::chrono::milliseconds post_progress_window{100};
+  /// Completions read per fi_cq_read: one cache-friendly batch; the loop reads until fewer.
+  static constexpr std::size_t completion_batch = 16;
+  /// Room for a provider's address as text (fi_sockaddr_in6://[...]:port fits).
+  static constexpr std::size_t address_text_bytes = 128;
+  /// Queue shares before the provider reports its queue sizes (then half of each is used).
+  static constexpr std::size_t default_send_cap = 64;
+  static constexpr std::size_t default_recv_cap = 128;
+};
 
 /// The libfabric API version ringzero is written against (FI_MR_ENDPOINT and FI_CONTEXT2 need
 /// at least 1.5; 1.14 is the oldest release the build accepts).
@@ -198,7 +216,7 @@ class endpoint {
     mr_mode_ = info_->domain_attr->mr_mode;
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
     inject_size_ = info_->tx_attr->inject_size;
-    // A safety net under the algorithms' own bounds (chunking::burst, tree_pipeline::inflight):
+    // A safety net under the algorithms' own bounds (cost_params::burst and ::inflight):
     // an operation the provider has no room for waits here, in order, instead of failing
     // (-FI_ENOMEM from shm once rx_attr->size receives are posted) or spinning inside the
     // call. Half of each queue, because shm takes entries for early (unexpected) arrivals
@@ -213,8 +231,6 @@ class endpoint {
       throw unsupported(
           fmt::format("provider {} matches only {} tag bits; ringzero needs more than {}",
                       provider_, tag_width_, tag_bits));
-    const int id_bits = std::min(tag_width_ - tag_bits, 12);
-    ids_ = std::make_shared<ringzero::detail::comm_ids>(std::uint32_t{1} << id_bits);
 
     check(fi_fabric(info_->fabric_attr, fabric_.out(), nullptr), "fi_fabric", provider_);
     check(fi_domain(fabric_.get(), info_.get(), domain_.out(), nullptr), "fi_domain", provider_);
@@ -272,7 +288,7 @@ class endpoint {
   /// A name as text (the provider's own format, e.g. fi_sockaddr_in://198.51.100.1:41234),
   /// for logs and errors.
   [[nodiscard]] std::string address_text(const std::vector<std::byte>& name) const {
-    char buf[128] = {};
+    char buf[endpoint_limits::address_text_bytes] = {};
     std::size_t len = sizeof(buf);
     if (!fi_av_straddr(av_.get(), name.data(), buf, &len)) return "?";
     return std::string(buf, ::strnlen(buf, sizeof(buf)));
@@ -292,8 +308,9 @@ class endpoint {
   }
 
   [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
-  [[nodiscard]] const std::shared_ptr<ringzero::detail::comm_ids>& ids() const noexcept {
-    return ids_;
+  /// Tag bits above the algorithm's that this provider matches: room for communicator ids.
+  [[nodiscard]] int comm_id_bits() const noexcept {
+    return std::min(tag_width_ - tag_bits, tag_layout::comm_id_bits);
   }
   [[nodiscard]] int tag_width() const noexcept { return tag_width_; }
   [[nodiscard]] std::uint64_t mr_mode() const noexcept { return mr_mode_; }
@@ -410,7 +427,9 @@ class endpoint {
     if (c->state == op_context::status::pending) {
       fi_cancel(&ep_.get()->fid, c);
       const auto limit =
-          c->is_send ? std::min(timeout_, std::chrono::nanoseconds(10'000'000)) : timeout_;
+          c->is_send
+              ? std::min(timeout_, std::chrono::nanoseconds(endpoint_limits::cancel_send_grace))
+              : timeout_;
       const auto deadline = std::chrono::steady_clock::now() + limit;
       try {
         while (c->state == op_context::status::pending &&
@@ -475,13 +494,13 @@ class endpoint {
   }
 
   void progress_locked() {
-    fi_cq_tagged_entry done[16];
+    fi_cq_tagged_entry done[endpoint_limits::completion_batch];
     for (;;) {
-      const ssize_t n = fi_cq_read(cq_.get(), done, 16);
+      const ssize_t n = fi_cq_read(cq_.get(), done, endpoint_limits::completion_batch);
       if (n > 0) {
         for (ssize_t i = 0; i < n; ++i)
           complete(static_cast<op_context*>(done[i].op_context), done[i].len);
-        if (n < 16) break;
+        if (static_cast<std::size_t>(n) < endpoint_limits::completion_batch) break;
         continue;
       }
       if (n == -FI_EAGAIN) break;
@@ -508,7 +527,7 @@ class endpoint {
     queue.push_back(c);
     drain(queue, posted, cap);
     if (queue.size() != 1 || queue.front() != c || posted >= cap) return;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    const auto until = std::chrono::steady_clock::now() + endpoint_limits::post_progress_window;
     try {
       while (!c->posted && c->state == op_context::status::pending &&
              std::chrono::steady_clock::now() < until)
@@ -620,7 +639,6 @@ class endpoint {
   std::size_t inject_size_ = 0;
   std::size_t max_msg_size_ = 0;
   int tag_width_ = 64;
-  std::shared_ptr<ringzero::detail::comm_ids> ids_;
   handle<fid_fabric> fabric_;
   handle<fid_domain> domain_;
   handle<fid_cq> cq_;
@@ -635,8 +653,8 @@ class endpoint {
   std::deque<op_context*> waiting_recvs_;
   std::size_t posted_sends_ = 0;
   std::size_t posted_recvs_ = 0;
-  std::size_t send_cap_ = 64;
-  std::size_t recv_cap_ = 128;
+  std::size_t send_cap_ = endpoint_limits::default_send_cap;
+  std::size_t recv_cap_ = endpoint_limits::default_recv_cap;
   std::vector<op_context*> free_;
 };
 

@@ -1,7 +1,9 @@
-// ringzero::nccl::communicator: one rank of an NCCL communicator, with ringzero's guarantees on
-// top of NCCL's. Every NCCL and CUDA status is checked and raised as a ringzero::error, and every
+// ringzero::nccl::transport: one rank of an NCCL communicator, with ringzero's guarantees on top
+// of NCCL's. Every NCCL and CUDA status is checked and raised as a ringzero::error, and every
 // blocking call has a deadline (RINGZERO_TIMEOUT) after which the communicator is aborted, where
-// NCCL alone would leave the GPU spinning forever on a peer that never came.
+// NCCL alone would leave the GPU spinning forever on a peer that never came. It is a transport
+// with native collectives (transport/native.hpp): ringzero::communicator validates each call
+// and hands it to run_native().
 //
 //   auto comm = ringzero::nccl::communicator::from_env();   // torchrun / Slurm / Open MPI env
 //   ringzero::all_reduce(comm, std::span<float>(grads, n), ringzero::op::sum);
@@ -15,6 +17,7 @@
 #include <fmt/core.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/algorithm.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
@@ -33,6 +37,7 @@
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/native.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
 
 namespace ringzero::nccl {
@@ -53,32 +58,10 @@ struct config {
   ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
 };
 
-/// Per-call knobs of the NCCL collectives.
-struct options {
-  /// Stream to enqueue on; nullptr = the communicator's own stream. That stream is a blocking
-  /// stream, so it runs after work already queued on the legacy default stream: kernels that
-  /// wrote the buffer there need no extra synchronization. Data produced on any other stream
-  /// (including cudaStreamPerThread) needs that stream passed here.
-  cudaStream_t stream = nullptr;
-  /// false: return once the operation completed on the GPU (bounded by the deadline).
-  /// true: return once it is enqueued; the caller orders later work on `stream`, and calls
-  /// communicator::synchronize() to wait with a deadline and see NCCL's asynchronous errors.
-  bool async = false;
-  /// 0 = the communicator's timeout.
-  std::chrono::nanoseconds timeout{0};
-};
-
 /// Whether an adopted ncclComm_t is destroyed with the communicator.
 enum class ownership { owned, borrowed };
 
-class communicator;
-
 namespace detail {
-
-/// What the collectives need from a communicator that users do not.
-struct access {
-  static std::span<std::byte> scratch(communicator& c);
-};
 
 [[nodiscard]] inline std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) {
   return t.count() > 0 ? t : ringzero::detail::env_timeout();
@@ -111,14 +94,80 @@ inline void check_nccl(ncclResult_t r, std::string_view what) {
   return static_cast<int>(base % n);
 }
 
+/// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.
+[[nodiscard]] inline ncclResult_t cuda_status(cudaError_t e) noexcept {
+  return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+/// Stream-ordered device scratch (cudaMallocAsync), freed on the same stream when the scope
+/// ends. Freed only after the enqueue that uses it has returned: in non-blocking mode
+/// ncclGroupEnd may answer before the group's kernels are on the stream, so a free enqueued
+/// inside the group's callback could run ahead of them.
+class stream_scratch {
+ public:
+  stream_scratch(int device, cudaStream_t s, std::size_t bytes) : device_(device), stream_(s) {
+    const device_guard guard(device_);
+    check_cuda(cudaMallocAsync(&data_, bytes, stream_), "nccl: cudaMallocAsync");
+  }
+  ~stream_scratch() {
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    if (previous != device_) static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaFreeAsync(data_, stream_));
+    if (previous != device_) static_cast<void>(cudaSetDevice(previous));
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+/// Blocks between every pair of ranks in one group, as nccl-tests' alltoall issues them: per
+/// peer (this rank included) one ncclSend of its block and one ncclRecv of the peer's. Counts
+/// and displacements are in elements of `es` bytes; empty blocks are skipped on both sides,
+/// which agree on them.
+[[nodiscard]] inline ncclResult_t exchange_blocks(
+    ncclComm_t h, cudaStream_t s, int size, ncclDataType_t type, std::size_t es,
+    const std::byte* in, std::span<const std::size_t> send_counts,
+    std::span<const std::size_t> send_displs, std::byte* out,
+    std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (send_counts[up] > 0)
+      first = ncclSend(in + send_displs[up] * es, send_counts[up], type, p, h, s);
+    if (first == ncclSuccess && recv_counts[up] > 0)
+      first = ncclRecv(out + recv_displs[up] * es, recv_counts[up], type, p, h, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
+/// The root's side of gather (receive) or scatter (send): one message per other rank, grouped.
+template <class Op>
+[[nodiscard]] ncclResult_t root_group(int size, int root, Op&& one) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p)
+    if (p != root) first = one(p);
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
 }  // namespace detail
 
-class communicator {
+class transport {
  public:
+  using from_env_options = config;
+
   /// Rank `rank` of `size`: rank 0 creates the NCCL unique id and publishes it in `store`, the
   /// others read it there. Every rank must construct its communicators in the same order.
-  communicator(bootstrap::store& store, int rank, int size, const config& cfg = {})
-      : communicator() {
+  transport(bootstrap::store& store, int rank, int size, const config& cfg = {}) : transport() {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format(
           "nccl::communicator: rank {} is out of range for a {}-rank communicator", rank, size));
@@ -148,8 +197,8 @@ class communicator {
   /// Takes over an ncclComm_t created elsewhere (already initialized). With ownership::borrowed
   /// the handle is not destroyed with this object; a missed deadline still aborts it, after
   /// which its creator must not use or destroy it.
-  explicit communicator(ncclComm_t comm, ownership own = ownership::owned, const config& cfg = {})
-      : communicator() {
+  explicit transport(ncclComm_t comm, ownership own = ownership::owned, const config& cfg = {})
+      : transport() {
     if (comm == nullptr)
       throw invalid_argument("nccl::communicator: cannot adopt a null ncclComm_t");
     comm_ = comm;
@@ -164,8 +213,8 @@ class communicator {
   }
 
   /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs.
-  [[nodiscard]] static communicator single(const config& cfg = {}) {
-    communicator c;
+  [[nodiscard]] static transport single(const config& cfg = {}) {
+    transport c;
     c.timeout_ = detail::resolve_timeout(cfg.timeout);
     c.device_ = detail::pick_device(cfg.device, 0);
     ncclUniqueId id{};
@@ -179,7 +228,7 @@ class communicator {
   /// cfg.device says otherwise. The unique id travels through the job's rendezvous store
   /// (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR) that lives only while
   /// the communicator is created. Without a launcher it is single().
-  [[nodiscard]] static communicator from_env(const config& cfg = {}) {
+  [[nodiscard]] static transport from_env(const config& cfg = {}) {
     const int devices = detail::require_devices();
     const bootstrap::launch_info job = bootstrap::detect_launch();
     log::detail::process_rank().store(job.rank);
@@ -188,14 +237,14 @@ class communicator {
     if (job.world_size == 1) return single(c);
     c.timeout = detail::resolve_timeout(cfg.timeout);
     const auto store = bootstrap::make_store(job, c.timeout);
-    return communicator(*store, job.rank, job.world_size, c);
+    return transport(*store, job.rank, job.world_size, c);
   }
 
-  ~communicator() { release(); }
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  communicator(communicator&& o) noexcept { steal(o); }
-  communicator& operator=(communicator&& o) noexcept {
+  ~transport() { release(); }
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+  transport(transport&& o) noexcept { steal(o); }
+  transport& operator=(transport&& o) noexcept {
     if (this != &o) {
       release();
       steal(o);
@@ -208,7 +257,9 @@ class communicator {
   [[nodiscard]] int device() const noexcept { return device_; }
   /// The communicator's own stream (options::stream = nullptr).
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
+  /// NCCL picks its own algorithms; these constants only describe the link for reports.
+  [[nodiscard]] cost_params tuning() const noexcept { return {}; }
   /// The wrapped handle, for NCCL calls ringzero does not cover; null once aborted or moved from.
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
   /// True after a failure aborted the communicator; every later call then throws.
@@ -220,7 +271,7 @@ class communicator {
   /// wrap get the same error mapping and deadlines. `what` names the call in errors.
   template <class F>
   requires std::is_invocable_r_v<ncclResult_t, F, ncclComm_t, cudaStream_t>
-  void enqueue(std::string_view what, const options& opt, F&& f) {
+  void enqueue(std::string_view what, const ringzero::options& opt, F&& f) {
     ensure_usable(what);
     const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
     const auto deadline = clock::now() + limit;
@@ -240,11 +291,177 @@ class communicator {
     wait(what, s != nullptr ? s : stream_, clock::now() + limit, limit);
   }
 
+  /// One validated collective (transport/native.hpp), as NCCL's own call. Every buffer is
+  /// checked to be memory this rank's GPU can address before anything is enqueued; in place is
+  /// NCCL's (same pointer, or this rank's block).
+  void run_native(const native_call& c, const ringzero::options& opt) {
+    const std::string_view what = collective_name(c.kind);
+    const std::size_t es = dtype_size(c.type);
+    const ncclDataType_t type = detail::to_nccl(c.type);
+    const auto n = static_cast<std::size_t>(size_);
+    const bool is_root = rank_ == c.root;
+    const auto* in = static_cast<const std::byte*>(c.in);
+    auto* out = static_cast<std::byte*>(c.out);
+    const auto check = [&](std::string_view name, const void* p, std::size_t elems) {
+      detail::check_device_buffer(what, name, p, elems * es, device_);
+    };
+    switch (c.kind) {
+      case collective::all_reduce:
+        check("input", in, c.count);
+        if (out != in) check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclAllReduce(in, out, c.count, type, detail::to_nccl(c.reduction), h, s);
+        });
+      case collective::reduce_scatter:
+        check("input", in, c.count * n);
+        if (out != in + c.count * es * static_cast<std::size_t>(rank_))
+          check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclReduceScatter(in, out, c.count, type, detail::to_nccl(c.reduction), h, s);
+        });
+      case collective::all_gather:
+        check("output", out, c.count * n);
+        if (in != out + c.count * es * static_cast<std::size_t>(rank_)) check("input", in, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclAllGather(in, out, c.count, type, h, s);
+        });
+      case collective::broadcast:
+        if (is_root && in != out) check("input", in, c.count);
+        check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclBroadcast(is_root ? in : out, out, c.count, type, c.root, h, s);
+        });
+      case collective::reduce:
+        check("input", in, c.count);
+        if (is_root && out != in) check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclReduce(in, is_root ? out : nullptr, c.count, type,
+                            detail::to_nccl(c.reduction), c.root, h, s);
+        });
+      case collective::barrier: {
+        // A one-element all_reduce, always waited for: only the deadline of opt applies.
+        const std::span<std::byte> buf = scratch();
+        return enqueue(what, {.timeout = opt.timeout}, [&](ncclComm_t h, cudaStream_t s) {
+          return ncclAllReduce(buf.data(), buf.data(), 1, ncclInt32, ncclSum, h, s);
+        });
+      }
+      case collective::send_recv:
+        if (c.peer >= 0) check("send buffer", in, c.count);
+        if (c.from >= 0) check("receive buffer", out, c.recv_count);
+        // One NCCL group, so a ring of ranks each sending to the next cannot deadlock.
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+          ncclResult_t rr = ncclSuccess, sr = ncclSuccess;
+          if (c.from >= 0) rr = ncclRecv(out, c.recv_count, type, c.from, h, s);
+          if (c.peer >= 0) sr = ncclSend(in, c.count, type, c.peer, h, s);
+          const ncclResult_t er = ncclGroupEnd();
+          return rr != ncclSuccess ? rr : sr != ncclSuccess ? sr : er;
+        });
+      case collective::all_to_all: {
+        // c.count is one rank's block. In place the input is first copied to a stream-ordered
+        // temporary, since a peer may write a block before this rank has sent it.
+        const std::size_t total = c.count * n;
+        check("input", in, total);
+        if (out != in) check("output", out, total);
+        std::vector<std::size_t> counts(n, c.count), displs(n);
+        for (std::size_t i = 0; i < n; ++i) displs[i] = i * c.count;
+        if (out != in)
+          return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+            return detail::exchange_blocks(h, s, size_, type, es, in, counts, displs, out, counts,
+                                           displs);
+          });
+        const detail::stream_scratch copy(device_, opt.stream != nullptr ? opt.stream : stream_,
+                                          total * es);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (const ncclResult_t r = detail::cuda_status(
+                  cudaMemcpyAsync(copy.data(), in, total * es, cudaMemcpyDeviceToDevice, s));
+              r != ncclSuccess)
+            return r;
+          return detail::exchange_blocks(h, s, size_, type, es,
+                                         static_cast<const std::byte*>(copy.data()), counts, displs,
+                                         out, counts, displs);
+        });
+      }
+      case collective::all_to_allv: {
+        std::size_t in_len = 0, out_len = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          in_len = std::max(in_len, c.send_displs[r] + c.send_counts[r]);
+          out_len = std::max(out_len, c.recv_displs[r] + c.recv_counts[r]);
+        }
+        if (in_len > 0) check("input", in, in_len);
+        if (out_len > 0) check("output", out, out_len);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return detail::exchange_blocks(h, s, size_, type, es, in, c.send_counts, c.send_displs,
+                                         out, c.recv_counts, c.recv_displs);
+        });
+      }
+      case collective::gather: {
+        std::byte* own = is_root ? out + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
+        if (own != in) check("input", in, c.count);
+        if (is_root) check("output", out, c.count * n);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (!is_root) return ncclSend(in, c.count, type, c.root, h, s);
+          if (own != in)
+            if (const ncclResult_t r = detail::cuda_status(
+                    cudaMemcpyAsync(own, in, c.count * es, cudaMemcpyDeviceToDevice, s));
+                r != ncclSuccess)
+              return r;
+          return detail::root_group(size_, c.root, [&](int p) {
+            return ncclRecv(out + c.count * es * static_cast<std::size_t>(p), c.count, type, p, h,
+                            s);
+          });
+        });
+      }
+      case collective::scatter: {
+        const std::byte* own =
+            is_root ? in + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
+        if (is_root) check("input", in, c.count * n);
+        if (own != out) check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (!is_root) return ncclRecv(out, c.count, type, c.root, h, s);
+          if (own != out)
+            if (const ncclResult_t r = detail::cuda_status(
+                    cudaMemcpyAsync(out, own, c.count * es, cudaMemcpyDeviceToDevice, s));
+                r != ncclSuccess)
+              return r;
+          return detail::root_group(size_, c.root, [&](int p) {
+            return ncclSend(in + c.count * es * static_cast<std::size_t>(p), c.count, type, p, h,
+                            s);
+          });
+        });
+      }
+    }
+    throw unsupported(fmt::format("nccl: {} has no NCCL collective", what));
+  }
+
+  /// Every rank's `mine` (at most 16 bytes), in rank order, into `all` on the host: how
+  /// RINGZERO_CHECK compares call signatures through NCCL.
+  void all_gather_bytes(std::span<const std::byte> mine, std::span<std::byte> all,
+                        const ringzero::options& opt) {
+    constexpr std::size_t slot = 16;
+    if (mine.size() > slot || all.size() != mine.size() * static_cast<std::size_t>(size_))
+      throw invalid_argument("nccl: all_gather_bytes takes at most 16 bytes per rank");
+    const std::span<std::byte> buf = scratch();
+    std::byte* own = buf.data() + slot * static_cast<std::size_t>(rank_);
+    detail::device_guard guard(device_);
+    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    detail::check_cuda(cudaMemcpyAsync(own, mine.data(), mine.size(), cudaMemcpyHostToDevice, s),
+                       "RINGZERO_CHECK: cudaMemcpyAsync");
+    enqueue("RINGZERO_CHECK", {.timeout = opt.timeout, .stream = s},
+            [&](ncclComm_t h, cudaStream_t st) {
+              return ncclAllGather(own, buf.data(), slot, ncclUint8, h, st);
+            });
+    std::vector<std::byte> host(buf.size());
+    detail::check_cuda(cudaMemcpy(host.data(), buf.data(), host.size(), cudaMemcpyDeviceToHost),
+                       "RINGZERO_CHECK: cudaMemcpy");
+    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
+      std::memcpy(all.data() + r * mine.size(), host.data() + r * slot, mine.size());
+  }
+
  private:
   using clock = std::chrono::steady_clock;
-  friend struct detail::access;
 
-  communicator() = default;
+  transport() = default;
 
   void init(const ncclUniqueId& id, int rank, int size, const config& cfg) {
     rank_ = rank;
@@ -379,7 +596,7 @@ class communicator {
     static_cast<void>(cudaSetDevice(previous));
   }
 
-  void steal(communicator& o) noexcept {
+  void steal(transport& o) noexcept {
     comm_ = std::exchange(o.comm_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
     scratch_ = std::exchange(o.scratch_, nullptr);
@@ -412,13 +629,5 @@ class communicator {
   std::chrono::nanoseconds timeout_{0};
   std::string failure_;
 };
-
-namespace detail {
-
-inline std::span<std::byte> access::scratch(communicator& c) {
-  return c.scratch();
-}
-
-}  // namespace detail
 
 }  // namespace ringzero::nccl

@@ -1,0 +1,378 @@
+// ringzero::communicator<Transport>: everything collective about a group of ranks, written once
+// for every transport. A transport moves bytes between its ranks (transport/concept.hpp); the
+// communicator adds what collectives need on top:
+//   - its own rank numbering over a subset of the transport's ranks (the world, or a split());
+//   - a communicator id in the top tag bits, so communicators sharing a transport never match
+//     each other's messages (tag_layout);
+//   - sequence numbers and scratch space (detail::comm_state), the deadline, the tuning policy;
+//   - node topology from the transport's host_of(), and the cached sub-communicators the
+//     hierarchical algorithm uses.
+//
+//   auto comm = ringzero::libfabric::communicator::from_env();   // =
+//   communicator<libfabric::transport> ringzero::all_reduce(comm, std::span<float>(grads),
+//   ringzero::op::sum);
+//
+// A communicator is used by one thread at a time; communicators split from one another share
+// the transport and may be used from different threads when the transport allows it.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <bitset>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/detail/comm_state.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/detail/exchange.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/transport/concept.hpp"
+
+namespace ringzero {
+
+namespace detail {
+
+/// The communicator ids one transport instance has in use. Id 0 is the world.
+class comm_ids {
+ public:
+  using bitmap = std::array<std::uint8_t, tag_layout::max_comm_ids / 8>;
+
+  /// ids: how many the transport's tag bits allow (a power of two up to tag_layout's).
+  explicit comm_ids(std::uint32_t ids = tag_layout::max_comm_ids)
+      : limit_(std::min(ids, tag_layout::max_comm_ids)) {
+    used_.set(0);
+  }
+
+  [[nodiscard]] std::uint32_t limit() const noexcept { return limit_; }
+
+  [[nodiscard]] bitmap snapshot() const {
+    std::lock_guard lock(mutex_);
+    bitmap b{};
+    for (std::size_t i = 0; i < tag_layout::max_comm_ids; ++i)
+      if (used_.test(i)) b[i / 8] = static_cast<std::uint8_t>(b[i / 8] | (1u << (i % 8)));
+    return b;
+  }
+  void acquire(std::uint32_t id) {
+    std::lock_guard lock(mutex_);
+    used_.set(id);
+  }
+  void release(std::uint32_t id) {
+    std::lock_guard lock(mutex_);
+    used_.reset(id);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::bitset<tag_layout::max_comm_ids> used_;
+  std::uint32_t limit_;
+};
+
+/// Holds a sub-communicator's id while any copy of the communicator lives.
+class comm_id_lease {
+ public:
+  comm_id_lease(std::shared_ptr<comm_ids> ids, std::uint32_t id) : ids_(std::move(ids)), id_(id) {
+    ids_->acquire(id_);
+  }
+  comm_id_lease(const comm_id_lease&) = delete;
+  comm_id_lease& operator=(const comm_id_lease&) = delete;
+  ~comm_id_lease() { ids_->release(id_); }
+
+ private:
+  std::shared_ptr<comm_ids> ids_;
+  std::uint32_t id_;
+};
+
+/// The outcome of split() on one rank that is a member of the new communicator.
+struct split_plan {
+  std::vector<int> members;  ///< parent ranks, in the new communicator's rank order
+  int rank = -1;             ///< this rank's place in members
+  std::uint32_t id = 0;      ///< communicator id, free on every member's transport
+};
+
+/// Collective over `parent`, as MPI_Comm_split: ranks with the same color >= 0 form a
+/// communicator ordered by (key, parent rank). Returns nullopt on ranks with a negative color.
+///
+/// The id is the lowest one that no member's transport has in use. Groups of different colors
+/// may receive the same id: they have no rank in common, so their messages never meet.
+template <collective_comm C>
+[[nodiscard]] std::optional<split_plan> plan_split(C& parent, int color, int key,
+                                                   const comm_ids& ids) {
+  struct record {
+    std::int32_t color;
+    std::int32_t key;
+    comm_ids::bitmap used;
+  };
+  const int n = parent.size();
+  const int me = parent.rank();
+  std::vector<record> all(static_cast<std::size_t>(n));
+  record mine{static_cast<std::int32_t>(color), static_cast<std::int32_t>(key), ids.snapshot()};
+  all[static_cast<std::size_t>(me)] = mine;
+  {
+    // Every rank sends its record to every other: a split is rare and its records small, so
+    // the n-1 messages each way cost less than depending on an algorithm from here.
+    exchange<C> ex(parent, "split", "direct");
+    std::vector<typename exchange<C>::pending> ps;
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      ps.push_back(ex.recv(
+          r, 0, 0, std::as_writable_bytes(std::span(&all[static_cast<std::size_t>(r)], 1))));
+      ps.push_back(ex.send(r, 0, 0, std::as_bytes(std::span(&mine, 1))));
+    }
+    ex.wait_all(ps);
+  }
+  if (color < 0) return std::nullopt;
+
+  split_plan plan;
+  for (int r = 0; r < n; ++r)
+    if (all[static_cast<std::size_t>(r)].color == color) plan.members.push_back(r);
+  std::stable_sort(plan.members.begin(), plan.members.end(), [&](int a, int b) {
+    return all[static_cast<std::size_t>(a)].key < all[static_cast<std::size_t>(b)].key;
+  });
+  plan.rank = static_cast<int>(std::find(plan.members.begin(), plan.members.end(), me) -
+                               plan.members.begin());
+
+  comm_ids::bitmap used{};
+  for (int r : plan.members)
+    for (std::size_t i = 0; i < used.size(); ++i)
+      used[i] = static_cast<std::uint8_t>(used[i] | all[static_cast<std::size_t>(r)].used[i]);
+  for (std::uint32_t id = 1; id < ids.limit(); ++id)
+    if (!(used[id / 8] & (1u << (id % 8)))) {
+      plan.id = id;
+      return plan;
+    }
+  throw unsupported(fmt::format(
+      "split: all {} communicator ids of this transport are in use on the {} ranks of color {}; "
+      "destroy unused sub-communicators first",
+      ids.limit() - 1, plan.members.size(), color));
+}
+
+/// Placement of member `rank` given each member's host (any value equal for members on one
+/// host). Nodes are numbered by the lowest member on them, so every rank computes the same ids.
+template <class Host>
+[[nodiscard]] topology place(std::span<const Host> host_of_member, int rank) {
+  topology t;
+  std::vector<Host> hosts;
+  for (const Host& h : host_of_member)
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  const Host& mine = host_of_member[static_cast<std::size_t>(rank)];
+  t.node = static_cast<int>(std::find(hosts.begin(), hosts.end(), mine) - hosts.begin());
+  t.node_count = static_cast<int>(hosts.size());
+  t.local_size = 0;
+  for (std::size_t r = 0; r < host_of_member.size(); ++r) {
+    if (host_of_member[r] != mine) continue;
+    if (static_cast<int>(r) == rank) t.local_rank = t.local_size;
+    ++t.local_size;
+  }
+  return t;
+}
+
+/// The transport's request type, or a placeholder for a transport without messaging.
+template <class T, bool = messaging<T>>
+struct request_of {
+  struct none {};
+  using type = none;
+};
+template <class T>
+struct request_of<T, true> {
+  using type = typename T::request;
+};
+
+}  // namespace detail
+
+/// The sub-communicators one communicator's hierarchical collectives use, split once and kept.
+template <class Comm>
+struct node_communicators {
+  Comm local;    ///< the ranks of this node, in parent rank order
+  Comm cross;    ///< the ranks with this local rank, one per node, in node order
+  bool uniform;  ///< every node holds the same number of ranks
+  /// With uniform nodes, the rank in the parent of local rank l on node c (cross rank c) at
+  /// c * local.size() + l; empty otherwise (hierarchical all_to_all needs it).
+  std::vector<int> parent_rank;
+};
+
+template <transport T>
+class communicator {
+ public:
+  using transport_type = T;
+
+  /// The world: every rank of `t`, in its order.
+  explicit communicator(T t, std::chrono::nanoseconds timeout = std::chrono::nanoseconds{0})
+      : transport_(std::make_shared<T>(std::move(t))),
+        rank_(transport_->rank()),
+        tuning_(transport_->tuning()) {
+    members_.resize(static_cast<std::size_t>(transport_->size()));
+    std::iota(members_.begin(), members_.end(), 0);
+    timeout_ = resolve_timeout(timeout);
+    if constexpr (messaging<T>) ids_ = std::make_shared<detail::comm_ids>(id_limit());
+    topo_ = place();
+  }
+
+  /// Opens the transport from the job's environment (torchrun, Slurm, Open MPI or ringzero-run
+  /// variables) and returns the world communicator over it.
+  template <class U = T>
+  requires requires { typename U::from_env_options; }
+  [[nodiscard]] static communicator from_env(const typename U::from_env_options& opt = {}) {
+    return communicator(U::from_env(opt));
+  }
+
+  /// A world of one rank in this process, where the transport offers one (NCCL: one GPU).
+  template <class U = T>
+  requires requires { U::single(); }
+  [[nodiscard]] static communicator single() { return communicator(U::single()); }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+  ~communicator() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
+  /// The tuning policy the cost model and the algorithms' flow control use.
+  [[nodiscard]] const cost_params& cost() const noexcept { return tuning_; }
+  /// The deadline of every blocking call that does not set options::timeout.
+  [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] topology topo() const noexcept { return topo_; }
+  [[nodiscard]] detail::comm_state& state() noexcept { return state_; }
+  /// The transport, shared with every communicator split from this one.
+  [[nodiscard]] T& transport() {
+    check_usable("transport()");
+    return *transport_;
+  }
+  [[nodiscard]] const T& transport() const {
+    check_usable("transport()");
+    return *transport_;
+  }
+  /// False once moved from: every collective then refuses to run.
+  [[nodiscard]] bool valid() const noexcept { return transport_ != nullptr; }
+  /// Throws invalid_argument naming `what` when this communicator was moved from.
+  void check_usable(std::string_view what) const {
+    if (!transport_)
+      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
+  }
+  /// Transport ranks of this communicator's ranks (the identity for the world).
+  [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
+  [[nodiscard]] int world_rank() const noexcept {
+    return members_[static_cast<std::size_t>(rank_)];
+  }
+  [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
+
+  // Messaging in this communicator's numbering, for the algorithms (detail::exchange).
+  using request = typename detail::request_of<T>::type;
+
+  [[nodiscard]] request isend(int peer, tag_t tag,
+                              std::span<const std::byte> data) requires messaging<T> {
+    check_peer(peer, "isend");
+    return transport_->isend(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
+  }
+  [[nodiscard]] request irecv(int peer, tag_t tag,
+                              std::span<std::byte> data) requires messaging<T> {
+    check_peer(peer, "irecv");
+    return transport_->irecv(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
+  }
+  [[nodiscard]] bool test(request& r) requires messaging<T> { return transport_->test(r); }
+  void progress() requires messaging<T> { transport_->progress(); }
+
+  /// Collective over this communicator, as MPI_Comm_split / ncclCommSplit: ranks passing the
+  /// same color >= 0 form a communicator ranked by (key, rank here); a negative color returns
+  /// nullopt. The new communicator shares this one's transport under a communicator id no
+  /// member's transport has in use. Two splits of communicators sharing a transport must not run
+  /// at the same time on different threads: both could settle on the same free id.
+  [[nodiscard]] std::optional<communicator> split(int color, int key) requires messaging<T> {
+    auto plan = detail::plan_split(*this, color, key, *ids_);
+    if (!plan) return std::nullopt;
+    communicator sub(*this, plan->rank, plan->id);
+    sub.members_.clear();
+    sub.members_.reserve(plan->members.size());
+    for (int p : plan->members) sub.members_.push_back(members_[static_cast<std::size_t>(p)]);
+    sub.lease_ = std::make_shared<detail::comm_id_lease>(ids_, plan->id);
+    sub.topo_ = sub.place();
+    return std::optional<communicator>(std::move(sub));
+  }
+
+  /// The hierarchical algorithm's sub-communicators, once they were built (null before).
+  [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
+  node_communicators<communicator>& set_hierarchy(node_communicators<communicator> h) {
+    hierarchy_ = std::make_unique<node_communicators<communicator>>(std::move(h));
+    return *hierarchy_;
+  }
+
+ private:
+  // A sub-communicator: same transport and policy, members filled in by split().
+  communicator(const communicator& parent, int rank, std::uint32_t id)
+      : transport_(parent.transport_),
+        ids_(parent.ids_),
+        rank_(rank),
+        comm_id_(id),
+        tuning_(parent.tuning_),
+        timeout_(parent.timeout_) {}
+
+  [[nodiscard]] std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) const {
+    if (t.count() > 0) return t;
+    if constexpr (requires(const T& x) { x.default_timeout(); }) {
+      const std::chrono::nanoseconds d = transport_->default_timeout();
+      if (d.count() > 0) return d;
+    }
+    return detail::env_timeout();
+  }
+
+  [[nodiscard]] std::uint32_t id_limit() const {
+    if constexpr (requires(const T& x) { x.comm_id_bits(); })
+      return std::uint32_t{1} << std::clamp(transport_->comm_id_bits(), 0,
+                                            tag_layout::comm_id_bits);
+    return tag_layout::max_comm_ids;
+  }
+
+  [[nodiscard]] topology place() const {
+    if constexpr (has_hosts<T>) {
+      using host = std::remove_cvref_t<decltype(transport_->host_of(0))>;
+      std::vector<host> host_of(members_.size());
+      for (std::size_t i = 0; i < members_.size(); ++i)
+        host_of[i] = transport_->host_of(members_[i]);
+      return detail::place(std::span<const host>(host_of), rank_);
+    } else {
+      return topology{0, rank_, size(), 1};
+    }
+  }
+
+  [[nodiscard]] int world_of(int peer) const noexcept {
+    return members_[static_cast<std::size_t>(peer)];
+  }
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      throw invalid_argument(
+          fmt::format("{}: peer {} is not another rank of this {}-rank "
+                      "communicator (this is rank {})",
+                      what, peer, size(), rank_));
+  }
+
+  // Destroyed last to first: the hierarchy (sub-communicators sharing the transport) goes before
+  // the lease and the transport.
+  std::shared_ptr<T> transport_;
+  std::shared_ptr<detail::comm_ids> ids_;
+  std::shared_ptr<detail::comm_id_lease> lease_;
+  std::vector<int> members_;
+  int rank_ = 0;
+  std::uint32_t comm_id_ = 0;
+  cost_params tuning_{};
+  std::chrono::nanoseconds timeout_{0};
+  topology topo_{};
+  detail::comm_state state_;
+  std::unique_ptr<node_communicators<communicator>> hierarchy_;
+};
+
+}  // namespace ringzero

@@ -1,0 +1,44 @@
+// What the algorithms may ask of a communicator, and the per-communicator bookkeeping behind it.
+// ringzero::communicator<Transport> is the one type that provides it; the concept exists so the
+// algorithms say exactly what they use.
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ringzero/transport/concept.hpp"
+
+namespace ringzero::detail {
+
+/// Sequence numbers keep back-to-back collectives from matching each other's messages, and the
+/// scratch buffer is reused so a registering transport sees the same memory every call.
+struct comm_state {
+  std::uint32_t collective_seq = 0;
+  std::vector<std::uint32_t> p2p_send_seq;
+  std::vector<std::uint32_t> p2p_recv_seq;
+  std::vector<std::byte> scratch_buffer;
+
+  std::span<std::byte> scratch(std::size_t bytes) {
+    if (scratch_buffer.size() < bytes) scratch_buffer.resize(bytes);
+    return {scratch_buffer.data(), bytes};
+  }
+};
+
+}  // namespace ringzero::detail
+
+namespace ringzero {
+
+/// A communicator the algorithms can run on: messaging in its own rank numbering, plus the
+/// tuning policy, the deadline and the per-communicator state.
+template <class C>
+concept collective_comm = messaging<C> && requires(C& c, const C& cc) {
+  { cc.cost() } -> std::convertible_to<cost_params>;
+  { cc.timeout() } -> std::convertible_to<std::chrono::nanoseconds>;
+  { c.state() } -> std::same_as<detail::comm_state&>;
+};
+
+}  // namespace ringzero

@@ -1,0 +1,82 @@
+// What the CUDA kernels share: error checks, the grid size, and 16-byte vector access.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ringzero/error.hpp"
+
+namespace ringzero::kernels::cuda::detail {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw transport_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(e) + " (" +
+                          cudaGetErrorName(e) + ")");
+}
+
+/// Raises the error of the launch just made (bad configuration, no device), if any.
+inline void check_launch(const char* what) {
+  check(cudaGetLastError(), what);
+}
+
+inline constexpr int block_threads = 256;
+
+/// Enough blocks to fill every SM several times over, and no more than there is work for: the
+/// kernels loop over the rest (grid-stride), so one launch shape serves every size.
+inline unsigned grid_for(std::size_t items) {
+  int device = 0;
+  int sms = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute(multiprocessor count)");
+  const std::size_t wanted = (items + block_threads - 1) / block_threads;
+  const std::size_t cap = static_cast<std::size_t>(sms) * 8;
+  return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
+}
+
+[[nodiscard]] inline bool aligned(const void* p, std::size_t bytes) noexcept {
+  return (reinterpret_cast<std::uintptr_t>(p) & (bytes - 1)) == 0;
+}
+[[nodiscard]] inline bool aligned16(const void* p) noexcept {
+  return aligned(p, 16);
+}
+
+/// V elements of T held in registers and moved as whole 16-byte words (8-byte ones when the
+/// vector is 8 bytes: four 16-bit elements beside four floats).
+template <class T, int V>
+struct vec {
+  static_assert((V * sizeof(T)) % 16 == 0 || V * sizeof(T) == 8,
+                "a vec is 8 bytes or a whole number of 16-byte words");
+  alignas(V * sizeof(T) >= 16 ? 16 : 8) T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ vec<T, V> load(const T* p) {
+  vec<T, V> r;
+  if constexpr (V * sizeof(T) == 8) {
+    *reinterpret_cast<uint2*>(r.v) = *reinterpret_cast<const uint2*>(p);
+  } else {
+    constexpr int words = static_cast<int>(V * sizeof(T) / 16);
+#pragma unroll
+    for (int k = 0; k < words; ++k)
+      reinterpret_cast<uint4*>(r.v)[k] = reinterpret_cast<const uint4*>(p)[k];
+  }
+  return r;
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store(T* p, const vec<T, V>& r) {
+  if constexpr (V * sizeof(T) == 8) {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(r.v);
+  } else {
+    constexpr int words = static_cast<int>(V * sizeof(T) / 16);
+#pragma unroll
+    for (int k = 0; k < words; ++k)
+      reinterpret_cast<uint4*>(p)[k] = reinterpret_cast<const uint4*>(r.v)[k];
+  }
+}
+
+}  // namespace ringzero::kernels::cuda::detail

@@ -1,0 +1,71 @@
+// One element of the sharded optimizer: gradient accumulation, the gradient statistics term,
+// AdamW and SGD. The expressions are those of the host sharder, operation for operation, each
+// rounded in float; the CUDA kernels (kernels/cuda/optimizer.cuh) and the host tests call these
+// same functions, so a bitwise difference from the host sharder is a test failure, not noise.
+#pragma once
+
+#include "ringzero/kernels/element.hpp"
+
+namespace ringzero::kernels {
+
+/// Per-step constants, computed once on the host so every rank and every element uses the same
+/// floats (the host sharder's `step_constants`).
+struct optimizer_constants {
+  float grad_scale = 1.0f;  ///< unscale * average * clip
+  float lr = 0.0f;
+  float beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
+  float step_size = 0.0f;  ///< lr / (1 - beta1^t)
+  float inv_bias2 = 1.0f;  ///< 1 / (1 - beta2^t)
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+};
+
+/// The gradient element after accumulation: src rounded to P on the first micro-batch, else
+/// dst + that, rounded to P. An fp32 source is rounded first, so fp32 and P gradients give the
+/// same bits.
+template <class P, class S>
+RINGZERO_HD inline P accumulate(P dst, S src, bool first) noexcept {
+  const P v = from_float<P>(to_float(src));
+  return first ? v : from_float<P>(add(to_float(dst), to_float(v)));
+}
+
+/// The unscaled gradient element whose square the gradient norm sums (in double).
+template <class P>
+RINGZERO_HD inline float unscaled(P g, float scale) noexcept {
+  return mul(to_float(g), scale);
+}
+
+/// The factor AdamW multiplies the master weight by (decoupled weight decay).
+RINGZERO_HD inline float adamw_keep(const optimizer_constants& c, bool decay) noexcept {
+  return decay ? sub(1.0f, mul(c.lr, c.weight_decay)) : 1.0f;
+}
+
+/// AdamW on one element; returns the new master weight (also stored in `master`).
+RINGZERO_HD inline float adamw(float grad, float& master, float& m, float& v,
+                               const optimizer_constants& c, float keep) noexcept {
+  const float g = mul(grad, c.grad_scale);
+  const float mi = add(mul(c.beta1, m), mul(sub(1.0f, c.beta1), g));
+  const float vi = add(mul(c.beta2, v), mul(mul(sub(1.0f, c.beta2), g), g));
+  m = mi;
+  v = vi;
+  const float denom = add(sqrt(mul(vi, c.inv_bias2)), c.eps);
+  const float p = sub(mul(master, keep), div(mul(c.step_size, mi), denom));
+  master = p;
+  return p;
+}
+
+/// SGD with (optionally Nesterov) momentum and L2 weight decay `wd` (0 when the parameter is
+/// not decayed); returns the new master weight (also stored in `master`).
+RINGZERO_HD inline float sgd(float grad, float& master, float& buf, const optimizer_constants& c,
+                             float wd) noexcept {
+  const float g = add(mul(grad, c.grad_scale), mul(wd, master));
+  const float b = add(mul(c.momentum, buf), g);
+  buf = b;
+  const float d = c.nesterov ? add(g, mul(c.momentum, b)) : b;
+  const float p = sub(master, mul(c.lr, d));
+  master = p;
+  return p;
+}
+
+}  // namespace ringzero::kernels

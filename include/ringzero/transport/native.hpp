@@ -1,0 +1,51 @@
+// The capability of a transport that runs whole collectives itself (NCCL): the communicator
+// validates a call once, then hands it over as a native_call instead of running one of
+// ringzero's algorithms over messages.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero {
+
+/// One validated collective in the transport's own rank numbering. Counts are elements of
+/// `type`: all_reduce/broadcast/reduce the buffer, reduce_scatter the output block, all_gather
+/// the input block, all_to_all/gather/scatter one rank's block, send_recv what goes to `peer`
+/// (send_count) and comes from `from`.
+struct native_call {
+  collective kind = collective::all_reduce;
+  dtype type = dtype::float32;
+  op reduction = op::sum;
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;
+  int root = 0;
+  int peer = -1;  ///< send_recv: destination of `in` (-1: nothing to send)
+  int from = -1;  ///< send_recv: source of `out` (-1: nothing to receive)
+  std::size_t recv_count = 0;
+  /// all_to_allv: per-rank counts and displacements in elements (send_* index `in`, recv_*
+  /// `out`); all_to_all, gather and scatter use `count` as the block each rank sends or receives.
+  std::span<const std::size_t> send_counts{};
+  std::span<const std::size_t> send_displs{};
+  std::span<const std::size_t> recv_counts{};
+  std::span<const std::size_t> recv_displs{};
+};
+
+/// A transport that runs collectives itself. run_native() performs one call with the options'
+/// stream, async flag and deadline; all_gather_bytes() exchanges a few host bytes per rank (the
+/// communicator's RINGZERO_CHECK agreement).
+template <class T>
+concept native_collectives = transport<T> &&
+    requires(T& t, const native_call& c, const options& o, std::span<const std::byte> mine,
+             std::span<std::byte> all) {
+  {t.run_native(c, o)};
+  {t.all_gather_bytes(mine, all, o)};
+};
+
+}  // namespace ringzero
