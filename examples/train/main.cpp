@@ -43,9 +43,11 @@ struct args {
   int batch = 64;
   int micro_batches = 1;
   std::string precision = "bf16";
+  bool reduce_fp32 = false;
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
   std::optional<float> lr;
   float weight_decay = 0.01f;
+  int warmup = 0;
   float clip = 1.0f;
   float loss_scale = 65536.0f;
   train::mlp_shape shape;
@@ -64,9 +66,11 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --batch B             global batch, split over ranks and micro-batches; default 64
   --micro-batches M     gradient accumulation steps; default 1
   --precision P         fp32 | bf16 | fp16 (bf16/fp16 keep fp32 master weights); default bf16
+  --reduce-fp32         bf16/fp16: reduce and accumulate gradients in fp32
   --optimizer O         adamw | sgd; default adamw
   --lr X                learning rate; default 0.003 (adamw), 0.05 (sgd)
   --weight-decay X      default 0.01 (not applied to biases)
+  --warmup W            W > 0: linear warmup over W steps, then cosine to lr/10 at --steps
   --clip X              clip the gradient to this global norm (0: off); default 1
   --loss-scale X        fp16: initial dynamic loss scale; default 65536
   --hidden H, --layers L, --inputs I, --classes C   the MLP; default 128, 2, 32, 10
@@ -111,6 +115,7 @@ args parse(int argc, char** argv) {
       {"--optimizer", [](args& a, auto, auto v) { a.optimizer = zero::parse_optimizer(v); }},
       {"--lr", [](args& a, auto f, auto v) { a.lr = number<float>(f, v); }},
       {"--weight-decay", [](args& a, auto f, auto v) { a.weight_decay = number<float>(f, v); }},
+      {"--warmup", [](args& a, auto f, auto v) { a.warmup = number<int>(f, v); }},
       {"--clip", [](args& a, auto f, auto v) { a.clip = number<float>(f, v); }},
       {"--loss-scale", [](args& a, auto f, auto v) { a.loss_scale = number<float>(f, v); }},
       {"--hidden", [](args& a, auto f, auto v) { a.shape.hidden = number<int>(f, v); }},
@@ -138,6 +143,10 @@ args parse(int argc, char** argv) {
       a.comm_thread = false;
       continue;
     }
+    if (f == "--reduce-fp32") {
+      a.reduce_fp32 = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -151,7 +160,8 @@ args parse(int argc, char** argv) {
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || a.steps < 0 || a.batch < 1 || a.micro_batches < 1 || a.log_every < 1 ||
-      a.shape.hidden < 1 || a.shape.depth < 0 || a.shape.inputs < 1 || a.shape.classes < 2)
+      a.warmup < 0 || a.shape.hidden < 1 || a.shape.depth < 0 || a.shape.inputs < 1 ||
+      a.shape.classes < 2)
     die("sizes and counts must be positive");
   return a;
 }
@@ -197,6 +207,13 @@ void run(Comm& comm, const args& a) {
   cfg.bucket_bytes = a.bucket_kib * 1024;
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
+  if (a.reduce_fp32) cfg.reduce_dtype = ringzero::dtype::float32;
+  if (a.warmup > 0) {
+    // docs-begin: schedule
+    cfg.schedule = zero::warmup_cosine(static_cast<std::uint64_t>(a.warmup),
+                                       static_cast<std::uint64_t>(a.steps), 0.1f);
+    // docs-end: schedule
+  }
   // Each rank's loss is already a share of the global mean (divided by the global batch).
   cfg.average_gradients = false;
   zero::sharder<Comm, P> shd(comm, layout, cfg);
@@ -204,11 +221,11 @@ void run(Comm& comm, const args& a) {
 
   if (lead) {
     fmt::print(
-        "ringzero-train: {} ranks, stage {}, {} parameters{}, {} lr {:g}, global batch {} "
+        "ringzero-train: {} ranks, stage {}, {} parameters{}{}, {} lr {:g}, global batch {} "
         "({} micro-batch(es) x {} ranks x {}), clip {:g}\n",
         n, a.stage, a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
-        zero::optimizer_name(a.optimizer), cfg.optimizer.lr, a.batch, a.micro_batches, n, per_rank,
-        a.clip);
+        a.reduce_fp32 ? " + fp32 reduce" : "", zero::optimizer_name(a.optimizer), cfg.optimizer.lr,
+        a.batch, a.micro_batches, n, per_rank, a.clip);
     fmt::print("model: MLP {}", a.shape.inputs);
     for (int l = 0; l < a.shape.layers(); ++l) fmt::print("-{}", a.shape.fan_out(l));
     fmt::print(", {} parameters in {} bucket(s) of <= {} KiB\n", plan.numel(),
@@ -257,12 +274,15 @@ void run(Comm& comm, const args& a) {
     // The global mean loss; the sharder is idle now, run_collective keeps to its thread anyway.
     loss = shd.run_collective([&](Comm& c) {
       double l = loss / a.batch;
-      ringzero::all_reduce(c, std::span<double>(&l, 1), ringzero::op::sum, cfg.collectives);
+      ringzero::all_reduce(c, std::span<double>(&l, 1), ringzero::op::sum,
+                           cfg.collectives.all_reduce);
       return l;
     });
     if (lead && (r.step % static_cast<std::uint64_t>(a.log_every) == 0 || r.skipped || r.step == 1))
       fmt::print(
-          "step {:4}  loss {:.6f}  grad-norm {:.6f}{}{}\n", r.step, loss, r.grad_norm,
+          "step {:4}  loss {:.6f}  grad-norm {:.6f}{}{}{}\n", r.step, loss, r.grad_norm,
+          cfg.schedule ? fmt::format("  lr {:.3g}", cfg.optimizer.lr * cfg.schedule(r.step - 1))
+                       : "",
           std::is_same_v<P, ringzero::float16> ? fmt::format("  scale {:g}", r.loss_scale) : "",
           r.skipped ? "  (skipped: inf/nan gradient)" : "");
     if (!memory_shown) {
@@ -273,7 +293,7 @@ void run(Comm& comm, const args& a) {
       std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
       shd.run_collective([&](Comm& c) {
         ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
-                             cfg.collectives);
+                             cfg.collectives.all_gather);
       });
       if (lead) {
         fmt::print(

@@ -375,4 +375,11 @@ class communicator {
   std::unique_ptr<node_communicators<communicator>> hierarchy_;
 };
 
+/// Whether a communicator knows which node each rank runs on (the hierarchical algorithm and
+/// split by node need it): true for communicators over transports with host_of().
+template <class C>
+inline constexpr bool knows_nodes = false;
+template <transport T>
+inline constexpr bool knows_nodes<communicator<T>> = has_hosts<T>;
+
 }  // namespace ringzero

@@ -25,7 +25,7 @@ using namespace kernel_cases;
 using ringzero::op;
 namespace k = ringzero::kernels;
 namespace kc = ringzero::kernels::cuda;
-namespace zd = ringzero::zero::detail;
+namespace zd = sharder_ref;
 
 namespace {
 

@@ -13,12 +13,12 @@
 #include "ringzero/kernels/optimizer.hpp"
 #include "ringzero/kernels/reduce.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/zero/detail/optimizer.hpp"
+#include "ringzero/zero/optimizer_math.hpp"
 
 using namespace kernel_cases;
 using ringzero::op;
 namespace k = ringzero::kernels;
-namespace zd = ringzero::zero::detail;
+namespace zd = sharder_ref;
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include "ringzero/kernels/optimizer.hpp"
 #include "ringzero/kernels/reduce.hpp"
 #include "ringzero/types.hpp"
-#include "ringzero/zero/detail/optimizer.hpp"
+#include "ringzero/zero/optimizer_math.hpp"
 
 namespace kernel_cases {
 
@@ -91,9 +91,43 @@ void element_combine(ringzero::op o, const T* a, const T* b, T* out, std::size_t
 
 /// The sharder's per-step constants and the kernels' copy of them, from one draw.
 struct constants {
-  ringzero::zero::detail::step_constants host;
+  ringzero::zero::step_constants host;
   ringzero::kernels::optimizer_constants kernel;
 };
+
+/// The sharder's optimizer over whole arrays, element by element exactly as
+/// zero::shard_optimizer::update runs it: the reference the kernels must match bit for bit.
+namespace sharder_ref {
+
+using ringzero::zero::accumulate;
+using ringzero::zero::grad_stats;
+
+template <class P>
+void adamw(const P* grad, float* master, float* m, float* v, P* param, std::size_t n,
+           const ringzero::zero::step_constants& c, bool decay) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = ringzero::zero::adamw_element(static_cast<float>(grad[i]),
+                                                 {master[i], m[i], v[i]}, c, decay);
+    master[i] = s.w;
+    m[i] = s.m;
+    v[i] = s.v;
+    if constexpr (!std::is_same_v<P, float>) param[i] = ringzero::zero::to_param<P>(s.w);
+  }
+}
+
+template <class P>
+void sgd(const P* grad, float* master, float* buf, P* param, std::size_t n,
+         const ringzero::zero::step_constants& c, bool decay) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto s = ringzero::zero::sgd_element(static_cast<float>(grad[i]),
+                                               {master[i], buf[i], 0.0f}, c, decay);
+    master[i] = s.w;
+    buf[i] = s.m;
+    if constexpr (!std::is_same_v<P, float>) param[i] = ringzero::zero::to_param<P>(s.w);
+  }
+}
+
+}  // namespace sharder_ref
 
 inline constants random_constants(std::mt19937_64& rng, bool nesterov) {
   std::uniform_real_distribution<double> u(0.0, 1.0);

@@ -265,3 +265,86 @@ TEST_CASE("export_fp32 writes the full model as one safetensors file") {
   CHECK(data == saved);
   CHECK(8 + header_len + data.size() * 4 == bytes);
 }
+
+TEST_CASE("saving the same step again writes new shard files, never over the live ones") {
+  const auto dir = dirs().fresh("same_step");
+  (void)saved_run<float>(dir);
+  const auto before = zt::zero::checkpoint_manifest::read(dir);
+  zt::run_options o;
+  o.world = 4;
+  o.stage = 2;
+  o.steps = 0;
+  o.load_dir = dir;
+  o.save_dir = dir;
+  (void)zt::train<float>(model<float>(), o);
+  const auto after = zt::zero::checkpoint_manifest::read(dir);
+  REQUIRE(after.step == before.step);
+  for (const auto& a : after.shards)
+    for (const auto& b : before.shards)
+      CHECK_MESSAGE(a.file != b.file, "the second save of step ", after.step, " reused ", a.file);
+}
+
+TEST_CASE("a directory that cannot be created is reported as such") {
+  const auto root = dirs().fresh("not_a_dir");
+  fs::create_directories(root);
+  std::ofstream(root / "file") << "x";
+  zt::run_options o;
+  o.world = 2;
+  o.steps = 1;
+  o.save_dir = root / "file" / "ckpt";
+  CHECK_THROWS_WITH_AS((void)zt::train<float>(model<float>(), o),
+                       doctest::Contains("cannot create the checkpoint directory"),
+                       ringzero::checkpoint_error);
+}
+
+TEST_CASE("manifest: group learning rates round-trip; a version-1 checkpoint (no groups) loads") {
+  using manifest = ringzero::zero::checkpoint_manifest;
+  namespace zero = ringzero::zero;
+  const auto dir = dirs().fresh("groups");
+  const auto layout = zt::make_layout<float>({{37, 5}, {129}, {3, 61, 1}},
+                                             [](int layer, int) { return layer == 1 ? 1 : 0; });
+  zt::run_options o;
+  o.configure = [](zero::config& c) {
+    c.groups = {{.name = "decay"}, {.name = "no_decay", .lr = 0.1f}};
+  };
+  o.save_dir = dir;
+  (void)zt::train<float>(layout, o);
+  const auto m = manifest::read(dir);
+  REQUIRE(m.groups.size() == 2);
+  CHECK(m.groups[0].name == "decay");
+  CHECK(m.groups[0].lr == 0.05f);  // the harness's base rate
+  CHECK(m.groups[1].name == "no_decay");
+  CHECK(m.groups[1].lr == 0.1f);
+
+  // The same checkpoint as version 1 wrote it: no groups line, its own checksum.
+  auto rewrite = [](const fs::path& file, int version, bool drop_groups) {
+    std::ifstream in(file, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.erase(text.rfind("crc32c "));
+    text.replace(text.find("checkpoint 2"), 12, fmt::format("checkpoint {}", version));
+    if (drop_groups) {
+      const auto g = text.find("groups 2\n");
+      REQUIRE(g != std::string::npos);
+      text.erase(g, text.find("buckets ") - g);
+    }
+    text += fmt::format("crc32c {:08x}\n", zero::detail::crc32c(std::as_bytes(std::span(text))));
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << text;
+  };
+  const auto v1 = dirs().fresh("groups-v1");
+  fs::copy(dir, v1);
+  rewrite(v1 / "manifest.txt", 1, true);
+  CHECK(manifest::read(v1).groups.empty());
+  o.save_dir.clear();
+  o.load_dir = v1;
+  const auto from_v1 = zt::train<float>(layout, o);
+  o.load_dir = dir;
+  const auto from_v2 = zt::train<float>(layout, o);
+  CHECK(from_v1.step_count == 6);
+  CHECK(from_v1.params[0] == from_v2.params[0]);
+
+  const auto v3 = dirs().fresh("groups-v3");
+  fs::copy(dir, v3);
+  rewrite(v3 / "manifest.txt", 3, false);
+  CHECK_THROWS_WITH_AS((void)manifest::read(v3), doctest::Contains("format version 3"),
+                       ringzero::checkpoint_error);
+}

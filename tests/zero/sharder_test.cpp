@@ -2,8 +2,11 @@
 
 #include "zero_harness.hpp"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -362,4 +365,433 @@ TEST_CASE("a bucket is queued for reduction as soon as backward has handed over 
     CHECK(shd.memory().peak_buffers == 4 * 64 * sizeof(float));
   });
   ringzero::log::set_level(ringzero::log::level::warn);
+}
+
+TEST_CASE("stage 3: a bucket gathered before step() is fresh after it (issue 13)") {
+  // Two layers, 4 ranks: one extra gather(0) between end_micro_batch() and step() (logging,
+  // evaluation) must not let the next forward use the pre-update weights.
+  const auto layout = zt::make_layout<float>({{70, 9}, {33, 12}});
+  zt::run_options o;
+  o.world = 4;
+  o.steps = 6;
+  o.stage = 0;
+  const auto reference = zt::train<float>(layout, o);
+  o.stage = 3;
+  o.gather_before_step = true;
+  const auto got = zt::train<float>(layout, o);
+  for (int r = 0; r < 4; ++r)
+    CHECK_MESSAGE(got.params[static_cast<std::size_t>(r)] == reference.params[0], "rank ", r,
+                  ": max rel diff to stage 0 ",
+                  zt::max_rel_diff(got.params[0], reference.params[0]));
+}
+
+TEST_CASE("stage 3: a handle held across step() sees the updated weights") {
+  const auto layout = zt::make_layout<float>({{70, 9}, {33, 12}});
+  zt::run_options o;
+  o.world = 3;
+  o.steps = 2;
+  o.stage = 3;
+  o.gather_before_step = true;
+  o.hold_across_step = true;
+  const auto got = zt::train<float>(layout, o);
+  const std::vector<float> first(got.params[0].begin(), got.params[0].begin() + 70);
+  for (int r = 0; r < 3; ++r) CHECK(got.held[static_cast<std::size_t>(r)] == first);
+  o.stage = 0;
+  o.hold_across_step = false;
+  o.gather_before_step = false;
+  CHECK(zt::train<float>(layout, o).params[0] == got.params[0]);
+}
+
+TEST_CASE("a collective algorithm the sharder cannot use is refused at construction") {
+  const auto layout = small_model<float>();
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.stage = 2;
+    cfg.collectives.reduce_scatter.algorithm = ringzero::algorithm::tree;
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("reduce_scatter"), ringzero::invalid_argument);
+    cfg.collectives.reduce_scatter.algorithm = ringzero::algorithm::ring;
+    cfg.collectives.all_gather.algorithm = ringzero::algorithm::recursive_halving_doubling;
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("all_gather"), ringzero::invalid_argument);
+    cfg.collectives.all_gather.algorithm = ringzero::algorithm::hierarchical;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+    cfg.scaling.growth = std::numeric_limits<float>::infinity();
+    cfg.collectives.all_gather.algorithm = ringzero::algorithm::ring;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+  });
+}
+
+TEST_CASE("each kind of collective takes its own algorithm") {
+  // tree all_reduce, rhd reduce_scatter, rd all_gather: every stage still trains the same model
+  // (to float tolerance: the all_reduce sums in another order than the reduce_scatter).
+  const auto layout = small_model<float>();
+  std::vector<std::vector<float>> w;
+  for (int stage = 0; stage <= 3; ++stage) {
+    ringzero::loopback::world world(4);
+    std::vector<float> out;
+    world.run([&](zt::communicator& comm) {
+      zt::run_options o;
+      o.world = 4;
+      o.stage = stage;
+      zt::zero::config cfg = zt::make_config(o);
+      cfg.collectives.all_reduce.algorithm = ringzero::algorithm::tree;
+      cfg.collectives.reduce_scatter.algorithm = ringzero::algorithm::recursive_halving_doubling;
+      cfg.collectives.all_gather.algorithm = ringzero::algorithm::recursive_doubling;
+      zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+      for (int s = 0; s < 2; ++s) {
+        for (int p = static_cast<int>(shd.plan().params().size()) - 1; p >= 0; --p) {
+          auto h = shd.gather(shd.plan().params()[static_cast<std::size_t>(p)].layer,
+                              zt::zero::pass::backward);
+          std::vector<float> g(h.param(p).begin(), h.param(p).end());
+          for (auto& x : g) x = 0.25f * (x - 0.1f);
+          shd.add_grad(p, std::span<const float>(g));
+        }
+        shd.end_micro_batch();
+        CHECK_FALSE(shd.step().skipped);
+      }
+      auto full = shd.full_parameters();
+      if (comm.rank() == 0) out = std::move(full);
+    });
+    w.push_back(out);
+  }
+  for (int stage = 1; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    CHECK(zt::max_rel_diff(w[0], w[static_cast<std::size_t>(stage)]) < 1e-5);
+  }
+}
+
+TEST_CASE("loss-scale growth stops at the largest finite scale") {
+  const auto layout = zt::make_layout<float16>({{16}});
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.stage = 1;
+    cfg.scaling.initial = 0x1p127f;
+    cfg.scaling.growth_interval = 1;
+    zt::zero::sharder<zt::communicator, float16> shd(comm, layout, cfg);
+    for (int s = 0; s < 3; ++s) {
+      shd.end_micro_batch();  // no gradient: zero, a clean step
+      CHECK_FALSE(shd.step().skipped);
+      CHECK_MESSAGE(std::isfinite(shd.loss_scale()), "step ", s, ": scale ", shd.loss_scale());
+    }
+    CHECK(shd.loss_scale() == 0x1p127f);
+  });
+}
+
+namespace {
+
+/// One step on 4 ranks where rank r hands over `value(r)` for every element of one parameter of
+/// 32 elements; returns rank 0's step result.
+template <class P>
+zt::zero::step_result one_step(int stage, std::optional<ringzero::dtype> reduce, float predivide,
+                               float (*value)(int)) {
+  zt::zero::model_layout layout;
+  layout.add({.name = "w", .shape = {32}, .type = ringzero::dtype_of<P>()});
+  zt::zero::step_result out;
+  ringzero::loopback::world w(4);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.stage = stage;
+    cfg.reduce_dtype = reduce;
+    cfg.gradient_predivide = predivide;
+    cfg.average_gradients = false;
+    cfg.scaling.initial = 1.0f;
+    cfg.scaling.dynamic = false;
+    zt::zero::sharder<zt::communicator, P> shd(comm, layout, cfg);
+    const std::vector<P> g(32, P(value(comm.rank())));
+    shd.add_grad(0, std::span<const P>(g));
+    shd.end_micro_batch();
+    const auto r = shd.step();
+    if (comm.rank() == 0) out = r;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reduce_dtype float32: bf16 gradients summed without 16-bit rounding") {
+  // 256 + 1 + 1 + 1: bf16 has 8 significant bits, so every partial sum rounds back to 256.
+  auto value = [](int r) { return r == 0 ? 256.0f : 1.0f; };
+  const double exact = 259.0 * std::sqrt(32.0);
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    const auto in16 = one_step<bfloat16>(stage, std::nullopt, 1.0f, value);
+    const auto in32 = one_step<bfloat16>(stage, ringzero::dtype::float32, 1.0f, value);
+    CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
+    CHECK(std::abs(in16.grad_norm - exact) > 1.0);
+  }
+}
+
+TEST_CASE("fp16: a sum that overflows in fp16 is kept by fp32 reduction or by predividing") {
+  // 4 x 30000 > 65504, fp16's largest value.
+  auto value = [](int) { return 30000.0f; };
+  const double exact = 120000.0 * std::sqrt(32.0);
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    CHECK(one_step<float16>(stage, std::nullopt, 1.0f, value).skipped);
+    const auto in32 = one_step<float16>(stage, ringzero::dtype::float32, 1.0f, value);
+    CHECK_FALSE(in32.skipped);
+    CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
+    const auto pre = one_step<float16>(stage, std::nullopt, 4.0f, value);
+    CHECK_FALSE(pre.skipped);
+    CHECK(pre.grad_norm == doctest::Approx(exact).epsilon(1e-3));
+  }
+}
+
+TEST_CASE("fp32 reduction keeps the stages bitwise equal, and costs twice the gradient memory") {
+  const auto layout = small_model<bfloat16>();
+  std::vector<std::vector<float>> w;
+  std::vector<std::size_t> grad_bytes;
+  for (int stage = 0; stage <= 3; ++stage) {
+    ringzero::loopback::world world(3);
+    std::vector<float> out;
+    world.run([&](zt::communicator& comm) {
+      zt::run_options o;
+      o.world = 3;
+      o.stage = stage;
+      auto cfg = zt::make_config(o);
+      cfg.reduce_dtype = ringzero::dtype::float32;
+      zt::zero::sharder<zt::communicator, bfloat16> shd(comm, layout, cfg);
+      for (int s = 0; s < 2; ++s) {
+        for (int p = static_cast<int>(shd.plan().params().size()) - 1; p >= 0; --p) {
+          std::vector<float> g(shd.plan().params()[static_cast<std::size_t>(p)].numel);
+          for (std::size_t i = 0; i < g.size(); ++i)
+            g[i] = zt::noise(7, static_cast<std::uint64_t>(comm.rank()),
+                             static_cast<std::uint64_t>(p * 100 + s), i);
+          shd.add_grad(p, std::span<const float>(g));
+        }
+        shd.end_micro_batch();
+        (void)shd.step();
+      }
+      auto full = shd.full_parameters();
+      if (comm.rank() == 0) {
+        out = std::move(full);
+        grad_bytes.push_back(shd.memory().gradients);
+      }
+    });
+    w.push_back(out);
+  }
+  for (int stage = 1; stage <= 3; ++stage) CHECK(w[static_cast<std::size_t>(stage)] == w[0]);
+  const zt::zero::partition_plan plan(layout, 3, 256 / sizeof(bfloat16), 16);
+  CHECK(grad_bytes[0] == plan.padded_size() * sizeof(float));
+  CHECK(grad_bytes[3] == plan.shard_size() * sizeof(float));
+}
+
+TEST_CASE("precision settings that cannot work are refused") {
+  const auto layout = small_model<bfloat16>();
+  ringzero::loopback::world w(1);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.reduce_dtype = ringzero::dtype::float16;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+    cfg.reduce_dtype = ringzero::dtype::bfloat16;
+    CHECK_NOTHROW((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)));
+    cfg.gradient_predivide = 0.0f;
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, bfloat16>(comm, layout, cfg)),
+                    ringzero::invalid_argument);
+  });
+}
+
+TEST_CASE("parameter groups: per-group learning rate and weight decay, frozen parameters") {
+  // Layer 1 in group 1; the harness's gradient of an element depends only on that element, so
+  // each group trains as it would alone.
+  const auto grouped = zt::make_layout<float>({{37, 5}, {129}, {3, 61, 1}},
+                                              [](int layer, int) { return layer == 1 ? 1 : 0; });
+  const auto plain = small_model<float>();
+  zt::run_options o;
+  o.world = 3;
+  o.steps = 3;
+  const auto base = zt::train<float>(plain, o);
+  const std::size_t l1_begin = 37 + 5, l1_end = l1_begin + 129;
+  auto slice = [](const std::vector<float>& v, std::size_t a, std::size_t b) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(a),
+                              v.begin() + static_cast<std::ptrdiff_t>(b));
+  };
+  SUBCASE("frozen") {
+    for (int stage : {0, 3}) {
+      o.stage = stage;
+      o.configure = [](zt::zero::config& c) {
+        c.groups = {{.name = "main"}, {.name = "emb", .frozen = true}};
+      };
+      const auto got = zt::train<float>(grouped, o);
+      std::vector<float> initial;
+      for (std::size_t i = 0; i < 129; ++i) initial.push_back(zt::initial_value(2, i));
+      CHECK(slice(got.params[0], l1_begin, l1_end) == initial);
+      CHECK(slice(got.params[0], 0, l1_begin) == slice(base.params[0], 0, l1_begin));
+      CHECK(slice(got.params[0], l1_end, got.params[0].size()) ==
+            slice(base.params[0], l1_end, base.params[0].size()));
+    }
+  }
+  SUBCASE("another learning rate, weight decay and betas") {
+    o.stage = 3;
+    o.configure = [](zt::zero::config& c) {
+      c.groups = {
+          {.name = "main"},
+          {.name = "slow", .lr = 0.01f, .weight_decay = 0.5f, .beta1 = 0.5f, .beta2 = 0.9f}};
+    };
+    const auto got = zt::train<float>(grouped, o);
+    zt::run_options alone = o;
+    alone.configure = [](zt::zero::config& c) {
+      c.optimizer.lr = 0.01f;
+      c.optimizer.weight_decay = 0.5f;
+      c.optimizer.beta1 = 0.5f;
+      c.optimizer.beta2 = 0.9f;
+    };
+    const auto slow = zt::train<float>(plain, alone);
+    CHECK(slice(got.params[0], l1_begin, l1_end) == slice(slow.params[0], l1_begin, l1_end));
+    CHECK(slice(got.params[0], 0, l1_begin) == slice(base.params[0], 0, l1_begin));
+  }
+}
+
+TEST_CASE("a frozen parameter takes no gradient, and bad groups are refused") {
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  ringzero::loopback::world w(1);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.groups = {{.name = "a"}, {.name = "b", .frozen = true}};
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+    const std::vector<float> g(8, 1.0f);
+    CHECK_THROWS_WITH_AS(shd.add_grad(1, g), doctest::Contains("frozen"),
+                         ringzero::invalid_argument);
+    shd.add_grad(0, g);
+    cfg.groups = {{.name = "a"}};
+    CHECK_THROWS_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                    ringzero::invalid_argument);  // parameter in group 1 of 1
+    cfg.groups = {{.name = "a"}, {.name = "a"}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("two groups are called a"), ringzero::invalid_argument);
+    cfg.groups = {{.name = "a"}, {.name = "b", .beta2 = 1.0f}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("group b: beta2 1"), ringzero::invalid_argument);
+    cfg.groups = {{.name = "a"}, {.name = "b c"}};
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("without whitespace"), ringzero::invalid_argument);
+  });
+}
+
+TEST_CASE("warmup + cosine schedule") {
+  const auto f = zt::zero::warmup_cosine(4, 12, 0.1f);
+  CHECK(f(0) == 0.25f);
+  CHECK(f(3) == 1.0f);
+  CHECK(f(4) == doctest::Approx(1.0));
+  CHECK(f(8) == doctest::Approx(0.1 + 0.9 * 0.5));
+  CHECK(f(12) == 0.1f);
+  CHECK(f(100) == 0.1f);
+  for (std::uint64_t s = 4; s < 12; ++s) CHECK(f(s + 1) <= f(s));
+}
+
+TEST_CASE("the schedule drives every group; a resume continues it and the learning rates") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ringzero-zero-schedule-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto grouped = zt::make_layout<float>({{37, 5}, {129}, {3, 61, 1}},
+                                              [](int layer, int) { return layer == 1 ? 1 : 0; });
+  zt::run_options o;
+  o.world = 2;
+  o.stage = 3;
+  o.steps = 6;
+  o.configure = [](zt::zero::config& c) {
+    c.groups = {{.name = "main"}, {.name = "head", .lr = 0.02f}};
+    c.schedule = zt::zero::warmup_cosine(2, 6);
+  };
+  const auto full = zt::train<float>(grouped, o);
+  // Without the schedule the run differs (the schedule is applied).
+  zt::run_options flat = o;
+  flat.configure = [](zt::zero::config& c) {
+    c.groups = {{.name = "main"}, {.name = "head", .lr = 0.02f}};
+  };
+  CHECK(zt::train<float>(grouped, flat).params[0] != full.params[0]);
+  // Save after 3 steps, resume for 3: bitwise the uninterrupted run.
+  o.steps = 3;
+  o.save_dir = dir;
+  (void)zt::train<float>(grouped, o);
+  const auto m = zt::zero::checkpoint_manifest::read(dir);
+  REQUIRE(m.groups.size() == 2);
+  CHECK(m.groups[1].name == "head");
+  CHECK(m.groups[1].lr == 0.02f);
+  o.save_dir.clear();
+  o.load_dir = dir;
+  const auto resumed = zt::train<float>(grouped, o);
+  CHECK(resumed.params[0] == full.params[0]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("group learning rates set by the trainer are saved and restored") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("ringzero-zero-grouplr-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.groups = {{.name = "a"}, {.name = "b", .lr = 0.5f}};
+    cfg.schedule = zt::zero::warmup_cosine(10, 100);
+    {
+      zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+      shd.set_learning_rate(1, 0.25f);
+      shd.end_micro_batch();
+      (void)shd.step();
+      CHECK(shd.learning_rate(1) == 0.25f * 0.2f);
+      shd.save(dir);
+    }
+    zt::zero::sharder<zt::communicator, float> back(comm, layout, cfg);
+    CHECK(back.learning_rate(1) == 0.5f * 0.1f);
+    back.load(dir);
+    CHECK(back.step_count() == 1);
+    CHECK(back.learning_rate(1) == 0.25f * 0.2f);
+    CHECK(back.learning_rate(0) == cfg.optimizer.lr * 0.2f);
+    CHECK_THROWS_AS((void)back.learning_rate(2), ringzero::invalid_argument);
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("each step moves each group by its own learning rate times the schedule") {
+  // SGD without momentum or decay and a gradient of ones: a step moves every weight of group g
+  // by exactly -learning_rate(g).
+  const auto layout = zt::make_layout<float>({{8}, {8}}, [](int l, int) { return l; });
+  for (int stage : {0, 2, 3}) {
+    CAPTURE(stage);
+    ringzero::loopback::world w(2);
+    w.run([&](zt::communicator& comm) {
+      zt::zero::config cfg;
+      cfg.stage = stage;
+      cfg.optimizer = {.kind = optimizer_kind::sgd, .lr = 0.25f, .momentum = 0.0f};
+      cfg.groups = {{.name = "a"}, {.name = "b", .lr = 0.5f}};
+      cfg.schedule = zt::zero::warmup_cosine(2, 5, 0.1f);
+      zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+      const std::vector<float> ones(8, 1.0f);
+      auto before = shd.full_parameters();
+      const float expect[][2] = {{0.125f, 0.25f}, {0.25f, 0.5f}};
+      for (int s = 0; s < 7; ++s) {
+        const float lr[2] = {shd.learning_rate(0), shd.learning_rate(1)};
+        CHECK(lr[0] == 0.25f * cfg.schedule(static_cast<std::uint64_t>(s)));
+        CHECK(lr[1] == 0.5f * cfg.schedule(static_cast<std::uint64_t>(s)));
+        if (s < 2) {
+          CHECK(lr[0] == expect[s][0]);
+          CHECK(lr[1] == expect[s][1]);
+        }
+        if (s >= 5) CHECK(lr[1] == doctest::Approx(0.05f));
+        if (stage == 3) {
+          auto g = shd.gather(1, zt::zero::pass::backward);
+          shd.add_grad(1, ones);
+          auto g0 = shd.gather(0, zt::zero::pass::backward);
+          shd.add_grad(0, ones);
+        } else {
+          shd.add_grad(1, ones);
+          shd.add_grad(0, ones);
+        }
+        shd.end_micro_batch();
+        REQUIRE_FALSE(shd.step().skipped);
+        const auto after = shd.full_parameters();
+        for (std::size_t i = 0; i < after.size(); ++i)
+          CHECK(after[i] == doctest::Approx(before[i] - lr[i / 8]).epsilon(1e-6));
+        before = after;
+      }
+    });
+  }
 }

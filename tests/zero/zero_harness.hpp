@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@ namespace zt {
 using ringzero::loopback::communicator;
 namespace zero = ringzero::zero;
 
+/// `group_of(layer, param)`, when given, puts each parameter in a group.
 template <class P>
-zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& layer_sizes) {
+zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& layer_sizes,
+                               const std::function<int(int, int)>& group_of = {}) {
   zero::model_layout l;
   int li = 0;
   for (const auto& layer : layer_sizes) {
@@ -34,7 +37,8 @@ zero::model_layout make_layout(const std::vector<std::vector<std::size_t>>& laye
       l.add({.name = "l" + std::to_string(li) + ".p" + std::to_string(pi),
              .shape = {n},
              .type = ringzero::dtype_of<P>(),
-             .weight_decay = decay});
+             .weight_decay = decay,
+             .group = group_of ? group_of(li, pi) : 0});
       ++pi;
     }
     ++li;
@@ -69,8 +73,13 @@ struct run_options {
   float grad_multiplier = 1.0f;
   /// Called with (rank, step, param, gradient) before the gradient is handed over.
   std::function<void(int, int, int, std::vector<float>&)> poison;
-  std::filesystem::path save_dir;  ///< save after the last step
+  std::function<void(zero::config&)> configure;  ///< adjusts the configuration
+  std::filesystem::path save_dir;                ///< save after the last step
   std::filesystem::path load_dir;  ///< load before the first step (steps count from there)
+  /// Reads layer 0 between the last end_micro_batch() and step(), as logging or evaluation
+  /// would; with hold_across_step the handle lives through step() and its values are recorded.
+  bool gather_before_step = false;
+  bool hold_across_step = false;
 };
 
 struct run_result {
@@ -78,6 +87,8 @@ struct run_result {
   std::vector<zero::step_result> steps;     ///< rank 0's
   std::vector<zero::memory_report> memory;  ///< every rank's, at the end
   std::uint64_t step_count = 0;
+  /// Every rank's layer-0 first parameter as a handle held across the last step() saw it.
+  std::vector<std::vector<float>> held;
 };
 
 inline zero::config make_config(const run_options& o) {
@@ -93,6 +104,7 @@ inline zero::config make_config(const run_options& o) {
   cfg.scaling.initial = 1024.0f;
   cfg.scaling.growth_interval = 2;
   cfg.average_gradients = false;
+  if (o.configure) o.configure(cfg);
   return cfg;
 }
 
@@ -104,6 +116,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
   run_result res;
   res.params.resize(static_cast<std::size_t>(o.world));
   res.memory.resize(static_cast<std::size_t>(o.world));
+  res.held.resize(static_cast<std::size_t>(o.world));
   ringzero::loopback::world w(o.world);
   w.run([&](communicator& comm) {
     zero::sharder<communicator, P> shd(comm, layout, make_config(o));
@@ -123,6 +136,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
           auto g = shd.gather(l, zero::pass::backward);
           const auto& li = plan.layers()[static_cast<std::size_t>(l)];
           for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
+            if (!shd.trainable(p)) continue;
             auto wv = g.param(p);
             std::vector<float> grad(wv.size());
             // A global batch of `batch` samples split over micro-batches and ranks: the sum of
@@ -146,7 +160,15 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
         }
         shd.end_micro_batch();
       }
+      std::optional<typename zero::sharder<communicator, P>::gathered> held;
+      if (o.gather_before_step) held.emplace(shd.gather(0));
+      if (!o.hold_across_step) held.reset();
       const auto r = shd.step();
+      if (held) {
+        const auto v = held->param(0);
+        res.held[static_cast<std::size_t>(comm.rank())].assign(v.begin(), v.end());
+        held.reset();
+      }
       if (comm.rank() == 0) res.steps.push_back(r);
     }
     if (!o.save_dir.empty()) shd.save(o.save_dir);

@@ -1,16 +1,17 @@
 // Sharded checkpoints.
 //
 // A checkpoint is a directory:
-//   manifest.txt                              written by rank 0, last
-//   shard-00000-of-00004.step-120.bin         one per rank: its slice of the fp32 master weights
-//   ...                                       and of each optimizer moment
+//   manifest.txt                                        written by rank 0, last
+//   shard-00000-of-00004.step-120.5c1f0e9a2b7d4c31.bin  one per rank: its slice of the fp32
+//   ...                                                 master weights and of each moment
 // The manifest records the parameters (names, shapes, types, where each lives in the flat
-// buffer), the buckets, the world size, stage, step and optimizer, and the size and CRC-32C of
-// every shard file; it ends with its own CRC-32C. Every file is written to a temporary name,
-// fsynced and renamed, and the manifest is renamed into place only after every rank's shard is
-// durable, so a directory holds either the previous checkpoint or the new one. Shard file names
-// carry the step, so the previous checkpoint's files stay valid until the new manifest replaces
-// the old.
+// buffer), the buckets, the world size, stage, step and optimizer, and the name, size and
+// CRC-32C of every shard file; it ends with its own CRC-32C. Every file is written to a unique
+// temporary name, fsynced and renamed, and the manifest is renamed into place only after every
+// rank's shard is durable, so a directory holds either the previous checkpoint or the new one.
+// Shard file names carry the step and a random save id, so no save (not even one of the same
+// step) ever writes over a file the live manifest refers to; the files the new manifest no
+// longer lists, and temporaries of interrupted saves, are removed after it is in place.
 //
 // Loading maps each parameter element from the saved layout to the loading rank's layout, so a
 // checkpoint loads at any world size and stage without a conversion step. A missing, truncated
@@ -50,7 +51,8 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian; a big-endian host needs byte swapping");
 
 inline constexpr const char* manifest_file_name = "manifest.txt";
-inline constexpr int checkpoint_format_version = 1;
+/// 2 added the parameter groups' learning rates; version 1 checkpoints still load.
+inline constexpr int checkpoint_format_version = 2;
 
 namespace detail {
 
@@ -159,6 +161,11 @@ struct checkpoint_manifest {
     std::vector<std::size_t> shape;
     [[nodiscard]] std::size_t numel() const noexcept { return numel_of(shape); }
   };
+  /// A parameter group's base learning rate when saved (the schedule's position is `step`).
+  struct group {
+    std::string name;
+    float lr = 0.0f;
+  };
   struct shard {
     int rank = 0;
     std::string file;
@@ -177,6 +184,7 @@ struct checkpoint_manifest {
   std::size_t alignment = 16;
   std::size_t shard_size = 0;
   std::vector<std::string> arrays;  ///< what each shard file holds, in order
+  std::vector<group> groups;
   std::vector<bucket> buckets;
   std::vector<param> params;
   std::vector<shard> shards;
@@ -191,7 +199,9 @@ struct checkpoint_manifest {
     fmt::format_to(out, "optimizer {}\nloss_scale {} {}\nalignment {}\nshard_size {}\narrays",
                    optimizer_name(optimizer), loss_scale, good_steps, alignment, shard_size);
     for (const auto& a : arrays) fmt::format_to(out, " {}", a);
-    fmt::format_to(out, "\nbuckets {}\n", buckets.size());
+    fmt::format_to(out, "\ngroups {}\n", groups.size());
+    for (const auto& g : groups) fmt::format_to(out, "group {} {}\n", g.name, g.lr);
+    fmt::format_to(out, "buckets {}\n", buckets.size());
     for (const auto& b : buckets)
       fmt::format_to(out, "bucket {} {} {}\n", b.offset, b.padded, b.shard_offset);
     fmt::format_to(out, "params {}\n", params.size());
@@ -225,9 +235,10 @@ struct checkpoint_manifest {
     }
     checkpoint_manifest m;
     in.expect("ringzero-zero-checkpoint");
-    if (const auto v = in.integer(); v != checkpoint_format_version)
-      throw checkpoint_error(fmt::format("{}: format version {} (this build reads {})", where, v,
-                                         checkpoint_format_version));
+    const auto version = in.integer();
+    if (version < 1 || version > checkpoint_format_version)
+      throw checkpoint_error(fmt::format("{}: format version {} (this build reads 1 to {})", where,
+                                         version, checkpoint_format_version));
     in.expect("world_size");
     m.world_size = static_cast<int>(in.integer());
     in.expect("stage");
@@ -249,6 +260,17 @@ struct checkpoint_manifest {
     m.shard_size = in.integer();
     in.expect("arrays");
     while (!in.at_line_end()) m.arrays.emplace_back(in.word());
+    if (version >= 2) {
+      in.expect("groups");
+      const auto n = in.integer();
+      if (n > text.size()) throw checkpoint_error(fmt::format("{}: {} groups", where, n));
+      m.groups.resize(n);
+      for (auto& g : m.groups) {
+        in.expect("group");
+        g.name = in.word();
+        g.lr = in.real();
+      }
+    }
     in.expect("buckets");
     m.buckets.resize(in.integer());
     for (auto& b : m.buckets) {
@@ -350,13 +372,16 @@ struct shard_header {
 };
 static_assert(sizeof(shard_header) == shard_header_bytes);
 
-[[nodiscard]] inline std::string shard_file_name(int rank, int world, std::uint64_t step) {
-  return fmt::format("shard-{:05}-of-{:05}.step-{}.bin", rank, world, step);
+/// `save_id` is fresh for every save, so two saves of the same step never share a name.
+[[nodiscard]] inline std::string shard_file_name(int rank, int world, std::uint64_t step,
+                                                 std::uint64_t save_id) {
+  return fmt::format("shard-{:05}-of-{:05}.step-{}.{:016x}.bin", rank, world, step, save_id);
 }
 
 /// Writes one rank's shard file: a header, then each array of shard_size floats.
 inline written_file write_shard(const std::filesystem::path& dir, int rank, int world,
-                                std::uint64_t step, std::span<const std::vector<float>> arrays,
+                                std::uint64_t step, std::uint64_t save_id,
+                                std::span<const std::vector<float>> arrays,
                                 std::size_t shard_size) {
   shard_header h{};
   std::memcpy(h.magic, shard_magic, sizeof h.magic);
@@ -373,11 +398,12 @@ inline written_file write_shard(const std::filesystem::path& dir, int rank, int 
           fmt::format("write_shard: array of {} elements, shard has {}", a.size(), shard_size));
     parts.push_back(std::as_bytes(std::span(a)));
   }
-  return write_file_atomic(dir / shard_file_name(rank, world, step), parts);
+  return write_file_atomic(dir / shard_file_name(rank, world, step, save_id), parts);
 }
 
 /// Writes the manifest (after every shard is durable) and then removes shard files that no
-/// manifest refers to any more: the previous checkpoint's, and leftovers of interrupted saves.
+/// manifest refers to any more (the previous checkpoint's) and temporaries of interrupted saves.
+/// Every rank's writes of this save are complete by then, so no temporary here is in use.
 inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_manifest& m) {
   const std::string text = m.serialize();
   write_file_atomic(dir / manifest_file_name, {std::as_bytes(std::span(text))});
@@ -386,13 +412,84 @@ inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_m
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("shard-") && (name.ends_with(".bin") || name.ends_with(".bin.tmp")) &&
-        !keep.contains(name))
+    const bool ours = name.starts_with("shard-") || name.starts_with(manifest_file_name);
+    const bool temporary = name.find(temporary_marker) != std::string::npos;
+    if (ours && (temporary || (name.ends_with(".bin") && !keep.contains(name))))
       std::filesystem::remove(e.path(), ec);
   }
 }
 
 }  // namespace detail
+
+/// What a training run is at, as a checkpoint records it.
+struct training_position {
+  std::uint64_t step = 0;             ///< steps taken, skipped ones included
+  std::uint64_t optimizer_steps = 0;  ///< steps that updated the weights (Adam's t)
+  float loss_scale = 1.0f;
+  std::uint64_t good_steps = 0;
+};
+
+/// The manifest of a checkpoint of `plan` saved by its world_size() ranks; `written` holds
+/// (bytes, crc, save id) of every rank's shard file, rank after rank.
+[[nodiscard]] inline checkpoint_manifest make_manifest(
+    const partition_plan& plan, int stage, dtype precision, optimizer_kind kind,
+    const training_position& at, std::vector<checkpoint_manifest::group> groups,
+    std::span<const std::uint64_t> written) {
+  checkpoint_manifest m;
+  m.groups = std::move(groups);
+  m.world_size = plan.world_size();
+  m.stage = stage;
+  m.precision = precision;
+  m.step = at.step;
+  m.optimizer_steps = at.optimizer_steps;
+  m.optimizer = kind;
+  m.loss_scale = at.loss_scale;
+  m.good_steps = at.good_steps;
+  m.alignment = plan.alignment();
+  m.shard_size = plan.shard_size();
+  m.arrays = {"master"};
+  if (kind == optimizer_kind::adamw) {
+    m.arrays.emplace_back("exp_avg");
+    m.arrays.emplace_back("exp_avg_sq");
+  } else {
+    m.arrays.emplace_back("momentum");
+  }
+  for (const auto& b : plan.buckets()) m.buckets.push_back({b.offset, b.padded, b.shard_offset});
+  for (const auto& p : plan.params())
+    m.params.push_back({p.name, p.type, p.weight_decay, p.offset, p.bucket, p.shape});
+  for (int r = 0; r < m.world_size; ++r) {
+    const auto i = 3 * static_cast<std::size_t>(r);
+    m.shards.push_back({r, detail::shard_file_name(r, m.world_size, at.step, written[i + 2]),
+                        written[i], static_cast<std::uint32_t>(written[i + 1])});
+  }
+  return m;
+}
+
+/// Throws checkpoint_error unless the checkpoint in `dir` holds every parameter of `plan` with
+/// the same shape, and state for the optimizer `kind`.
+inline void check_compatible(const checkpoint_manifest& m, const partition_plan& plan,
+                             optimizer_kind kind, const std::filesystem::path& dir) {
+  const auto& ps = plan.params();
+  if (m.params.size() != ps.size())
+    throw checkpoint_error(fmt::format("checkpoint {} holds {} parameters, this model has {}",
+                                       dir.string(), m.params.size(), ps.size()));
+  for (const auto& p : ps) {
+    const int i = m.find(p.name);
+    if (i < 0)
+      throw checkpoint_error(
+          fmt::format("checkpoint {} has no parameter {}", dir.string(), p.name));
+    const auto& q = m.params[static_cast<std::size_t>(i)];
+    if (q.shape != p.shape)
+      throw checkpoint_error(
+          fmt::format("checkpoint {}: parameter {} has shape [{}], the model registers [{}]",
+                      dir.string(), p.name, fmt::join(q.shape, ", "), fmt::join(p.shape, ", ")));
+  }
+  const std::size_t arrays = kind == optimizer_kind::adamw ? 3 : 2;
+  if (m.optimizer != kind || m.arrays.size() != arrays)
+    throw checkpoint_error(fmt::format("checkpoint {} holds {} state, this run uses {}",
+                                       dir.string(), optimizer_name(m.optimizer),
+                                       optimizer_name(kind)));
+}
 
 /// Reads parameter elements out of a checkpoint, whatever layout saved them.
 class checkpoint_reader {

@@ -4,13 +4,21 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/tuning/cost_model.hpp"
+#include "ringzero/types.hpp"
 
 namespace ringzero::zero {
 
@@ -40,6 +48,60 @@ struct optimizer_options {
   float weight_decay = 0.0f;
 };
 
+/// Optimizer settings for a group of parameters (param_spec::group indexes config::groups).
+/// An unset field takes config::optimizer's value. A frozen parameter is never updated and takes
+/// no gradient (add_grad refuses it); its optimizer state is still allocated.
+struct param_group {
+  std::string name = {};  ///< names the group in checkpoints: unique, no whitespace
+  std::optional<float> lr = std::nullopt;
+  std::optional<float> weight_decay = std::nullopt;
+  std::optional<float> beta1 = std::nullopt;
+  std::optional<float> beta2 = std::nullopt;
+  bool frozen = false;
+};
+
+/// Throws invalid_argument for a group without a unique whitespace-free name, or with a learning
+/// rate or weight decay < 0 or a beta outside [0, 1).
+inline void check_groups(const std::vector<param_group>& groups) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto& pg = groups[g];
+    if (pg.name.empty() || pg.name.find_first_of(" \t\r\n") != std::string::npos)
+      throw invalid_argument(fmt::format("zero: group {} needs a name without whitespace", g));
+    for (std::size_t h = 0; h < g; ++h)
+      if (groups[h].name == pg.name)
+        throw invalid_argument(fmt::format("zero: two groups are called {}", pg.name));
+    auto check = [&](const std::optional<float>& v, const char* what, float below) {
+      if (v && !(*v >= 0 && *v < below))
+        throw invalid_argument(fmt::format("zero: group {}: {} {} (expected 0 <= {} < {})", pg.name,
+                                           what, *v, what, below));
+    };
+    constexpr float unbounded = std::numeric_limits<float>::infinity();
+    check(pg.lr, "lr", unbounded);
+    check(pg.weight_decay, "weight_decay", unbounded);
+    check(pg.beta1, "beta1", 1.0f);
+    check(pg.beta2, "beta2", 1.0f);
+  }
+}
+
+/// A learning-rate schedule: the factor every group's learning rate is multiplied by at a step
+/// (0-based: the step about to be taken, skipped steps counted), as PyTorch's LambdaLR.
+using lr_schedule = std::function<float(std::uint64_t step)>;
+
+/// Linear warmup from 0 over `warmup` steps, then a cosine from 1 down to `min_factor` at step
+/// `total` (and min_factor after it).
+[[nodiscard]] inline lr_schedule warmup_cosine(std::uint64_t warmup, std::uint64_t total,
+                                               float min_factor = 0.0f) {
+  return [=](std::uint64_t step) -> float {
+    if (step < warmup) return static_cast<float>(step + 1) / static_cast<float>(warmup);
+    if (step >= total || total <= warmup) return min_factor;
+    const double progress =
+        static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+    constexpr double pi = 3.14159265358979323846;
+    return static_cast<float>(min_factor +
+                              (1.0 - min_factor) * 0.5 * (1.0 + std::cos(pi * progress)));
+  };
+}
+
 /// Dynamic loss scaling for float16 parameters (ignored otherwise: the scale stays 1). The
 /// trainer multiplies its loss by loss_scale(); an overflow on any rank makes every rank skip
 /// the step and multiply the scale by backoff; growth_interval clean steps multiply it by growth.
@@ -53,11 +115,70 @@ struct loss_scaling {
       true;  ///< false: the scale stays at `initial`, overflowing steps are still skipped
 };
 
+/// Options for each kind of collective the sharder issues. all_reduce: gradient buckets in stages
+/// 0-1 and the step's overflow flag and norm; reduce_scatter: gradient buckets in stages 2-3;
+/// all_gather: parameters (stages 1-3), full_parameters(), and the agreement on save/load
+/// outcomes. An algorithm must implement its kind (checked when the sharder is built).
+/// The ring for all three keeps the reduction order of an element the same whether it is
+/// all_reduced (stages 0-1) or reduce_scattered (2-3): the stages then agree bit for bit.
+struct collective_options {
+  ringzero::options all_reduce{.algorithm = ringzero::algorithm::ring};
+  ringzero::options reduce_scatter{.algorithm = ringzero::algorithm::ring};
+  ringzero::options all_gather{.algorithm = ringzero::algorithm::ring};
+};
+
+/// Throws invalid_argument naming the field whose algorithm cannot run its kind of collective.
+/// `hierarchical`: the communicator knows node placement (algorithm::hierarchical is possible).
+inline void check_collectives(const collective_options& c, bool hierarchical) {
+  const std::pair<collective, const ringzero::options*> kinds[] = {
+      {collective::all_reduce, &c.all_reduce},
+      {collective::reduce_scatter, &c.reduce_scatter},
+      {collective::all_gather, &c.all_gather}};
+  for (const auto& [kind, opt] : kinds) {
+    const algorithm a = opt->algorithm;
+    if (a == algorithm::automatic) continue;
+    if (!tuning::applies(kind, a, true))
+      throw invalid_argument(fmt::format(
+          "zero: config::collectives.{}: algorithm '{}' does not implement {} (choose one of {})",
+          collective_name(kind), algorithm_name(a), collective_name(kind), [&] {
+            std::string names = "auto";
+            for (algorithm x : tuning::candidates(kind, true))
+              names += fmt::format(", {}", algorithm_name(x));
+            return names;
+          }()));
+    if (a == algorithm::hierarchical && !hierarchical)
+      throw invalid_argument(fmt::format(
+          "zero: config::collectives.{}: algorithm 'hier' needs a communicator with node topology",
+          collective_name(kind)));
+  }
+}
+
+/// Throws invalid_argument for a loss-scaling setting that cannot work.
+inline void check_scaling(const loss_scaling& s) {
+  if (!(s.initial > 0) || !std::isfinite(s.initial))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.initial {} (expected finite > 0)", s.initial));
+  if (!(s.growth >= 1) || !std::isfinite(s.growth))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.growth {} (expected finite >= 1)", s.growth));
+  if (!(s.backoff > 0 && s.backoff <= 1))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.backoff {} (expected in (0, 1])", s.backoff));
+  if (!(s.min_scale > 0) || !std::isfinite(s.min_scale))
+    throw invalid_argument(
+        fmt::format("zero: loss_scaling.min_scale {} (expected finite > 0)", s.min_scale));
+}
+
 struct config {
   /// 0: data parallel (all_reduce, full optimizer state everywhere); 1: optimizer state sharded;
   /// 2: gradients too (reduce_scatter); 3: parameters too (all_gather before use).
   int stage = 2;
   optimizer_options optimizer;
+  /// Parameter groups (per-group learning rate, weight decay, betas, frozen). Empty: one group,
+  /// config::optimizer's settings for every parameter.
+  std::vector<param_group> groups;
+  /// Multiplies every group's learning rate at each step; empty: constant.
+  lr_schedule schedule;
   /// Target bucket size in bytes of the parameter type: the unit of reduction, of stage-3
   /// gathers and of overlap. A layer larger than this gets a bucket of its own. 0: one bucket.
   std::size_t bucket_bytes = std::size_t{4} << 20;
@@ -81,9 +202,17 @@ struct config {
   int reduce_buffers = 2;
   /// Run collectives on a communication thread so they overlap backward; false runs them inline.
   bool comm_thread = true;
-  /// Options for every collective the sharder issues. The ring keeps the reduction order of an
-  /// element the same whether it is all_reduced (stages 0, 1) or reduce_scattered (2, 3).
-  ringzero::options collectives{.algorithm = ringzero::algorithm::ring};
+  /// The type gradients are reduced and accumulated in: empty (the parameter type) or
+  /// dtype::float32, which keeps the sum of N ranks' and K micro-batches' 16-bit gradients from
+  /// rounding (bf16) or overflowing (fp16) at the price of twice the gradient memory and traffic
+  /// (FSDP's MixedPrecisionPolicy(reduce_dtype=float32)).
+  std::optional<dtype> reduce_dtype;
+  /// Every gradient is multiplied by 1/gradient_predivide before it is reduced, and the step
+  /// multiplies it back: with fp16 gradients reduced in fp16, a predivide of N*K (a power of two
+  /// keeps it exact) keeps the sum of N*K scaled gradients below fp16's 65504.
+  float gradient_predivide = 1.0f;
+  /// Options for each kind of collective the sharder issues (see collective_options).
+  collective_options collectives;
 };
 
 /// Bytes this rank holds, by category: the sizes of the buffers the sharder allocated.

@@ -41,6 +41,7 @@ struct param_spec {
   std::vector<std::size_t> shape;  ///< empty: a scalar
   dtype type = dtype::float32;     ///< must be the sharder's parameter type
   bool weight_decay = true;        ///< false for biases and norms, as usual
+  int group = 0;                   ///< index into config::groups (0 when there are none)
 };
 
 /// The parameters of a model, in the order the forward pass uses them, grouped into layers.
@@ -112,6 +113,7 @@ struct param_info {
   std::vector<std::size_t> shape;
   dtype type = dtype::float32;
   bool weight_decay = true;
+  int group = 0;
   std::size_t numel = 0;
   std::size_t offset = 0;  ///< first element in the flat buffer
   int layer = 0;
@@ -203,6 +205,7 @@ class partition_plan {
                         s.shape,
                         s.type,
                         s.weight_decay,
+                        s.group,
                         numel_of(s.shape),
                         bucket_start + used,
                         static_cast<int>(li),

@@ -1,0 +1,323 @@
+// Training the GPT demo's model with the ZeRO sharder: one function that every rank calls with
+// its communicator. The global batch is fixed and split over the ranks, the learning rate is a
+// function of the step (linear warmup, then cosine decay), and a checkpoint saved at one world
+// size resumes at another on the same loss curve.
+#pragma once
+
+#include <ringzero/ringzero.hpp>
+#include <ringzero/zero/detail/crc32c.hpp>
+#include <ringzero/zero/sharder.hpp>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "model.hpp"
+#include "text.hpp"
+
+namespace gpt {
+
+struct train_options {
+  config model{.vocab = 0, .context = 64, .dim = 64, .heads = 4, .layers = 2};
+  int stage = 3;
+  int batch = 16;      ///< global batch, in sequences of model.context tokens
+  int steps = 300;     ///< length of the learning-rate schedule, and where training ends
+  int stop_after = 0;  ///< > 0: stop (and save) after this step, as if interrupted
+  float lr = 3e-3f;
+  float min_lr_ratio = 0.1f;  ///< the cosine decays to lr * this at the last step
+  int warmup = 30;
+  float weight_decay = 0.1f;
+  float clip = 1.0f;
+  std::size_t bucket_kib = 64;
+  std::uint64_t seed = 1;
+  std::string save, resume;
+  int log_every = 10;
+  int sample = 300;  ///< characters to generate at the end (0: none)
+  float temperature = 0.8f;
+  std::string prompt = "Light";
+  bool comm_thread = true;
+  std::string transport = "loopback threads";  ///< for the header line
+};
+
+struct train_result {
+  std::vector<double> losses;  ///< the global mean loss of each step this run took
+  std::vector<float> weights;  ///< every parameter's fp32 master value at the end
+  std::string sample;
+  double tokens_per_second = 0;
+};
+
+/// Linear warmup to lr over `warmup` steps, then a cosine down to lr * min_lr_ratio at `steps`.
+/// `step` counts from 0; a function of the step alone, so a resumed run continues the schedule.
+[[nodiscard]] inline float learning_rate(const train_options& o, std::uint64_t step) {
+  const auto s = static_cast<double>(step);
+  if (s < o.warmup) return static_cast<float>(o.lr * (s + 1) / o.warmup);
+  const double span = std::max(1, o.steps - o.warmup);
+  const double progress = std::min(1.0, (s - o.warmup) / span);
+  const double floor = o.lr * o.min_lr_ratio;
+  return static_cast<float>(floor +
+                            (o.lr - floor) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+}
+
+/// The sharder as a model Source: acquire() gathers a layer (stage 3 all_gathers its bucket and
+/// prefetches the next; stages 0-2 return views), widens it to fp32, and release() drops the
+/// handle; grad() hands a gradient over, and the sharder reduces each bucket as it completes.
+template <class Sharder>
+class sharder_source {
+ public:
+  using P = typename Sharder::param_type;
+
+  sharder_source(Sharder& shd, const std::vector<param_desc>& params)
+      : shd_(shd), held_(shd.plan().layers().size()), ptr_(params.size()), wide_(params.size()) {
+    // Layers hold consecutive ids: layer l is [first_of_layer_[l], first_of_layer_[l + 1]).
+    first_of_layer_.assign(static_cast<std::size_t>(params.back().layer) + 2,
+                           static_cast<int>(params.size()));
+    for (std::size_t id = params.size(); id-- > 0;)
+      first_of_layer_[static_cast<std::size_t>(params[id].layer)] = static_cast<int>(id);
+  }
+
+  void acquire(int layer, bool backward) {
+    auto& h = held_[static_cast<std::size_t>(layer)];
+    if (h) return;
+    h.emplace(shd_.gather(
+        layer, backward ? ringzero::zero::pass::backward : ringzero::zero::pass::forward));
+    for (int id = first_of_layer_[static_cast<std::size_t>(layer)];
+         id < first_of_layer_[static_cast<std::size_t>(layer) + 1]; ++id) {
+      const auto v = h->param(id);
+      if constexpr (std::is_same_v<P, float>) {
+        ptr_[static_cast<std::size_t>(id)] = v.data();
+      } else {
+        auto& w = wide_[static_cast<std::size_t>(id)];
+        w.resize(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) w[i] = static_cast<float>(v[i]);
+        ptr_[static_cast<std::size_t>(id)] = w.data();
+      }
+    }
+  }
+  void release(int layer) { held_[static_cast<std::size_t>(layer)].reset(); }
+  [[nodiscard]] const float* param(int id) const { return ptr_[static_cast<std::size_t>(id)]; }
+  void grad(int id, std::span<const float> g) { shd_.add_grad(id, g); }
+
+ private:
+  Sharder& shd_;
+  std::vector<std::optional<typename Sharder::gathered>> held_;
+  std::vector<const float*> ptr_;
+  std::vector<std::vector<float>> wide_;
+  std::vector<int> first_of_layer_;
+};
+
+[[nodiscard]] inline ringzero::zero::model_layout make_layout(const config& c, ringzero::dtype t) {
+  ringzero::zero::model_layout layout;
+  int open = -1;
+  for (const auto& p : parameters(c)) {
+    if (p.layer != open) layout.add_layer(layer_name(c, open = p.layer));
+    layout.add({.name = p.name, .shape = p.shape, .type = t, .weight_decay = p.decay});
+  }
+  return layout;
+}
+
+/// ZeRO's bytes per rank for this configuration: parameters and gradients in P, fp32 master
+/// weights (16-bit P) and AdamW's two fp32 moments, each sharded or not as the stage says.
+template <class P>
+[[nodiscard]] double zero_formula_bytes(int stage, double psi, double n) {
+  const double p = sizeof(P);
+  const double k = (std::is_same_v<P, float> ? 0.0 : 4.0) + 8.0;
+  switch (stage) {
+    case 0:
+      return psi * (2 * p + k);
+    case 1:
+      return psi * 2 * p + psi * k / n;
+    case 2:
+      return psi * p + psi * (p + k) / n;
+    default:
+      return psi * (2 * p + k) / n;
+  }
+}
+
+/// Samples `count` bytes after `prompt` from the model with weights `flat` (registration order,
+/// as full_parameters() returns them), at `temperature`, with a counter-based generator.
+[[nodiscard]] inline std::string generate(const config& c, const corpus& text,
+                                          const std::vector<float>& flat, const std::string& prompt,
+                                          int count, float temperature, std::uint64_t seed) {
+  std::vector<std::vector<float>> values;
+  std::size_t at = 0;
+  for (const auto& p : parameters(c)) {
+    values.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                        flat.begin() + static_cast<std::ptrdiff_t>(at + p.numel()));
+    at += p.numel();
+  }
+  vector_source<float> src(std::move(values));
+  model<float> m(c);
+  std::vector<int> ctx;
+  for (unsigned char ch : prompt)
+    if (text.token(ch) >= 0) ctx.push_back(text.token(ch));
+  if (ctx.empty()) ctx.push_back(0);
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    const std::size_t keep = std::min(ctx.size(), static_cast<std::size_t>(c.context));
+    const auto logits =
+        m.next_logits(src, std::span<const int>(ctx).subspan(ctx.size() - keep, keep));
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(logits.size());
+    double sum = 0;
+    for (std::size_t k = 0; k < p.size(); ++k)
+      sum += p[k] = std::exp(static_cast<double>(logits[k] - mx) / temperature);
+    double u = uniform(seed, 0x5a3b1e, static_cast<std::uint64_t>(i)) * sum;
+    int pick = static_cast<int>(p.size()) - 1;
+    for (std::size_t k = 0; k < p.size(); ++k)
+      if ((u -= p[k]) <= 0) {
+        pick = static_cast<int>(k);
+        break;
+      }
+    ctx.push_back(pick);
+    out.push_back(text.byte(pick));
+  }
+  return out;
+}
+
+/// fmt::print to `log` unless it is null (ranks other than the lead print nothing).
+template <class... A>
+void say(std::FILE* log, fmt::format_string<A...> f, A&&... a) {
+  if (log != nullptr) fmt::print(log, f, std::forward<A>(a)...);
+}
+
+/// Trains on `text` with this rank's communicator; `log` (the lead's stdout, or nullptr) gets
+/// the progress. Collective: every rank calls it with the same options.
+template <class Comm, class P>
+train_result train(Comm& comm, const train_options& o, const corpus& text, std::FILE* log) {
+  namespace zero = ringzero::zero;
+  const int n = comm.size();
+  config c = o.model;
+  c.vocab = text.vocab();
+  if (o.batch % n != 0)
+    throw ringzero::invalid_argument(
+        fmt::format("the global batch of {} sequences does not split over {} ranks", o.batch, n));
+  const int per_rank = o.batch / n;
+  const auto len = static_cast<std::size_t>(c.context);
+
+  zero::config cfg;
+  cfg.stage = o.stage;
+  cfg.optimizer.kind = zero::optimizer_kind::adamw;
+  cfg.optimizer.lr = learning_rate(o, 0);
+  cfg.optimizer.beta2 = 0.99f;
+  cfg.optimizer.weight_decay = o.weight_decay;
+  cfg.max_grad_norm = o.clip;
+  cfg.bucket_bytes = o.bucket_kib * 1024;
+  cfg.comm_thread = o.comm_thread;
+  // Each rank's loss is its share of the global mean: summed, divided by the global tokens.
+  cfg.average_gradients = false;
+  zero::sharder<Comm, P> shd(comm, make_layout(c, ringzero::dtype_of<P>()), cfg);
+  model<float> m(c);
+  sharder_source src(shd, m.params());
+  const auto& plan = shd.plan();
+
+  say(log,
+      "gpt: {} ranks ({}), ZeRO stage {}, {} parameters{}, AdamW (weight decay {:g} on matrices), "
+      "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens\n",
+      n, o.transport, o.stage, ringzero::dtype_name(ringzero::dtype_of<P>()),
+      std::is_same_v<P, float> ? "" : " + fp32 master", o.weight_decay, o.lr, o.warmup,
+      o.lr * o.min_lr_ratio, o.steps, o.batch, c.context);
+  say(log,
+      "model: vocab {} (bytes of the text, {} KB), context {}, {} layers, {} heads, dim {}: {} "
+      "parameters in {} buckets\n",
+      c.vocab, text.size() / 1000, c.context, c.layers, c.heads, c.dim, plan.numel(),
+      plan.buckets().size());
+
+  for (int id = 0; id < param_count(c); ++id) shd.set_parameter(id, initial_value(c, id, o.seed));
+  if (!o.resume.empty()) {
+    shd.load(o.resume);
+    say(log, "resumed from {} at step {}\n", o.resume, shd.step_count());
+  }
+
+  train_result res;
+  std::vector<int> tokens(static_cast<std::size_t>(per_rank) * len),
+      targets(static_cast<std::size_t>(per_rank) * len);
+  const double global_tokens = static_cast<double>(o.batch) * static_cast<double>(len);
+  const auto last =
+      static_cast<std::uint64_t>(o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps);
+  bool memory_shown = false;
+  std::uint64_t trained = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (shd.step_count() < last) {
+    const std::uint64_t step = shd.step_count();
+    shd.set_learning_rate(learning_rate(o, step));
+    for (int i = 0; i < per_rank; ++i) {
+      const auto at = static_cast<std::size_t>(i) * len;
+      text.sequence(o.seed, step, static_cast<std::uint64_t>(comm.rank() * per_rank + i), c.context,
+                    tokens.data() + at, targets.data() + at);
+    }
+    const double local = m.forward_backward(src, tokens, targets, per_rank,
+                                            shd.loss_scale() / static_cast<float>(global_tokens));
+    shd.end_micro_batch();
+    const auto r = shd.step();
+    const double loss = shd.run_collective([&](Comm& cm) {
+      double l = local / global_tokens;
+      ringzero::all_reduce(cm, std::span<double>(&l, 1), ringzero::op::sum,
+                           cfg.collectives.all_reduce);
+      return l;
+    });
+    res.losses.push_back(loss);
+    ++trained;
+    if (r.step % static_cast<std::uint64_t>(o.log_every) == 0 || r.step == 1 || r.step == last) {
+      say(log, "step {:4}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}\n", r.step, loss,
+          learning_rate(o, step), r.grad_norm, r.skipped ? "  (skipped: inf/nan gradient)" : "");
+    }
+    if (!memory_shown) {
+      memory_shown = true;
+      const auto mem = shd.memory();
+      const std::uint64_t mine[5] = {mem.parameters, mem.gradients, mem.optimizer, mem.buffers,
+                                     mem.peak_buffers};
+      std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
+      shd.run_collective([&](Comm& cm) {
+        ringzero::all_gather(cm, std::span<const std::uint64_t>(mine),
+                             std::span<std::uint64_t>(all), cfg.collectives.all_gather);
+      });
+      const auto mib = [](std::uint64_t b) {
+        return fmt::format("{:.3f}", static_cast<double>(b) / (1024.0 * 1024.0));
+      };
+      say(log, "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak)   total\n");
+      for (int q = 0; q < n; ++q) {
+        const auto* e = all.data() + 5 * static_cast<std::size_t>(q);
+        say(log, "  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({})  {:>7}\n", q, mib(e[0]),
+            mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]), mib(e[0] + e[1] + e[2] + e[3]));
+      }
+      const double f = zero_formula_bytes<P>(o.stage, static_cast<double>(plan.numel()), n);
+      const double measured = static_cast<double>(mem.parameters + mem.gradients + mem.optimizer);
+      say(log,
+          "  ZeRO formula (stage {}, Psi = {}, N = {}): {} MiB per rank; measured without "
+          "buffers {} MiB ({:+.2f}%, padding)\n",
+          o.stage, plan.numel(), n, mib(static_cast<std::uint64_t>(f)),
+          mib(static_cast<std::uint64_t>(measured)), 100.0 * (measured - f) / f);
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  res.tokens_per_second = seconds > 0 ? static_cast<double>(trained) * global_tokens / seconds : 0;
+  if (trained > 0)
+    say(log, "trained {} steps in {:.1f} s: {:.0f} tokens/s ({:.0f} per rank)\n", trained, seconds,
+        res.tokens_per_second, res.tokens_per_second / n);
+  if (!o.save.empty()) {
+    shd.save(o.save);
+    say(log, "saved step {} to {}\n", shd.step_count(), o.save);
+  }
+  res.weights = shd.full_parameters();
+  say(log, "final fp32 weights: {} values, crc32c {:08x}\n", res.weights.size(),
+      zero::detail::crc32c(std::as_bytes(std::span(res.weights))));
+  if (o.sample > 0 && comm.rank() == 0) {
+    res.sample = generate(c, text, res.weights, o.prompt, o.sample, o.temperature, o.seed);
+    say(log, "sample (temperature {:g}):\n{}{}\n", o.temperature, o.prompt, res.sample);
+  }
+  return res;
+}
+
+}  // namespace gpt

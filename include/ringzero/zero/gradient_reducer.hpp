@@ -1,0 +1,219 @@
+// The gradient reducer: takes each parameter's gradient as backward produces it, packs it into its
+// bucket, and queues the bucket's reduction on the communication thread as soon as the bucket is
+// complete, so reducing bucket k overlaps backward computing bucket k-1.
+//
+// Flat gradients (stages 0-1) accumulate micro-batches in place and all_reduce each bucket once,
+// on the last micro-batch. Sharded gradients (stages 2-3) fill one of a small pool of bucket
+// buffers (`reduce_buffers`), reduce_scatter it and add this rank's slice into the gradient shard,
+// every micro-batch; a free buffer is reused, else the one whose reduction finishes first, else
+// (gradients arriving out of order) the pool grows.
+//
+// G is the type gradients are reduced and accumulated in: the parameter type, or float for
+// 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
+// multiplying by 1 / config::gradient_predivide.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "ringzero/collectives.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/zero/detail/buffer_meter.hpp"
+#include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/options.hpp"
+#include "ringzero/zero/plan.hpp"
+#include "ringzero/zero/stage.hpp"
+
+namespace ringzero::zero {
+
+template <class Comm, class G>
+class gradient_reducer {
+ public:
+  /// `comm`, `plan`, `work` and `meter` must outlive the reducer; `work` may be constructed
+  /// after it (only its address is taken here).
+  gradient_reducer(Comm& comm, const partition_plan& plan, const stage_layout& stage,
+                   const config& cfg, detail::worker& work, detail::buffer_meter& meter)
+      : comm_(comm),
+        plan_(plan),
+        sharded_(stage.sharded_gradients),
+        accumulation_(cfg.accumulation_steps),
+        all_reduce_(cfg.collectives.all_reduce),
+        reduce_scatter_(cfg.collectives.reduce_scatter),
+        rank_(comm.rank()),
+        inv_predivide_(1.0f / cfg.gradient_predivide),
+        work_(work),
+        meter_(meter) {
+    grads_.assign(sharded_ ? plan_.shard_size() : plan_.padded_size(), G{});
+    if (sharded_)
+      for (int i = 0; i < cfg.reduce_buffers; ++i) add_buffer();
+    const auto nb = plan_.buckets().size();
+    missing_.resize(nb);
+    bucket_buffer_.assign(nb, -1);
+    got_.assign(plan_.params().size(), 0);
+    reset_micro_batch();
+  }
+
+  gradient_reducer(const gradient_reducer&) = delete;
+  gradient_reducer& operator=(const gradient_reducer&) = delete;
+
+  /// Micro-batches ended since the last step.
+  [[nodiscard]] int micro_batches() const noexcept { return micro_; }
+  /// After step(): the next micro-batch starts a new accumulation.
+  void start_step() noexcept { micro_ = 0; }
+
+  /// The reduced gradient of a segment this rank updates (flat or shard position).
+  [[nodiscard]] const G* gradient(const segment& s) const noexcept {
+    return grads_.data() + (sharded_ ? s.shard_offset : s.flat_offset);
+  }
+  [[nodiscard]] std::size_t gradient_bytes() const noexcept {
+    return grads_.capacity() * sizeof(G);
+  }
+
+  /// Hands over parameter `id`'s gradient for this micro-batch (each parameter at most once).
+  template <class S>
+  void add(int id, std::span<const S> g) {
+    const auto& pi = plan_.params()[static_cast<std::size_t>(id)];
+    if (g.size() != pi.numel)
+      throw invalid_argument(fmt::format("add_grad: {} has {} elements, the gradient {}", pi.name,
+                                         pi.numel, g.size()));
+    if (micro_ >= accumulation_)
+      throw invalid_argument(
+          fmt::format("add_grad({}): all {} micro-batches of this step are done; call step()",
+                      pi.name, accumulation_));
+    auto& got = got_[static_cast<std::size_t>(id)];
+    if (got)
+      throw invalid_argument(
+          fmt::format("add_grad: {} was already added in this micro-batch", pi.name));
+    got = 1;
+    const auto b = static_cast<std::size_t>(pi.bucket);
+    if (!sharded_) {
+      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0, inv_predivide_);
+    } else {
+      if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
+      G* bucket = pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data();
+      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, true,
+                 inv_predivide_);
+    }
+    if (--missing_[b] == 0)
+      while (next_bucket_ >= 0 && missing_[static_cast<std::size_t>(next_bucket_)] == 0)
+        submit_bucket(next_bucket_--);
+  }
+
+  /// Ends a micro-batch: queues the buckets still waiting (missing gradients are zero).
+  void end_micro_batch() {
+    if (micro_ >= accumulation_)
+      throw invalid_argument(
+          fmt::format("end_micro_batch: all {} micro-batches of this step are done; call step()",
+                      accumulation_));
+    for (int b = next_bucket_; b >= 0; --b) {
+      const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+      if (!sharded_ && micro_ == 0)
+        for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
+          if (!got_[static_cast<std::size_t>(p)]) {
+            const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
+            std::fill_n(grads_.begin() + static_cast<std::ptrdiff_t>(pi.offset), pi.numel, G{});
+          }
+      submit_bucket(b);
+    }
+    ++micro_;
+    reset_micro_batch();
+  }
+
+ private:
+  struct pool_entry {
+    std::vector<G> data;
+    detail::worker::ticket busy = 0;  ///< free once this ticket completed
+    int bucket = -1;                  ///< the bucket filling it, or -1
+  };
+
+  void reset_micro_batch() {
+    std::fill(got_.begin(), got_.end(), 0);
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
+      missing_[b] = plan_.buckets()[b].param_count;
+    next_bucket_ = static_cast<int>(plan_.buckets().size()) - 1;
+  }
+
+  void add_buffer() {
+    pool_.push_back({std::vector<G>(plan_.max_bucket()), 0, -1});
+    meter_.add(plan_.max_bucket() * sizeof(G));
+  }
+
+  /// Queues bucket b's reduction: all_reduce in place (flat, last micro-batch only) or
+  /// reduce_scatter of its filled buffer, added into the gradient shard.
+  void submit_bucket(int b) {
+    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    if (!sharded_) {
+      if (micro_ + 1 < accumulation_) return;
+      std::span<G> grads(grads_.data() + bk.offset, bk.padded);
+      work_.submit([this, grads] { ringzero::all_reduce(comm_, grads, op::sum, all_reduce_); });
+      return;
+    }
+    if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
+    const int k = bucket_buffer_[static_cast<std::size_t>(b)];
+    auto& entry = pool_[static_cast<std::size_t>(k)];
+    G* buf = entry.data.data();
+    const bool first = micro_ == 0;
+    entry.busy = work_.submit([this, buf, b, first] {
+      const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
+      std::span<G> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
+      ringzero::reduce_scatter(comm_, std::span<G>(buf, bucket.padded), own, op::sum,
+                               reduce_scatter_);
+      accumulate(grads_.data() + bucket.shard_offset, own.data(), bucket.slice, first);
+    });
+    entry.bucket = -1;
+    bucket_buffer_[static_cast<std::size_t>(b)] = -1;
+  }
+
+  /// A zeroed buffer for bucket b.
+  void acquire_buffer(int b) {
+    int pick = -1;
+    for (std::size_t i = 0; i < pool_.size() && pick < 0; ++i)
+      if (pool_[i].bucket < 0 && work_.done(pool_[i].busy)) pick = static_cast<int>(i);
+    if (pick < 0) {
+      for (std::size_t i = 0; i < pool_.size(); ++i)
+        if (pool_[i].bucket < 0 &&
+            (pick < 0 || pool_[i].busy < pool_[static_cast<std::size_t>(pick)].busy))
+          pick = static_cast<int>(i);
+      if (pick >= 0) work_.wait(pool_[static_cast<std::size_t>(pick)].busy);
+    }
+    if (pick < 0) {
+      log::warn(
+          "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
+          "(hand gradients over in backward order, or raise reduce_buffers)",
+          pool_.size() + 1);
+      add_buffer();
+      pick = static_cast<int>(pool_.size()) - 1;
+    }
+    auto& e = pool_[static_cast<std::size_t>(pick)];
+    std::fill(e.data.begin(), e.data.end(), G{});
+    e.bucket = b;
+    bucket_buffer_[static_cast<std::size_t>(b)] = pick;
+  }
+
+  Comm& comm_;
+  const partition_plan& plan_;
+  bool sharded_;
+  int accumulation_;
+  ringzero::options all_reduce_;
+  ringzero::options reduce_scatter_;
+  int rank_;
+  float inv_predivide_;
+  detail::worker& work_;
+  detail::buffer_meter& meter_;
+  std::vector<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
+  std::vector<pool_entry> pool_;
+  std::vector<int> bucket_buffer_;
+  std::vector<int> missing_;
+  std::vector<char> got_;
+  int next_bucket_ = -1;
+  int micro_ = 0;
+};
+
+}  // namespace ringzero::zero

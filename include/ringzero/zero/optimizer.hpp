@@ -1,0 +1,142 @@
+// The sharded optimizer: fp32 master weights and moments for the elements a rank updates, and
+// the per-element update arithmetic. A stage changes which buffers the pointers point into, never
+// the arithmetic, so every stage computes the same bits for the same element.
+//
+// The per-element functions are in optimizer_math.hpp, which CUDA code includes on its own.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ringzero/types.hpp"
+#include "ringzero/zero/optimizer_math.hpp"
+#include "ringzero/zero/options.hpp"
+
+namespace ringzero::zero {
+
+/// The constants of optimizer step t (1-based, applied steps only) with gradients multiplied by
+/// grad_scale before use.
+[[nodiscard]] inline step_constants make_step_constants(const optimizer_options& o, std::uint64_t t,
+                                                        float grad_scale) {
+  const auto td = static_cast<double>(t);
+  step_constants k;
+  k.grad_scale = grad_scale;
+  k.lr = o.lr;
+  k.beta1 = o.beta1;
+  k.beta2 = o.beta2;
+  k.eps = o.eps;
+  k.step_size = static_cast<float>(o.lr / (1.0 - std::pow(static_cast<double>(o.beta1), td)));
+  k.inv_bias2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(o.beta2), td)));
+  k.momentum = o.momentum;
+  k.nesterov = o.nesterov;
+  k.weight_decay = o.weight_decay;
+  return k;
+}
+
+/// The optimizer settings of parameter group `g` (groups empty: `base` for group 0).
+[[nodiscard]] inline optimizer_options group_options(const optimizer_options& base,
+                                                     const std::vector<param_group>& groups,
+                                                     std::size_t g) {
+  optimizer_options o = base;
+  if (g < groups.size()) {
+    const auto& pg = groups[g];
+    o.lr = pg.lr.value_or(o.lr);
+    o.weight_decay = pg.weight_decay.value_or(o.weight_decay);
+    o.beta1 = pg.beta1.value_or(o.beta1);
+    o.beta2 = pg.beta2.value_or(o.beta2);
+  }
+  return o;
+}
+
+/// The fp32 state of the elements one rank updates (its shard, or everything in stage 0),
+/// addressed by local position: master weights (only for 16-bit P; an fp32 parameter is its own
+/// master) and one (SGD) or two (AdamW) moments.
+template <class P>
+class shard_optimizer {
+ public:
+  static constexpr bool has_master = !std::is_same_v<P, float>;
+
+  shard_optimizer(const optimizer_options& o, std::size_t local_size) : kind_(o.kind) {
+    if constexpr (has_master) master_.assign(local_size, 0.0f);
+    m1_.assign(local_size, 0.0f);
+    if (kind_ == optimizer_kind::adamw) m2_.assign(local_size, 0.0f);
+  }
+
+  [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t local_size() const noexcept { return m1_.size(); }
+  /// Moments a checkpoint keeps: exp_avg, exp_avg_sq (AdamW) or momentum (SGD).
+  [[nodiscard]] int moment_count() const noexcept { return kind_ == optimizer_kind::adamw ? 2 : 1; }
+
+  /// The master weights of `n` elements at local position `local`, whose parameters (in P) are
+  /// at `param`.
+  [[nodiscard]] float* master(std::size_t local, P* param) noexcept {
+    if constexpr (has_master)
+      return master_.data() + local;
+    else
+      return param;
+  }
+  /// Moment 1 or 2 at local position `local`.
+  [[nodiscard]] float* moment(int which, std::size_t local) noexcept {
+    return (which == 1 ? m1_.data() : m2_.data()) + local;
+  }
+
+  /// Sets n elements' master weights and parameters from fp32 values.
+  void set(std::size_t local, P* param, const float* values, std::size_t n) noexcept {
+    float* m = master(local, param);
+    for (std::size_t k = 0; k < n; ++k) {
+      m[k] = values[k];
+      param[k] = to_param<P>(values[k]);
+    }
+  }
+
+  /// One optimizer step over n elements: gradients `grad`, parameters `param` (receive the
+  /// updated master rounded to P).
+  template <class G>
+  void update(const G* grad, std::size_t local, P* param, std::size_t n, const step_constants& c,
+              bool decay) noexcept {
+    float* w = master(local, param);
+    float* m = m1_.data() + local;
+    if (kind_ == optimizer_kind::adamw) {
+      float* v = m2_.data() + local;
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto s = adamw_element(static_cast<float>(grad[i]), {w[i], m[i], v[i]}, c, decay);
+        w[i] = s.w;
+        m[i] = s.m;
+        v[i] = s.v;
+        if constexpr (has_master) param[i] = to_param<P>(s.w);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto s = sgd_element(static_cast<float>(grad[i]), {w[i], m[i], 0.0f}, c, decay);
+        w[i] = s.w;
+        m[i] = s.m;
+        if constexpr (has_master) param[i] = to_param<P>(s.w);
+      }
+    }
+  }
+
+  /// Replaces the moments with staged copies laid out as local positions (a checkpoint load
+  /// that passed every check; the master weights go through set()).
+  void replace_moments(std::vector<float>& m1, std::vector<float>& m2) noexcept {
+    m1_.swap(m1);
+    m2_.swap(m2);
+  }
+  [[nodiscard]] std::size_t moment_size(int which) const noexcept {
+    return which == 1 ? m1_.size() : m2_.size();
+  }
+
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    return (master_.capacity() + m1_.capacity() + m2_.capacity()) * sizeof(float);
+  }
+
+ private:
+  optimizer_kind kind_;
+  std::vector<float> master_;
+  std::vector<float> m1_;
+  std::vector<float> m2_;
+};
+
+}  // namespace ringzero::zero

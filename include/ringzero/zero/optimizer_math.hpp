@@ -1,0 +1,88 @@
+// The optimizer's per-element arithmetic: AdamW and SGD on one element, gradient accumulation and
+// statistics, rounding to the parameter type. Scalars in, scalars out, no formatting and no
+// allocation, so CUDA translation units (the kernels and their tests) include it as it is and
+// the host tests check what the device runs.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "ringzero/types.hpp"
+
+namespace ringzero::zero {
+
+template <class P>
+[[nodiscard]] inline P to_param(float x) noexcept {
+  if constexpr (std::is_same_v<P, float>)
+    return x;
+  else
+    return P(x);
+}
+
+/// Per-step constants, computed once so every rank and stage uses the same floats.
+struct step_constants {
+  float grad_scale = 1.0f;  ///< unscale * average * clip
+  float lr = 0.0f;
+  float beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
+  float step_size = 0.0f;  ///< lr / (1 - beta1^t)
+  float inv_bias2 = 1.0f;  ///< 1 / (1 - beta2^t)
+  float momentum = 0.0f;
+  bool nesterov = false;
+  float weight_decay = 0.0f;
+};
+
+/// One element's fp32 optimizer state.
+struct element_state {
+  float w = 0.0f;  ///< master weight
+  float m = 0.0f;  ///< adamw exp_avg / sgd momentum buffer
+  float v = 0.0f;  ///< adamw exp_avg_sq
+};
+
+/// AdamW with decoupled weight decay on one element; `g` is the raw (scaled, summed) gradient.
+[[nodiscard]] inline element_state adamw_element(float g_raw, element_state s,
+                                                 const step_constants& c, bool decay) noexcept {
+  const float keep = decay ? 1.0f - c.lr * c.weight_decay : 1.0f;
+  const float g = g_raw * c.grad_scale;
+  const float m = c.beta1 * s.m + (1.0f - c.beta1) * g;
+  const float v = c.beta2 * s.v + (1.0f - c.beta2) * g * g;
+  const float denom = std::sqrt(v * c.inv_bias2) + c.eps;
+  return {s.w * keep - c.step_size * m / denom, m, v};
+}
+
+/// SGD with (optionally Nesterov) momentum and L2 weight decay on one element.
+[[nodiscard]] constexpr element_state sgd_element(float g_raw, element_state s,
+                                                  const step_constants& c, bool decay) noexcept {
+  const float wd = decay ? c.weight_decay : 0.0f;
+  const float g = g_raw * c.grad_scale + wd * s.w;
+  const float b = c.momentum * s.m + g;
+  const float d = c.nesterov ? g + c.momentum * b : b;
+  return {s.w - c.lr * d, b, s.v};
+}
+
+/// dst = src*scale (first) or dst += src*scale, in the gradient's type G; the product is rounded
+/// to G first, so handing over fp32 or G gradients gives the same bits (scale 1 is exact).
+template <class G, class S>
+void accumulate(G* dst, const S* src, std::size_t n, bool first, float scale = 1.0f) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const G v = to_param<G>(static_cast<float>(src[i]) * scale);
+    dst[i] = first ? v : to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
+  }
+}
+
+/// Sum of squares of grad*scale (in double), and whether any of it is inf or NaN.
+template <class G>
+void grad_stats(const G* g, std::size_t n, float scale, double& sumsq, bool& nonfinite) noexcept {
+  double s = 0.0;
+  bool bad = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>(g[i]) * scale;
+    bad |= !std::isfinite(x);
+    s += static_cast<double>(x) * static_cast<double>(x);
+  }
+  sumsq += s;
+  nonfinite |= bad;
+}
+
+}  // namespace ringzero::zero

@@ -1,0 +1,167 @@
+// The stage-3 parameter cache: each rank keeps only its shard of the parameters, and the cache
+// all_gathers a bucket's full parameters when a layer in it is used, prefetches the next buckets
+// in the pass's direction within a byte bound, and frees what the pass has left behind. Gathers
+// run on the communication thread, so gathering bucket k+1 overlaps computing with bucket k.
+//
+// A bucket stays while a handle holds it. After the optimizer updated the shard, refresh() drops
+// every unheld bucket and gathers every held one again in place: no gathered copy outlives a step
+// with stale values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ringzero/collectives.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/zero/detail/buffer_meter.hpp"
+#include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/plan.hpp"
+
+namespace ringzero::zero {
+
+/// Which way a pass walks the layers. forward and backward prefetch the next buckets in their
+/// direction and free the buckets behind them; recompute (a forward made again inside backward,
+/// for activation recomputation) neither prefetches nor frees, so what backward has prefetched
+/// stays.
+enum class pass : std::uint8_t { forward, backward, recompute };
+
+template <class Comm, class P>
+class parameter_cache {
+ public:
+  /// `shard` is this rank's parameter shard (plan.shard_size() elements). max_bytes = 0: two of
+  /// the largest bucket. `comm`, `plan`, `shard`'s storage, `work` and `meter` must outlive the
+  /// cache; `work` may be constructed after it.
+  parameter_cache(Comm& comm, const partition_plan& plan, std::span<const P> shard,
+                  const ringzero::options& all_gather, std::size_t max_bytes, detail::worker& work,
+                  detail::buffer_meter& meter)
+      : comm_(comm),
+        plan_(plan),
+        shard_(shard),
+        all_gather_(all_gather),
+        max_bytes_(max_bytes ? max_bytes : 2 * plan.max_bucket() * sizeof(P)),
+        work_(work),
+        meter_(meter),
+        buckets_(plan.buckets().size()) {}
+
+  parameter_cache(const parameter_cache&) = delete;
+  parameter_cache& operator=(const parameter_cache&) = delete;
+
+  /// Makes bucket b present, takes a reference on it, and returns its full parameters (the
+  /// bucket's padded extent of the flat buffer). Every rank must make the same calls.
+  [[nodiscard]] const P* acquire(int b, pass direction) {
+    const int nb = static_cast<int>(buckets_.size());
+    if (direction != pass::recompute) {
+      const int dir = direction == pass::forward ? 1 : -1;
+      for (int c = 0; c < nb; ++c) {
+        auto& g = buckets_[static_cast<std::size_t>(c)];
+        if (g.resident && g.refs == 0 && c != b && (dir > 0 ? c < b : c > b)) evict(c);
+      }
+      start(b);
+      for (int c = b + dir; c >= 0 && c < nb; c += dir) {
+        if (buckets_[static_cast<std::size_t>(c)].resident) continue;
+        if (bytes_ + bucket_bytes(c) > max_bytes_) break;
+        start(c);
+      }
+    } else {
+      start(b);
+    }
+    auto& g = buckets_[static_cast<std::size_t>(b)];
+    work_.wait(g.ticket);
+    ++g.refs;
+    return g.data.data();
+  }
+
+  void release(int b) noexcept { --buckets_[static_cast<std::size_t>(b)].refs; }
+
+  [[nodiscard]] bool resident(int b) const noexcept {
+    return buckets_[static_cast<std::size_t>(b)].resident;
+  }
+  [[nodiscard]] int references(int b) const noexcept {
+    return buckets_[static_cast<std::size_t>(b)].refs;
+  }
+  [[nodiscard]] bool any_held() const noexcept {
+    for (const auto& g : buckets_)
+      if (g.refs != 0) return true;
+    return false;
+  }
+  /// Bytes of gathered parameters now.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::size_t max_bytes() const noexcept { return max_bytes_; }
+
+  /// Frees every bucket no handle holds.
+  void evict_unreferenced() {
+    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
+      if (buckets_[static_cast<std::size_t>(b)].refs == 0) evict(b);
+  }
+
+  /// After the shard changed: unheld buckets are freed (the next acquire gathers anew), held ones
+  /// are gathered again in place, so their handles see the new values. Every rank holds the same
+  /// buckets (it made the same calls), so the gathers meet.
+  void refresh() {
+    for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+      auto& g = buckets_[static_cast<std::size_t>(b)];
+      if (!g.resident) continue;
+      if (g.refs == 0) {
+        evict(b);
+        continue;
+      }
+      work_.wait(g.ticket);
+      submit_gather(b);
+    }
+    work_.drain();
+  }
+
+ private:
+  struct bucket_state {
+    std::vector<P> data;
+    detail::worker::ticket ticket = 0;
+    int refs = 0;
+    bool resident = false;
+  };
+
+  [[nodiscard]] std::size_t bucket_bytes(int b) const noexcept {
+    return plan_.buckets()[static_cast<std::size_t>(b)].padded * sizeof(P);
+  }
+
+  void submit_gather(int b) {
+    auto& g = buckets_[static_cast<std::size_t>(b)];
+    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    std::span<const P> in = shard_.subspan(bk.shard_offset, bk.slice);
+    std::span<P> out(g.data);
+    g.ticket = work_.submit([this, in, out] { ringzero::all_gather(comm_, in, out, all_gather_); });
+  }
+
+  void start(int b) {
+    auto& g = buckets_[static_cast<std::size_t>(b)];
+    if (g.resident) return;
+    g.data.resize(plan_.buckets()[static_cast<std::size_t>(b)].padded);
+    g.resident = true;
+    bytes_ += bucket_bytes(b);
+    meter_.add(bucket_bytes(b));
+    submit_gather(b);
+  }
+
+  void evict(int b) {
+    auto& g = buckets_[static_cast<std::size_t>(b)];
+    if (!g.resident) return;
+    work_.wait(g.ticket);
+    std::vector<P>().swap(g.data);
+    g.resident = false;
+    bytes_ -= bucket_bytes(b);
+    meter_.remove(bucket_bytes(b));
+  }
+
+  Comm& comm_;
+  const partition_plan& plan_;
+  std::span<const P> shard_;
+  ringzero::options all_gather_;
+  std::size_t max_bytes_;
+  detail::worker& work_;
+  detail::buffer_meter& meter_;
+  std::vector<bucket_state> buckets_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace ringzero::zero
