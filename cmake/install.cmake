@@ -38,7 +38,7 @@ foreach(header IN LISTS ringzero_component_headers)
 endforeach()
 
 # --- tools -------------------------------------------------------------------------------------
-foreach(tool IN ITEMS ringzero-run ringzero-perf ringzero-export ringzero-model)
+foreach(tool IN ITEMS ringzero-run ringzero-perf ringzero-export ringzero-model ringzero-trace)
   if(TARGET ${tool})
     install(TARGETS ${tool} RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
   endif()

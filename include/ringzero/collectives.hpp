@@ -1,9 +1,10 @@
 // The collectives API: what a trainer calls, the same for every backend. Every function
 //   - validates its arguments on the calling rank and throws ringzero::invalid_argument before
 //     anything is sent (sizes, overlapping out-of-place buffers, root range, op);
-//   - hands the call to the transport's own collective where it has one (NCCL), else picks one
-//     of ringzero's algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model,
-//     all from the one algorithm table, algorithms/table.hpp) and runs it over messages;
+//   - hands the call to the transport's own collective where it has one (NCCL; shm in its
+//     segment where that path applies, transport/native.hpp), else picks one of ringzero's
+//     algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model, all from the
+//     one algorithm table, algorithms/table.hpp) and runs it over messages;
 //   - leaves bitwise identical results on every rank that receives them;
 //   - fails with timeout_error naming the step and peer if a peer stops answering.
 //
@@ -35,6 +36,7 @@
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/validate.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
@@ -234,6 +236,30 @@ void check_v_agreement(communicator<T>& comm, const algorithms::block_map& m, co
                   bad[0], bad[1], finder[0], bad[2]));
 }
 
+/// Offers a validated call (more than one rank, not empty) to a transport that runs some
+/// collectives itself; true if it ran it.
+template <class T, element E>
+[[nodiscard]] bool try_native(communicator<T>& comm, const algorithms::call<E>& c,
+                              std::size_t count, const options& opt) {
+  if constexpr (some_native_collectives<T>) {
+    if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || getenv_str("RINGZERO_ALGO"))
+      return false;
+    native_call nc;
+    nc.kind = c.kind;
+    nc.type = dtype_of<E>();
+    nc.reduction = c.reduction;
+    nc.in = c.in.data();
+    nc.out = c.out.data();
+    nc.count = count;
+    nc.root = c.root;
+    options resolved = opt;
+    if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
+    return comm.transport().try_native(nc, resolved);
+  } else {
+    return false;
+  }
+}
+
 /// The transport's own collective for a validated call.
 template <class T, element E>
 void run_native(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
@@ -276,7 +302,11 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt);
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
     if (c.kind == collective::all_to_allv) check_v_agreement(comm, c.blocks, opt);
+    // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
+    collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
+                                            c.reduction, opt);
     if (sz.empty) return;
+    if (comm.size() > 1 && try_native(comm, c, sz.count, opt)) return;
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
       if (root) copy_if_distinct(c.in, c.out);
@@ -488,10 +518,15 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
   if (opt.algorithm != algorithm::automatic)
     throw invalid_argument(fmt::format("barrier: algorithm '{}' does not implement this collective",
                                        algorithm_name(opt.algorithm)));
-  if (comm.size() == 1) return;
   if constexpr (native_collectives<T>) {
-    comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
+    if (comm.size() > 1) comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
   } else {
+    detail::collective_scope<communicator<T>> scope(comm, collective::barrier, algorithm::automatic,
+                                                    0, dtype::uint8, op::sum, opt);
+    if (comm.size() == 1) return;
+    algorithms::call<std::uint8_t> c;
+    c.kind = collective::barrier;
+    if (detail::try_native(comm, c, 0, opt)) return;
     algorithms::barrier(comm, opt);
   }
 }
@@ -516,6 +551,9 @@ void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, i
     nc.from = from;
     comm.transport().run_native(nc, opt);
   } else {
+    collective_scope<communicator<T>> scope(comm, collective::send_recv, algorithm::automatic,
+                                            out.size_bytes() + in.size_bytes(), dtype_of<E>(),
+                                            op::sum, opt, what);
     auto& st = comm.state();
     st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
     st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));

@@ -304,6 +304,22 @@ class communicator {
     return std::optional<communicator>(std::move(sub));
   }
 
+  /// Collective over the world communicator, where the transport offers symmetric memory (shm):
+  /// n elements of U per rank in memory every rank addresses, as ncclMemAlloc plus window
+  /// registration give. Collectives on such buffers may read the peers' data in place.
+  template <class U>
+  [[nodiscard]] auto allocate(std::size_t n) requires requires(T& t, std::size_t k) {
+    t.template allocate<U>(k);
+  }
+  {
+    check_usable("allocate");
+    if (comm_id_ != 0)
+      throw unsupported(
+          "allocate: symmetric memory spans every rank of the transport; allocate it on the "
+          "world communicator, not on one split from it");
+    return transport_->template allocate<U>(n);
+  }
+
   /// The hierarchical algorithm's sub-communicators, once they were built (null before).
   [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
   node_communicators<communicator>& set_hierarchy(node_communicators<communicator> h) {

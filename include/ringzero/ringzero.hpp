@@ -1,6 +1,7 @@
-// The core of ringzero: element types, ops, errors, logging, the collectives and the in-process
-// loopback transport. Backends are opt-in: include ringzero/transport/libfabric.hpp or
-// ringzero/transport/nccl.hpp and link ringzero::libfabric or ringzero::nccl.
+// The core of ringzero: element types, ops, errors, logging, counters and traces, the
+// collectives and the in-process loopback transport. Backends are opt-in: include
+// ringzero/transport/libfabric.hpp or ringzero/transport/nccl.hpp and link ringzero::libfabric
+// or ringzero::nccl.
 #pragma once
 
 #include "ringzero/algorithm.hpp"
@@ -8,6 +9,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/trace.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/loopback.hpp"
 #include "ringzero/tuning/cost_model.hpp"

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -136,10 +138,10 @@ int exit_code(int status) {
 
 }  // namespace
 
-TEST_CASE("every rank gets the launch environment, and its output lines its rank") {
+TEST_CASE("every rank gets the launch environment, and --tag-output lines its rank") {
   std::string first_token;
   for (int run = 0; run < 2; ++run) {
-    launch l({"-n", "3", RUN_HELPER_EXE, "env"});
+    launch l({"-n", "3", "--tag-output", RUN_HELPER_EXE, "env"});
     const int status = l.finish();
     INFO("stdout:\n", l.out(), "stderr:\n", l.err());
     REQUIRE(exit_code(status) == 0);
@@ -179,7 +181,8 @@ TEST_CASE("every rank gets the launch environment, and its output lines its rank
 
 TEST_CASE("lines written in pieces come out whole, never interleaved") {
   constexpr int ranks = 4, count = 150;
-  launch l({"-n", std::to_string(ranks), RUN_HELPER_EXE, "lines", std::to_string(count)});
+  launch l({"-n", std::to_string(ranks), "--tag-output", RUN_HELPER_EXE, "lines",
+            std::to_string(count)});
   REQUIRE(exit_code(l.finish()) == 0);
   for (const std::string* stream : {&l.out(), &l.err()}) {
     const auto ls = lines(*stream);
@@ -199,7 +202,7 @@ TEST_CASE("lines written in pieces come out whole, never interleaved") {
 
 TEST_CASE("a failing rank stops the job and is named") {
   {
-    launch l({"-n", "3", RUN_HELPER_EXE, "fail", "1", "7"});
+    launch l({"-n", "3", "--tag-output", RUN_HELPER_EXE, "fail", "1", "7"});
     const int status = l.finish();
     INFO("stderr:\n", l.err());
     CHECK(exit_code(status) == 7);
@@ -220,7 +223,7 @@ TEST_CASE("a failing rank stops the job and is named") {
 TEST_CASE("SIGTERM and SIGINT reach every rank") {
   for (int sig : {SIGTERM, SIGINT}) {
     CAPTURE(sig);
-    launch l({"-n", "3", RUN_HELPER_EXE, "wait"});
+    launch l({"-n", "3", "--tag-output", RUN_HELPER_EXE, "wait"});
     REQUIRE(l.wait_for("ready", 3));
     l.signal(sig);
     const int status = l.finish();
@@ -250,12 +253,111 @@ TEST_CASE("--timeout stops a job that runs too long") {
 }
 
 TEST_CASE("ranks rendezvous through the store the environment describes") {
-  launch l({"-n", "4", RUN_HELPER_EXE, "store"});
+  launch l({"-n", "4", "--tag-output", RUN_HELPER_EXE, "store"});
   const int status = l.finish();
   INFO("stdout:\n", l.out(), "stderr:\n", l.err());
   CHECK(exit_code(status) == 0);
   for (int r = 0; r < 4; ++r)
     CHECK(contains(l.out(), fmt::format("[{}] rank {} sum 14 seen 2345\n", r, r)));
+}
+
+TEST_CASE("into a pipe, lines come out untouched unless --tag-output asks") {
+  for (const char* flag : {"", "--no-tag-output"}) {
+    CAPTURE(flag);
+    std::vector<std::string> args{"-n", "3"};
+    if (*flag != '\0') args.emplace_back(flag);
+    args.insert(args.end(), {RUN_HELPER_EXE, "env"});
+    launch l(args);
+    REQUIRE(exit_code(l.finish()) == 0);
+    INFO("stdout:\n", l.out(), "stderr:\n", l.err());
+    const auto out = lines(l.out());
+    REQUIRE(out.size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      // Exactly what the rank wrote: a parser anchored at the start of the line still matches.
+      CHECK(std::count_if(out.begin(), out.end(), [&](const std::string& s) {
+              return s.starts_with(fmt::format("RANK={} WORLD_SIZE=3 ", r));
+            }) == 1);
+      CHECK(contains(l.err(), fmt::format("stderr from {}\n", r)));
+    }
+    CHECK_FALSE(contains(l.out(), "["));
+    CHECK_FALSE(contains(l.err(), "["));
+  }
+}
+
+TEST_CASE("on a terminal, lines carry their rank by default") {
+  // stdout is a pseudo-terminal, as in an interactive shell; stderr stays a pipe.
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const int tty = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(tty >= 0);
+  int err[2];
+  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, tty, 1);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  std::string exe = RINGZERO_RUN_EXE, helper = RUN_HELPER_EXE, n = "-n", three = "3", mode = "env";
+  char* argv[] = {exe.data(), n.data(), three.data(), helper.data(), mode.data(), nullptr};
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, argv[0], &fa, nullptr, argv, environ) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(tty);
+  ::close(err[1]);
+  std::string out, errs;
+  char buf[4096];
+  for (ssize_t got; (got = ::read(err[0], buf, sizeof buf)) > 0;)
+    errs.append(buf, static_cast<std::size_t>(got));
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  // The terminal keeps what was written after the writer is gone; read it without blocking.
+  ::fcntl(master, F_SETFL, O_NONBLOCK);
+  for (ssize_t got; (got = ::read(master, buf, sizeof buf)) > 0;)
+    out.append(buf, static_cast<std::size_t>(got));
+  ::close(master);
+  ::close(err[0]);
+  INFO("terminal:\n", out, "stderr:\n", errs);
+  CHECK(exit_code(status) == 0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(contains(out, fmt::format("[{}] RANK={} ", r, r)));
+    // The pipe is decided on its own: untagged.
+    CHECK(contains(errs, fmt::format("stderr from {}\n", r)));
+  }
+  CHECK_FALSE(contains(errs, "["));
+}
+
+TEST_CASE("--output DIR writes each rank's output to DIR/rank<R>.log") {
+  char tmpl[] = "/tmp/ringzero-run-output-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::filesystem::path dir = std::filesystem::path(tmpl) / "logs";
+  {
+    launch l({"-n", "3", "--tag-output", "--output", dir.string(), RUN_HELPER_EXE, "env"});
+    REQUIRE(exit_code(l.finish()) == 0);
+    // The console still shows every rank, tagged as asked.
+    for (int r = 0; r < 3; ++r) CHECK(contains(l.out(), fmt::format("[{}] RANK={} ", r, r)));
+  }
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    std::ifstream in(dir / fmt::format("rank{}.log", r));
+    REQUIRE(in.good());
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto ls = lines(text.str());
+    // Its own stdout and stderr lines, untagged, and no other rank's.
+    REQUIRE(ls.size() == 2);
+    CHECK(std::count_if(ls.begin(), ls.end(), [&](const std::string& s) {
+            return s.starts_with(fmt::format("RANK={} WORLD_SIZE=3 ", r));
+          }) == 1);
+    CHECK(std::count(ls.begin(), ls.end(), fmt::format("stderr from {}", r)) == 1);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+  {
+    launch l({"-n", "2", "--output", "/proc/no-such-dir/logs", RUN_HELPER_EXE, "env"});
+    CHECK(exit_code(l.finish()) == 1);
+    CHECK(contains(l.err(), "--output /proc/no-such-dir/logs"));
+  }
 }
 
 TEST_CASE("usage") {

@@ -85,7 +85,7 @@ inline constexpr coll_kind all_colls[] = {
   return std::nullopt;
 }
 
-enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl };
+enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl, shm };
 
 [[nodiscard]] constexpr std::string_view transport_name(transport_kind t) noexcept {
   switch (t) {
@@ -97,6 +97,8 @@ enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl 
       return "libfabric";
     case transport_kind::nccl:
       return "nccl";
+    case transport_kind::shm:
+      return "shm";
   }
   return "?";
 }
@@ -247,7 +249,7 @@ nccl-tests flags:
   -R,--local_register <0|1|2> 0 user buffers, 1 registered, 2 symmetric
 ringzero flags:
   -A,--algorithm <a>        ring tree rd rhd hier pairwise bruck linear auto (default auto)
-  -T,--transport <t>        loopback libfabric nccl (default: libfabric when a launcher
+  -T,--transport <t>        loopback libfabric shm nccl (default: libfabric when a launcher
                             set WORLD_SIZE and it is built in, else loopback)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
      --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
@@ -418,11 +420,13 @@ ringzero flags:
           o.transport = transport_kind::libfabric;
         else if (v == "nccl")
           o.transport = transport_kind::nccl;
+        else if (v == "shm")
+          o.transport = transport_kind::shm;
         else if (v == "auto")
           o.transport = transport_kind::automatic;
         else
           throw invalid_argument(
-              fmt::format("-T: unknown transport '{}' (loopback, libfabric or nccl)", v));
+              fmt::format("-T: unknown transport '{}' (loopback, libfabric, shm or nccl)", v));
         break;
       case 'p':
         o.provider = std::string(v);

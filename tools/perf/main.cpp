@@ -11,6 +11,7 @@
 #if RINGZERO_PERF_WITH_NCCL
 #include "ringzero/transport/nccl.hpp"
 #endif
+#include "ringzero/transport/shm/communicator.hpp"
 
 #if RINGZERO_PERF_WITH_LIBFABRIC
 #include "libfabric_backend.hpp"
@@ -19,6 +20,7 @@
 #include "nccl_backend.hpp"
 #endif
 #include "perf.hpp"
+#include "shm_backend.hpp"
 
 extern char** environ;
 
@@ -31,5 +33,6 @@ int main(int argc, char** argv) {
 #if RINGZERO_PERF_WITH_NCCL
   extra.nccl = ringzero::perf::run_nccl;
 #endif
+  extra.shm = ringzero::perf::run_shm;
   return ringzero::perf::main(args, argv[0], stdout, stderr, environ, extra);
 }

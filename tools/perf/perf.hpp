@@ -44,6 +44,7 @@ using runner = std::function<int(const options&, const context&)>;
 struct transports {
   runner libfabric;
   runner nccl;
+  runner shm;
 };
 
 [[nodiscard]] inline std::string algorithm_line(const options& o) {
@@ -193,6 +194,13 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "-t applies to -T loopback; start libfabric ranks with a "
               "launcher (ringzero-run -n N ringzero-perf ...)");
         return extra.libfabric(o, ctx);
+      case transport_kind::shm:
+        if (!extra.shm) throw unsupported("-T shm: this ringzero-perf was built without it");
+        if (o.threads != 1)
+          throw invalid_argument(
+              "-t applies to -T loopback; start shm ranks with a launcher "
+              "(ringzero-run -n N ringzero-perf -T shm ...)");
+        return extra.shm(o, ctx);
       case transport_kind::nccl:
         if (!extra.nccl)
           throw unsupported("-T nccl: this ringzero-perf was built without the NCCL transport");

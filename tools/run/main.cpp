@@ -1,6 +1,7 @@
 // ringzero-run: starts N ranks of a program on this host, the way torchrun would, and babysits
-// them: every output line is tagged with its rank, Ctrl-C and SIGTERM reach every rank, and
-// the first rank to fail takes the job down with a message saying which rank and why.
+// them: output lines are tagged with their rank where a person reads them, Ctrl-C and SIGTERM
+// reach every rank, and the first rank to fail takes the job down with a message saying which
+// rank and why.
 //
 //   ringzero-run -n 4 ./train --steps 100
 //
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
@@ -45,10 +47,17 @@ constexpr const char* usage_text =
     "\n"
     "Starts N ranks of PROGRAM on this host. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and RINGZERO_TOKEN\n"
-    "(random, per job), and its output lines are prefixed with \"[RANK] \".\n"
+    "(random, per job).\n"
+    "\n"
+    "Output: ranks' lines come out whole. On a terminal each line is prefixed with \"[RANK] \";\n"
+    "into a pipe or a file lines come out untouched, as mpirun prints them, so parsers of\n"
+    "nccl-tests output keep working. Each of stdout and stderr is decided on its own.\n"
     "\n"
     "options:\n"
     "  -n, --nproc N      number of ranks (required)\n"
+    "  --tag-output       always prefix lines with \"[RANK] \" (as mpirun --tag-output)\n"
+    "  --no-tag-output    never prefix lines\n"
+    "  --output DIR       also write each rank's stdout and stderr, untagged, to DIR/rank<R>.log\n"
     "  --port P           MASTER_PORT to use instead of a free one\n"
     "  --timeout S        stop the job after S seconds (exit status 124)\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
@@ -61,8 +70,12 @@ constexpr const char* usage_text =
 
 constexpr std::size_t max_line_bytes = 64 * 1024;
 
+enum class tagging { automatic, always, never };
+
 struct options {
   int nproc = 0;
+  tagging tag = tagging::automatic;
+  std::string output_dir;
   int port = 0;
   double timeout_s = 0;
   double grace_s = 5;
@@ -129,7 +142,14 @@ options parse_args(int argc, char** argv) {
       o.timeout_s = parse_seconds("--timeout", *v4);
     else if (auto v5 = value(a, "--grace"))
       o.grace_s = parse_seconds("--grace", *v5);
-    else if (a.starts_with("-") && a.size() > 1)
+    else if (a == "--tag-output")
+      o.tag = tagging::always;
+    else if (a == "--no-tag-output")
+      o.tag = tagging::never;
+    else if (auto v6 = value(a, "--output")) {
+      if (v6->empty()) usage_error("--output needs a directory");
+      o.output_dir = *v6;
+    } else if (a.starts_with("-") && a.size() > 1)
       usage_error(fmt::format("unknown option '{}'", a));
     else
       break;
@@ -232,45 +252,50 @@ void write_all(int fd, std::string_view s) {
 }
 
 struct stream {
-  int fd = -1;      ///< our end of the rank's pipe; -1 once closed
-  int out_fd = -1;  ///< where its lines go (1 or 2)
+  int fd = -1;       ///< our end of the rank's pipe; -1 once closed
+  int out_fd = -1;   ///< where its lines go (1 or 2)
+  int file_fd = -1;  ///< the rank's --output log, shared by its stdout and stderr; or -1
+  std::string prefix;
   std::string partial;
 
-  // Emits every complete line (and an over-long partial one) with the prefix.
-  void emit(const std::string& prefix, bool at_eof) {
-    std::string batch;
+  // Emits every complete line (and an over-long partial one), prefixed on the console.
+  void emit(bool at_eof) {
+    std::string batch, raw;
+    auto line = [&](std::string_view l) {
+      batch += prefix;
+      batch += l;
+      if (file_fd >= 0) raw += l;
+    };
     std::size_t start = 0;
     for (;;) {
       const std::size_t nl = partial.find('\n', start);
       if (nl == std::string::npos) break;
-      batch += prefix;
-      batch.append(partial, start, nl + 1 - start);
+      line(std::string_view(partial).substr(start, nl + 1 - start));
       start = nl + 1;
     }
     partial.erase(0, start);
     if (!partial.empty() && (at_eof || partial.size() >= max_line_bytes)) {
-      batch += prefix;
-      batch += partial;
-      batch += '\n';
+      line(partial + '\n');
       partial.clear();
     }
     if (!batch.empty()) write_all(out_fd, batch);
+    if (!raw.empty()) write_all(file_fd, raw);
   }
 
   // Reads what is there without blocking; closes the stream at end of file.
-  void drain(const std::string& prefix) {
+  void drain() {
     char buf[65536];
     while (fd >= 0) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
         partial.append(buf, static_cast<std::size_t>(n));
-        emit(prefix, false);
+        emit(false);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EAGAIN) return;
       close();
-      emit(prefix, true);
+      emit(true);
     }
   }
 
@@ -284,9 +309,16 @@ struct rank_process {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
-  std::string prefix;
+  int log_fd = -1;
   stream out, err;
 };
+
+/// Whether lines bound for fd get the rank prefix: on a terminal, a person reads interleaved
+/// ranks and needs to tell them apart; into a pipe or file, a program parses them and needs
+/// them as the rank wrote them (mpirun's default).
+bool tags(tagging t, int fd) {
+  return t == tagging::always || (t == tagging::automatic && ::isatty(fd) == 1);
+}
 
 std::string describe(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
@@ -308,7 +340,20 @@ class job {
  public:
   explicit job(options o) : opt_(std::move(o)), ranks_(static_cast<std::size_t>(opt_.nproc)) {}
 
+  ~job() {
+    for (auto& rp : ranks_)
+      if (rp.log_fd >= 0) ::close(rp.log_fd);
+  }
+
   int run() {
+    if (!opt_.output_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(opt_.output_dir, ec);
+      if (ec) {
+        fmt::print(stderr, "ringzero-run: --output {}: {}\n", opt_.output_dir, ec.message());
+        return 1;
+      }
+    }
     const int port = opt_.port != 0 ? opt_.port : free_port();
     if (port == 0) {
       fmt::print(stderr, "ringzero-run: could not find a free TCP port on 127.0.0.1\n");
@@ -336,7 +381,16 @@ class job {
  private:
   bool spawn(int r, int port, const std::string& token) {
     auto& rp = ranks_[static_cast<std::size_t>(r)];
-    rp.prefix = fmt::format("[{}] ", r);
+    if (!opt_.output_dir.empty()) {
+      const std::string path =
+          (std::filesystem::path(opt_.output_dir) / fmt::format("rank{}.log", r)).string();
+      rp.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (rp.log_fd < 0) {
+        fmt::print(stderr, "ringzero-run: cannot write {}: {}\n", path, std::strerror(errno));
+        spawn_failed_ = true;
+        return false;
+      }
+    }
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
       fmt::print(stderr, "ringzero-run: pipe2 failed: {}\n", std::strerror(errno));
@@ -385,8 +439,9 @@ class job {
     ::fcntl(err[0], F_SETFL, O_NONBLOCK);
     rp.pid = pid;
     rp.running = true;
-    rp.out = {out[0], 1, {}};
-    rp.err = {err[0], 2, {}};
+    const std::string prefix = fmt::format("[{}] ", r);
+    rp.out = {out[0], 1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
+    rp.err = {err[0], 2, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
     ++running_;
     return true;
   }
@@ -423,8 +478,8 @@ class job {
         rp.status = status;
         --running_;
         // The rank's last words come before the verdict on it.
-        rp.out.drain(rp.prefix);
-        rp.err.drain(rp.prefix);
+        rp.out.drain();
+        rp.err.drain();
         const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
         if (failed && !stopping_) {
           first_failure_ = static_cast<int>(r);
@@ -458,9 +513,9 @@ class job {
         if (clock_type::now() >= *linger_until) {
           for (auto& rp : ranks_) {
             rp.out.close();
-            rp.out.emit(rp.prefix, true);
+            rp.out.emit(true);
             rp.err.close();
-            rp.err.emit(rp.prefix, true);
+            rp.err.emit(true);
           }
           return;
         }
@@ -477,18 +532,9 @@ class job {
       }
       if (rc > 0)
         for (std::size_t k = 0; k < streams.size(); ++k)
-          if (fds[k + 1].revents != 0) {
-            auto& rp = owner_of(streams[k]);
-            streams[k]->drain(rp.prefix);
-          }
+          if (fds[k + 1].revents != 0) streams[k]->drain();
       check_deadlines();
     }
-  }
-
-  rank_process& owner_of(const stream* s) {
-    for (auto& rp : ranks_)
-      if (&rp.out == s || &rp.err == s) return rp;
-    return ranks_.front();
   }
 
   int poll_timeout_ms(const std::optional<clock_type::time_point>& linger_until) const {

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "ringzero/detail/trace_state.hpp"
 #include "ringzero/transport/concept.hpp"
 
 namespace ringzero::detail {
@@ -21,6 +22,8 @@ struct comm_state {
   std::vector<std::uint32_t> p2p_send_seq;
   std::vector<std::uint32_t> p2p_recv_seq;
   std::vector<std::byte> scratch_buffer;
+  /// Counters and the RINGZERO_TRACE file (trace.hpp).
+  trace_state trace;
 
   std::span<std::byte> scratch(std::size_t bytes) {
     if (scratch_buffer.size() < bytes) scratch_buffer.resize(bytes);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ringzero/detail/comm_state.hpp"
+#include "ringzero/detail/trace_state.hpp"
 #include "ringzero/error.hpp"
 
 namespace ringzero::detail {
@@ -104,6 +105,7 @@ class exchange {
       if (expired()) throw timed_out(p);
     }
     p.done = true;
+    trace_receive(comm_.state().trace, p.is_send);
   }
 
   void wait_all(std::span<pending> ps) {
@@ -116,6 +118,7 @@ class exchange {
     if (p.done) return true;
     if (comm_.test(p.req)) {
       p.done = true;
+      trace_receive(comm_.state().trace, p.is_send);
       return true;
     }
     if (expired()) throw timed_out(p);

@@ -48,4 +48,15 @@ concept native_collectives = transport<T> &&
   {t.all_gather_bytes(mine, all, o)};
 };
 
+/// A transport that runs some collectives itself where it has a faster path than messages
+/// (shm: in the shared segment). try_native() returns false to leave a call to ringzero's
+/// algorithms, and must decide alike on every rank. The communicator offers it only calls of the
+/// world communicator (ranks are the transport's) with the algorithm left automatic and no
+/// RINGZERO_ALGO, after validation and the trivial cases, with options::timeout resolved.
+template <class T>
+concept some_native_collectives = transport<T> &&
+    requires(T& t, const native_call& c, const options& o) {
+  { t.try_native(c, o) } -> std::convertible_to<bool>;
+};
+
 }  // namespace ringzero

@@ -24,6 +24,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/optimizer.hpp"
@@ -152,7 +153,11 @@ class gradient_reducer {
     if (!sharded_) {
       if (micro_ + 1 < accumulation_) return;
       std::span<G> grads(grads_.data() + bk.offset, bk.padded);
-      work_.submit([this, grads] { ringzero::all_reduce(comm_, grads, op::sum, all_reduce_); });
+      work_.submit([this, grads] {
+        // On the collectives' thread, so the span encloses its all_reduce on one track.
+        const trace::scope phase(comm_, "reduce", grads.size_bytes());
+        ringzero::all_reduce(comm_, grads, op::sum, all_reduce_);
+      });
       return;
     }
     if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
@@ -162,6 +167,7 @@ class gradient_reducer {
     const bool first = micro_ == 0;
     entry.busy = work_.submit([this, buf, b, first] {
       const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
+      const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
       std::span<G> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
       ringzero::reduce_scatter(comm_, std::span<G>(buf, bucket.padded), own, op::sum,
                                reduce_scatter_);

@@ -15,6 +15,7 @@
 
 #include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/plan.hpp"
@@ -68,7 +69,10 @@ class parameter_cache {
       start(b);
     }
     auto& g = buckets_[static_cast<std::size_t>(b)];
-    work_.wait(g.ticket);
+    {
+      const trace::scope phase(comm_, "gather", bucket_bytes(b));
+      work_.wait(g.ticket);
+    }
     ++g.refs;
     return g.data.data();
   }

@@ -62,6 +62,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/trace.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/checkpoint.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
@@ -262,6 +263,7 @@ class sharder {
       throw invalid_argument(
           fmt::format("step() after {} of {} micro-batches: call end_micro_batch() after each",
                       micro_batches(), cfg_.accumulation_steps));
+    const trace::scope phase(comm_, "step", optimizer_bytes());
     worker_.drain();
     step_result res;
     res.loss_scale = scaler_.scale();
@@ -386,6 +388,7 @@ class sharder {
   void save(const std::filesystem::path& dir) {
     if (micro_batches() != 0)
       throw invalid_argument("save: a step is in progress; call it after step()");
+    trace::scope phase(comm_, "checkpoint");
     quiesce();
     std::string failure;
     detail::written_file written;
@@ -395,6 +398,7 @@ class sharder {
       std::vector<std::vector<float>> arrays;
       for (int a = 0; a <= optimizer_.moment_count(); ++a) arrays.push_back(own_array(a));
       written = detail::write_shard(dir, rank_, world_, step_, save_id, arrays, plan_.shard_size());
+      phase.set_bytes(written.bytes);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -427,6 +431,7 @@ class sharder {
   void load(const std::filesystem::path& dir) {
     if (micro_batches() != 0)
       throw invalid_argument("load: a step is in progress; call it after step()");
+    const trace::scope phase(comm_, "checkpoint", optimizer_bytes());
     quiesce();
     std::string failure;
     checkpoint_manifest m;
@@ -466,6 +471,13 @@ class sharder {
   }
 
  private:
+  /// The fp32 optimizer state this rank holds (master weights where P is 16-bit, and the
+  /// moments): the size a step or a checkpoint of it touches, for the trace.
+  [[nodiscard]] std::size_t optimizer_bytes() const noexcept {
+    const std::size_t arrays = static_cast<std::size_t>(optimizer_.moment_count()) +
+                               (shard_optimizer<P>::has_master ? 1 : 0);
+    return optimizer_.local_size() * arrays * sizeof(float);
+  }
   // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
   using reducer_type = std::variant<gradient_reducer<Comm, P>, gradient_reducer<Comm, float>>;
 

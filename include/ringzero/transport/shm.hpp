@@ -1,0 +1,487 @@
+// The shm transport: ranks as processes on one host, talking through one shared-memory segment
+// (header-only, POSIX only: shm_open, mmap, /proc). Small messages are a cache line the
+// receiver polls; larger ones stream through a ring of slots per pair of ranks; no syscall on
+// the message path and no lock shared between processes, so a rank killed at any instant can
+// only make the others fail (peer_error naming it), never hang.
+//
+//   auto comm = ringzero::shm::communicator::from_env();   // ringzero-run, torchrun, Slurm, ...
+//   ringzero::all_reduce(comm, std::span<float>(grads), ringzero::op::sum);
+//
+// ringzero::shm::transport is messaging (send, receive, test, progress), its tuning policy and
+// host names, and two capabilities the communicator uses where they apply: symmetric memory
+// (comm.allocate<T>(n): a buffer every rank of the node addresses) and collectives run in the
+// segment itself (try_native(), transport/native.hpp). shm::communicator is
+// ringzero::communicator<shm::transport> (transport/shm/communicator.hpp).
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/algorithm.hpp"
+#include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/bootstrap/rendezvous.hpp"
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/detail/exchange.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/native.hpp"
+#include "ringzero/transport/shm/detail/collectives.hpp"
+#include "ringzero/transport/shm/detail/engine.hpp"
+#include "ringzero/transport/shm/detail/segment.hpp"
+#include "ringzero/transport/shm/symmetric.hpp"
+#include "ringzero/transport/shm/workspace.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero::shm {
+
+/// The transport's constants, in one place: the cost model's alpha-beta-gamma and the ring
+/// geometry. Must be the same on every rank (rank 0's geometry is the one the segment gets).
+struct tuning {
+  /// Seconds per message: a cache line written by one core and polled by another.
+  double alpha = 0.4e-6;
+  /// Seconds per byte: two copies through a cache-resident ring.
+  double beta = 1.0 / 8e9;
+  /// Seconds per reduced byte.
+  double gamma = 1.0 / 12e9;
+  /// Pipelining granularity the algorithms use.
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  /// Bytes per rank of the workspace that collectives in the segment use
+  /// (shm/detail/collectives.hpp): two buffers of this size each.
+  std::size_t workspace_bytes = std::size_t{1} << 20;
+  /// Collectives up to this many bytes run in the segment's workspace rather than over
+  /// messages (shm/detail/collectives.hpp), when the caller leaves the algorithm to ringzero.
+  std::size_t segment_bytes = std::size_t{4} << 20;
+  /// Outputs of at least this many bytes are written with streaming stores that bypass the
+  /// cache (the output would not stay in it, and reading it for ownership costs a third more
+  /// memory traffic).
+  std::size_t streaming_bytes = std::size_t{8} << 20;
+  /// Slots per ordered pair of ranks and bytes per slot (a 32-byte header, then payload): a
+  /// message of up to slot_bytes - 32 bytes takes one slot, the eager limit. 64 x 8 KiB keeps a
+  /// pair's ring (512 KiB) inside the L2 cache of the two cores that share it.
+  std::size_t slots = 64;
+  std::size_t slot_bytes = 8192;
+
+  [[nodiscard]] std::size_t eager_limit() const noexcept {
+    return slot_bytes - detail::slot_header_bytes;
+  }
+  [[nodiscard]] cost_params cost() const noexcept {
+    return {.alpha = alpha,
+            .beta = beta,
+            .gamma = gamma,
+            .chunk_bytes = chunk_bytes,
+            .min_chunk_bytes = 0};
+  }
+};
+
+struct options {
+  /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds the setup and every wait of the transport.
+  std::chrono::nanoseconds timeout{0};
+  tuning tune{};
+};
+
+class transport {
+ public:
+  using from_env_options = shm::options;
+
+  /// Tags with all of these bits set are the transport's own (symmetric allocation); the
+  /// communicator keeps its ids below them (comm_id_bits()).
+  static constexpr std::uint64_t internal_tag = std::uint64_t{0xfff} << tag_bits;
+
+  /// Handle to one posted send or receive. Destroying it before completion cancels it: a
+  /// receive is never written afterwards; a send already under way is finished from a copy.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept
+        : eng_(std::move(o.eng_)), op_(std::exchange(o.op_, nullptr)), done_(o.done_) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        abandon();
+        eng_ = std::move(o.eng_);
+        op_ = std::exchange(o.op_, nullptr);
+        done_ = o.done_;
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { abandon(); }
+
+   private:
+    friend class transport;
+    void abandon() noexcept {
+      if (!op_) return;
+      std::lock_guard lock(eng_->mutex());
+      eng_->cancel(op_);
+      op_ = nullptr;
+    }
+    std::shared_ptr<detail::engine> eng_;
+    detail::op* op_ = nullptr;
+    bool done_ = false;
+  };
+
+  /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
+  /// variables): opens the store, builds the transport, closes the store again.
+  [[nodiscard]] static transport from_env(const from_env_options& opt = {}) {
+    const bootstrap::launch_info info = bootstrap::detect_launch();
+    log::detail::process_rank().store(info.rank);
+    const auto timeout = opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout();
+    const std::unique_ptr<bootstrap::store> store = bootstrap::make_store(info, timeout);
+    return transport(*store, info.rank, info.world_size, opt);
+  }
+
+  /// Collective over the `size` processes sharing `store` (used only while constructing).
+  transport(bootstrap::store& store, int rank, int size, const options& opt = {})
+      : rank_(rank),
+        size_(size),
+        timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()),
+        tune_(opt.tune),
+        host_(log::detail::host_name()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
+    if (tune_.slots < 2 || tune_.slot_bytes < 2 * detail::cache_line ||
+        tune_.slot_bytes % detail::cache_line != 0 || tune_.slot_bytes > (std::size_t{1} << 30))
+      throw invalid_argument(fmt::format(
+          "shm transport: {} slots of {} bytes: need at least 2 slots of a multiple of 64 bytes, "
+          "at least 128",
+          tune_.slots, tune_.slot_bytes));
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    // Several transports may be built over one store: each gets its own keys.
+    const std::int64_t generation = (store.add("ringzero-shm/joined", 1) - 1) / size;
+    const auto key = [&](std::string_view what, int r) {
+      return fmt::format("ringzero-shm/{}/{}/{}", generation, what, r);
+    };
+    store.set_string(key("host", rank), log::detail::host_name());
+    for (int r = 0; r < size; ++r)
+      if (const auto h = store.get_string(key("host", r)); h != log::detail::host_name())
+        throw unsupported(fmt::format(
+            "shm transport: rank {} runs on host '{}' and rank {} on '{}': shm serves ranks on "
+            "one host only (use the libfabric transport across hosts)",
+            r, h, rank, log::detail::host_name()));
+
+    detail::mapping seg;
+    if (rank == 0) {
+      const detail::layout l{static_cast<std::size_t>(size), tune_.slots, tune_.slot_bytes};
+      seg = detail::mapping::create(l.bytes());
+      auto* h = reinterpret_cast<detail::segment_header*>(seg.data());
+      h->ranks = static_cast<std::uint32_t>(size);
+      h->slots = static_cast<std::uint32_t>(tune_.slots);
+      h->slot_bytes = tune_.slot_bytes;
+      h->bytes = l.bytes();
+      h->magic = detail::segment_magic;
+      store.set_string(key("segment", 0), fmt::format("{} {}", seg.name(), l.bytes()));
+    } else {
+      const std::string where = store.get_string(key("segment", 0));
+      const auto space = where.find(' ');
+      seg = detail::mapping::open(where.substr(0, space), std::stoull(where.substr(space + 1)));
+      const auto* h = reinterpret_cast<const detail::segment_header*>(seg.data());
+      if (h->magic != detail::segment_magic || h->ranks != static_cast<std::uint32_t>(size))
+        throw transport_error(
+            fmt::format("shm: segment {} is not a {}-rank ringzero segment", seg.name(), size));
+    }
+    eng_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
+    auto& me = eng_->record(rank);
+    const detail::process_id self = detail::self_process();
+    me.pid.store(self.pid, std::memory_order_relaxed);
+    me.start.store(self.start, std::memory_order_relaxed);
+    me.state.store(detail::rank_running, std::memory_order_release);
+    // The last rank to map the segment removes its name: from then on it disappears with the
+    // last process that maps it, however the processes end.
+    auto& mapped = eng_->header()->mapped;
+    if (mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size))
+      eng_->unlink_segment();
+    ringzero::detail::backoff b;
+    while (mapped.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        eng_->unlink_segment();
+        throw timeout_error(
+            fmt::format("shm: only {} of {} ranks mapped the segment within {:g} s", mapped.load(),
+                        size, std::chrono::duration<double>(timeout_).count()),
+            -1);
+      }
+      b.pause();
+    }
+    log::info("shm: rank {} of {}, {} slots of {} bytes per pair of ranks", rank, size,
+              eng_->geometry().slots, eng_->geometry().slot_bytes);
+  }
+
+  transport(transport&&) noexcept = default;
+  transport& operator=(transport&&) noexcept = default;
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+  ~transport() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] cost_params tuning() const noexcept { return tune_.cost(); }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
+  /// Every rank runs on this host (the constructor checked it).
+  [[nodiscard]] const std::string& host_of(int /*rank*/) const noexcept { return host_; }
+  /// Communicator ids stay below internal_tag's.
+  [[nodiscard]] static constexpr int comm_id_bits() noexcept {
+    return tag_layout::comm_id_bits - 1;
+  }
+  [[nodiscard]] const shm::tuning& tune() const noexcept { return tune_; }
+  /// Whether a collective ran in the segment yet (the first one allocates its workspace).
+  [[nodiscard]] bool segment_used() const noexcept { return ws_ != nullptr; }
+
+  [[nodiscard]] request isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
+    check_peer(peer, "isend");
+    request r;
+    r.eng_ = eng_;
+    std::lock_guard lock(eng_->mutex());
+    r.op_ = eng_->send(peer, tag, data);
+    r.done_ = r.op_ == nullptr;
+    return r;
+  }
+
+  [[nodiscard]] request irecv(int peer, std::uint64_t tag, std::span<std::byte> data) {
+    check_peer(peer, "irecv");
+    request r;
+    r.eng_ = eng_;
+    std::lock_guard lock(eng_->mutex());
+    r.op_ = eng_->recv(peer, tag, data);
+    r.done_ = r.op_ == nullptr;
+    return r;
+  }
+
+  /// Moves messages; true once r finished. Throws transport_error on a size mismatch and
+  /// peer_error, naming the peer, once its process is found gone.
+  [[nodiscard]] bool test(request& r) {
+    if (r.done_) return true;
+    if (!r.op_) throw invalid_argument("shm: test() on an empty request");
+    std::lock_guard lock(eng_->mutex());
+    if (r.op_->state == detail::op::status::pending) eng_->progress();
+    switch (r.op_->state) {
+      case detail::op::status::done:
+        eng_->free_op(std::exchange(r.op_, nullptr));
+        r.done_ = true;
+        return true;
+      case detail::op::status::failed: {
+        detail::op* o = std::exchange(r.op_, nullptr);
+        std::string why = std::move(o->error);
+        const bool dead = eng_->peer_gone(o->peer);
+        const int peer = o->peer;
+        eng_->free_op(o);
+        if (dead) throw peer_error(why, peer);
+        throw transport_error(why);
+      }
+      case detail::op::status::pending:
+        break;
+    }
+    // Liveness costs a /proc read: look at most every few milliseconds of waiting.
+    if ((++idle_polls_ & 255u) == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_liveness_ > std::chrono::milliseconds(5)) {
+        last_liveness_ = now;
+        if (const int peer = eng_->find_gone(r.op_->peer); peer >= 0) {
+          // The peer may have written the rest of this message just before it died: take
+          // that before blaming it.
+          eng_->progress();
+          if (r.op_->state == detail::op::status::done) {
+            eng_->free_op(std::exchange(r.op_, nullptr));
+            r.done_ = true;
+            return true;
+          }
+          throw peer_error(eng_->dead_message(peer), peer);
+        }
+      }
+    }
+    return false;
+  }
+
+  void progress() {
+    std::lock_guard lock(eng_->mutex());
+    eng_->progress();
+  }
+
+  /// Throws peer_error naming `peer` if its process is gone or it closed its transport (a /proc
+  /// read: for waits outside the message path, every few milliseconds).
+  void check_alive(int peer) {
+    std::lock_guard lock(eng_->mutex());
+    if (eng_->peer_gone(peer)) throw peer_error(eng_->dead_message(peer), peer);
+  }
+
+  /// Collective over every rank of the transport: n elements of T per rank, addressed by every
+  /// rank (communicator::allocate).
+  template <class T>
+  [[nodiscard]] symmetric_buffer<T> allocate(std::size_t n) {
+    return {allocate_memory(n * sizeof(T)), n};
+  }
+
+  /// Collective over every rank of the transport: `bytes` of memory per rank, in one mapping
+  /// every rank addresses (symmetric memory, as ncclMemAlloc and a registered window give).
+  [[nodiscard]] symmetric_memory allocate_memory(std::size_t bytes) {
+    const std::size_t stride = detail::round_up(std::max<std::size_t>(bytes, 1), 4096);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const std::uint64_t tag = internal_tag | allocations_++;
+    std::shared_ptr<detail::mapping> m;
+    std::array<char, 256> name{};
+    if (rank_ == 0) {
+      m = std::make_shared<detail::mapping>(
+          detail::mapping::create(stride * static_cast<std::size_t>(size_)));
+      std::memcpy(name.data(), m->name().c_str(), std::min(name.size() - 1, m->name().size()));
+      std::vector<request> sent;
+      for (int r = 1; r < size_; ++r)
+        sent.push_back(isend(r, tag, std::as_bytes(std::span<const char>(name))));
+      for (auto& q : sent) wait(q, deadline, "symmetric allocation");
+      // Every other rank answers once it mapped the memory; then the name can go.
+      std::vector<std::byte> acks(static_cast<std::size_t>(size_));
+      std::vector<request> got;
+      for (int r = 1; r < size_; ++r)
+        got.push_back(irecv(r, tag, std::span<std::byte>(&acks[static_cast<std::size_t>(r)], 1)));
+      try {
+        for (auto& q : got) wait(q, deadline, "symmetric allocation");
+      } catch (...) {
+        m->unlink();
+        throw;
+      }
+      m->unlink();
+    } else {
+      auto q = irecv(0, tag, std::as_writable_bytes(std::span<char>(name)));
+      wait(q, deadline, "symmetric allocation");
+      name.back() = '\0';
+      m = std::make_shared<detail::mapping>(
+          detail::mapping::open(name.data(), stride * static_cast<std::size_t>(size_)));
+      const std::byte ack{1};
+      auto a = isend(0, tag, std::span<const std::byte>(&ack, 1));
+      wait(a, deadline, "symmetric allocation");
+    }
+    std::erase_if(allocations_live_, [](const auto& w) { return w.expired(); });
+    allocations_live_.push_back(m);
+    return {std::move(m), bytes, stride, rank_, size_};
+  }
+
+  /// Where rank `peer` holds the byte that p addresses in this rank's part of a live symmetric
+  /// allocation; nullptr if p is not in one. How a collective finds a peer's copy of a
+  /// symmetric buffer.
+  [[nodiscard]] std::byte* peer_address(const void* p, int peer) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    for (const auto& w : allocations_live_) {
+      const auto m = w.lock();
+      if (!m) continue;
+      const std::size_t stride = m->size() / static_cast<std::size_t>(size_);
+      const std::byte* mine = m->data() + static_cast<std::size_t>(rank_) * stride;
+      if (b >= mine && b < mine + stride)
+        return m->data() + static_cast<std::size_t>(peer) * stride +
+               static_cast<std::size_t>(b - mine);
+    }
+    return nullptr;
+  }
+
+  /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
+  void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what) {
+    ringzero::detail::backoff b;
+    while (!test(q)) {
+      if (std::chrono::steady_clock::now() > deadline)
+        throw timeout_error(fmt::format("shm: {} on rank {} timed out after {:g} s", what, rank_,
+                                        std::chrono::duration<double>(timeout_).count()),
+                            -1);
+      b.pause();
+    }
+  }
+
+  /// Runs a validated call of a world communicator (ranks are the transport's) in the segment
+  /// and returns true where that path applies: all_reduce, broadcast, all_gather and
+  /// reduce_scatter up to tuning::segment_bytes, all_reduce of any size on symmetric buffers,
+  /// barrier. False leaves the call to ringzero's algorithms over messages. The decision
+  /// depends only on what every rank passes alike (kind, size, whether the buffers are
+  /// symmetric), so all ranks take the same path.
+  [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
+    if (size_ == 1) return false;
+    const std::chrono::nanoseconds timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    if (c.kind == collective::barrier) {
+      detail::barrier(workspace(), timeout);
+      return true;
+    }
+    return visit_dtype(c.type, [&]<class E>(E) { return run_segment<E>(c, timeout); });
+  }
+
+ private:
+  template <element E>
+  [[nodiscard]] bool run_segment(const native_call& c, std::chrono::nanoseconds timeout) {
+    const auto n = static_cast<std::size_t>(size_);
+    const auto* in = static_cast<const E*>(c.in);
+    auto* out = static_cast<E*>(c.out);
+    switch (c.kind) {
+      case collective::all_reduce:
+        if (peer_address(in, 0) && peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
+            peer_address(out + c.count - 1, 0)) {
+          detail::all_reduce_symmetric<E>(
+              workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
+              [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count,
+              c.reduction, timeout);
+          return true;
+        }
+        if (c.count * sizeof(E) > tune_.segment_bytes) return false;
+        detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
+                              std::span<E>(out, c.count), c.reduction, timeout);
+        return true;
+      case collective::broadcast:
+        if (c.count * sizeof(E) > tune_.segment_bytes) return false;
+        detail::broadcast<E>(
+            workspace(),
+            std::span<const E>(rank_ == c.root ? in : nullptr, rank_ == c.root ? c.count : 0),
+            std::span<E>(out, c.count), c.root, timeout);
+        return true;
+      case collective::all_gather:
+        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
+                              std::span<E>(out, c.count * n), timeout);
+        return true;
+      case collective::reduce_scatter:
+        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
+                                  std::span<E>(out, c.count), c.reduction, timeout);
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  /// The segment collectives' workspace, allocated (collectively) by the first of them.
+  [[nodiscard]] shm::workspace& workspace() {
+    if (!ws_)
+      ws_ = std::make_unique<shm::workspace>(
+          eng_, allocate_memory(shm::workspace::bytes_for(tune_.workspace_bytes)),
+          tune_.workspace_bytes, tune_.streaming_bytes);
+    return *ws_;
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_ || peer == rank_)
+      throw invalid_argument(fmt::format(
+          "shm {}: peer {} is not another rank of this {}-rank transport (this is rank {})", what,
+          peer, size_, rank_));
+  }
+
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::nanoseconds timeout_{0};
+  shm::tuning tune_{};
+  std::string host_;
+  std::shared_ptr<detail::engine> eng_;
+  std::unique_ptr<shm::workspace> ws_;
+  std::uint64_t allocations_ = 0;
+  std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
+  unsigned idle_polls_ = 0;
+  std::chrono::steady_clock::time_point last_liveness_{};
+};
+
+}  // namespace ringzero::shm

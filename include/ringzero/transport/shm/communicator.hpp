@@ -1,0 +1,15 @@
+// ringzero's communicator over the shm transport: ranks as processes on one host.
+//
+//   auto comm = ringzero::shm::communicator::from_env();   // ringzero-run, torchrun, Slurm, ...
+//   auto grads = comm.allocate<float>(n);                 // optional: symmetric memory
+//   ringzero::all_reduce(comm, grads.local(), ringzero::op::sum);
+#pragma once
+
+#include "ringzero/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
+
+namespace ringzero::shm {
+
+using communicator = ringzero::communicator<transport>;
+
+}  // namespace ringzero::shm

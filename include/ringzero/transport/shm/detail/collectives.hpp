@@ -1,0 +1,216 @@
+// The shm transport's own collectives: they run in the shared segment rather than over
+// messages, in a workspace of symmetric memory (shm::workspace: every rank addresses every
+// rank's buffers, and phases order the ranks). The transport offers them to the communicator
+// through try_native() (transport/native.hpp) where they apply.
+//
+// Small and medium all_reduce: every rank copies its input into its buffer once; then each rank
+// reduces the contributions of all ranks in rank order, so every rank's result is bitwise
+// identical without any further exchange. Up to one_shot_bytes every rank reduces everything
+// (one phase); above, rank r reduces block r and the others copy it (two phases), in pieces of
+// the workspace's capacity. Broadcast, all_gather, reduce_scatter and barrier follow the same
+// pattern. On buffers that are themselves symmetric memory, all_reduce reads the peers' inputs
+// in place and writes each reduced block into every rank's output, with streaming stores once
+// the output outgrows the cache: about 2 S bytes of memory traffic per rank.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <emmintrin.h>
+#endif
+
+#include "ringzero/op.hpp"
+#include "ringzero/reduce/cpu.hpp"
+#include "ringzero/types.hpp"
+
+namespace ringzero::shm::detail {
+
+/// Below this, every rank reduces the whole message (one phase, n S bytes read); above, each
+/// reduces a block and copies the others' (two phases, about 3 S).
+inline constexpr std::size_t one_shot_bytes = std::size_t{16} << 10;
+
+/// Copies with non-temporal stores: the destination lines are written without being read for
+/// ownership first and do not evict the working set. Ends with a store fence, so a release store
+/// that follows (the phase post) orders after them.
+inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  const std::size_t head = std::min(n, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  for (; n >= 64; n -= 64, dst += 64, src += 64) {
+    const auto* s = reinterpret_cast<const __m128i*>(src);
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    _mm_stream_si128(d, _mm_loadu_si128(s));
+    _mm_stream_si128(d + 1, _mm_loadu_si128(s + 1));
+    _mm_stream_si128(d + 2, _mm_loadu_si128(s + 2));
+    _mm_stream_si128(d + 3, _mm_loadu_si128(s + 3));
+  }
+  std::memcpy(dst, src, n);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+/// out = in[0] (op) in[1] (op) ... in rank order, over n elements; out may be one of the inputs
+/// only if it is in[0].
+template <element E, class In>
+void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
+  if (ranks == 1) {
+    if (out != in(0)) std::memcpy(out, in(0), n * sizeof(E));
+  } else {
+    reduction::combine(o, in(0), in(1), out, n);
+    for (int q = 2; q < ranks; ++q) reduction::combine(o, out, in(q), out, n);
+  }
+  if (o == op::avg) reduction::finish_avg(out, n, ranks);
+}
+
+[[nodiscard]] inline std::chrono::steady_clock::time_point deadline_of(std::chrono::nanoseconds t) {
+  return std::chrono::steady_clock::now() + t;
+}
+
+/// all_reduce through the workspace; in may equal out.
+template <element E, class W>
+void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
+                std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
+  const int n = ws.size();
+  const int me = ws.rank();
+  const std::size_t piece = ws.capacity() / sizeof(E);
+  const bool one_shot = in.size_bytes() <= one_shot_bytes;
+  for (std::size_t first = 0; first < in.size(); first += piece) {
+    const std::size_t count = std::min(piece, in.size() - first);
+    const std::uint64_t p = ws.next_phase();
+    std::memcpy(ws.buffer(me, p), in.data() + first, count * sizeof(E));
+    ws.phase(deadline, "all_reduce");
+    auto input = [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)); };
+    if (one_shot) {
+      reduce_in_order<E>(o, n, input, out.data() + first, count);
+      continue;
+    }
+    // Rank r reduces block r into the next phase's buffer; everyone then copies every block.
+    const auto block = [&](int r) {
+      const std::size_t lo = count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n);
+      const std::size_t hi = count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(n);
+      return std::array<std::size_t, 2>{lo, hi};
+    };
+    const auto [lo, hi] = block(me);
+    E* mine = reinterpret_cast<E*>(ws.buffer(me, p + 1)) + lo;
+    reduce_in_order<E>(
+        o, n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
+    ws.phase(deadline, "all_reduce");
+    for (int q = 0; q < n; ++q) {
+      const auto [a, b] = block(q);
+      std::memcpy(out.data() + first + a, reinterpret_cast<const E*>(ws.buffer(q, p + 1)) + a,
+                  (b - a) * sizeof(E));
+    }
+  }
+}
+
+/// all_reduce on symmetric buffers: in_of(q) and out_of(q) are rank q's input and output as this
+/// process addresses them (equal for in place).
+template <element E, class W, class In, class Out>
+void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
+                          std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
+  const int n = ws.size();
+  const int me = ws.rank();
+  ws.phase(deadline, "all_reduce");  // every input is written
+  const std::size_t lo = count * static_cast<std::size_t>(me) / static_cast<std::size_t>(n);
+  const std::size_t hi = count * static_cast<std::size_t>(me + 1) / static_cast<std::size_t>(n);
+  const bool streaming = count * sizeof(E) >= ws.streaming_bytes();
+  // Reduced in pieces that stay in the L1 cache, then copied to every rank's output.
+  constexpr std::size_t piece_bytes = 16 << 10;
+  alignas(64) static thread_local std::byte tmp[piece_bytes];
+  const std::size_t piece = piece_bytes / sizeof(E);
+  for (std::size_t first = lo; first < hi; first += piece) {
+    const std::size_t len = std::min(piece, hi - first);
+    E* t = reinterpret_cast<E*>(tmp);
+    reduce_in_order<E>(
+        o, n, [&](int q) { return in_of(q) + first; }, t, len);
+    for (int k = 0; k < n; ++k) {
+      const int q = (me + k) % n;  // ranks write each output in a different order
+      auto* dst = reinterpret_cast<std::byte*>(out_of(q) + first);
+      if (streaming)
+        stream_copy(dst, tmp, len * sizeof(E));
+      else
+        std::memcpy(dst, tmp, len * sizeof(E));
+    }
+  }
+  ws.phase(deadline, "all_reduce");  // every output is complete, no input is read any more
+}
+
+/// Copies root's in (read on root only) into every rank's out, through root's buffer.
+template <element E, class W>
+void broadcast(W& ws, std::span<const E> in, std::span<E> out, int root,
+               std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
+  const std::size_t piece = ws.capacity() / sizeof(E);
+  const bool is_root = ws.rank() == root;
+  for (std::size_t first = 0; first < out.size(); first += piece) {
+    const std::size_t count = std::min(piece, out.size() - first);
+    const std::uint64_t p = ws.next_phase();
+    if (is_root) std::memcpy(ws.buffer(root, p), in.data() + first, count * sizeof(E));
+    ws.phase(deadline, "broadcast");
+    if (!is_root) std::memcpy(out.data() + first, ws.buffer(root, p), count * sizeof(E));
+  }
+  if (is_root && in.data() != out.data()) std::memcpy(out.data(), in.data(), out.size_bytes());
+}
+
+/// out (n * in.size() elements) receives every rank's in, block r from rank r.
+template <element E, class W>
+void all_gather(W& ws, std::span<const E> in, std::span<E> out, std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
+  const std::size_t piece = ws.capacity() / sizeof(E);
+  const int n = ws.size();
+  for (std::size_t first = 0; first < in.size(); first += piece) {
+    const std::size_t count = std::min(piece, in.size() - first);
+    const std::uint64_t p = ws.next_phase();
+    std::memcpy(ws.buffer(ws.rank(), p), in.data() + first, count * sizeof(E));
+    ws.phase(deadline, "all_gather");
+    for (int q = 0; q < n; ++q)
+      std::memcpy(out.data() + static_cast<std::size_t>(q) * in.size() + first, ws.buffer(q, p),
+                  count * sizeof(E));
+  }
+}
+
+/// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
+/// order.
+template <element E, class W>
+void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o,
+                    std::chrono::nanoseconds timeout) {
+  const auto deadline = deadline_of(timeout);
+  const int n = ws.size();
+  const std::size_t block = out.size();
+  // Each piece holds the same slice of every block: n slices of `piece` elements.
+  const std::size_t piece = ws.capacity() / sizeof(E) / static_cast<std::size_t>(n);
+  for (std::size_t first = 0; first < block; first += piece) {
+    const std::size_t count = std::min(piece, block - first);
+    const std::uint64_t p = ws.next_phase();
+    for (int b = 0; b < n; ++b)
+      std::memcpy(
+          reinterpret_cast<E*>(ws.buffer(ws.rank(), p)) + static_cast<std::size_t>(b) * count,
+          in.data() + static_cast<std::size_t>(b) * block + first, count * sizeof(E));
+    ws.phase(deadline, "reduce_scatter");
+    const std::size_t at = static_cast<std::size_t>(ws.rank()) * count;
+    E* dst = out.data() + first;
+    // In place, dst is this rank's block of in, already copied to the workspace.
+    reduce_in_order<E>(
+        o, n, [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)) + at; }, dst, count);
+  }
+}
+
+template <class W>
+void barrier(W& ws, std::chrono::nanoseconds timeout) {
+  ws.phase(deadline_of(timeout), "barrier");
+}
+
+}  // namespace ringzero::shm::detail

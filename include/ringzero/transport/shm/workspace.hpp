@@ -1,0 +1,109 @@
+// The workspace of the collectives that run in the shared segment (shm/detail/collectives.hpp): per
+// rank a cache line holding the rank's phase counter and two buffers, in symmetric memory.
+//
+// A collective is a sequence of phases. In a phase a rank writes what others will read, then
+// posts the phase number and waits until every rank has posted it: posting is a release store
+// to a line only this rank writes, waiting is acquire loads, so no lock exists that a dead rank
+// could hold. Two buffers alternate by phase parity: a rank writes buffer p % 2 in phase p only
+// after every rank posted phase p - 1, which each did after it finished reading phase p - 2.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include "ringzero/detail/exchange.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/transport/shm/detail/engine.hpp"
+#include "ringzero/transport/shm/detail/segment.hpp"
+#include "ringzero/transport/shm/symmetric.hpp"
+
+namespace ringzero::shm {
+
+class workspace {
+ public:
+  static constexpr std::size_t header_bytes = 2 * detail::cache_line;
+
+  /// Symmetric bytes per rank that a workspace with buffers of buffer_bytes needs.
+  [[nodiscard]] static constexpr std::size_t bytes_for(std::size_t buffer_bytes) noexcept {
+    return header_bytes + 2 * detail::round_up(buffer_bytes, detail::cache_line);
+  }
+
+  /// mem: symmetric memory of bytes_for(buffer_bytes) per rank; eng: the transport's engine,
+  /// which keeps messages moving and tells dead peers while a phase waits.
+  workspace(std::shared_ptr<detail::engine> eng, symmetric_memory mem, std::size_t buffer_bytes,
+            std::size_t streaming_bytes)
+      : eng_(std::move(eng)),
+        buffer_bytes_(detail::round_up(buffer_bytes, detail::cache_line)),
+        streaming_bytes_(streaming_bytes),
+        mem_(std::move(mem)) {}
+
+  [[nodiscard]] int rank() const noexcept { return mem_.rank(); }
+  [[nodiscard]] int size() const noexcept { return mem_.size(); }
+  /// Bytes in each of a rank's two buffers.
+  [[nodiscard]] std::size_t capacity() const noexcept { return buffer_bytes_; }
+  [[nodiscard]] std::size_t streaming_bytes() const noexcept { return streaming_bytes_; }
+  /// The phase the next begin_phase() starts.
+  [[nodiscard]] std::uint64_t next_phase() const noexcept { return phase_ + 1; }
+
+  /// Rank r's buffer for phase p.
+  [[nodiscard]] std::byte* buffer(int r, std::uint64_t p) const noexcept {
+    return mem_.peer(r).data() + header_bytes + (p % 2) * buffer_bytes_;
+  }
+
+  /// Posts the next phase and waits until every rank posted it, within the deadline; returns the
+  /// phase number.
+  std::uint64_t phase(std::chrono::steady_clock::time_point deadline, std::string_view what) {
+    const std::uint64_t p = ++phase_;
+    counter(rank()).store(p, std::memory_order_release);
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      ringzero::detail::backoff b;
+      unsigned polls = 0;
+      auto last_check = std::chrono::steady_clock::now();
+      while (counter(q).load(std::memory_order_acquire) < p) {
+        // Messages still move meanwhile: a peer may wait on a send of this rank's to get here.
+        {
+          std::lock_guard lock(eng_->mutex());
+          eng_->progress();
+        }
+        b.pause();
+        if ((++polls & 255u) != 0) continue;
+        const auto now = std::chrono::steady_clock::now();
+        if (now > deadline)
+          throw timeout_error(fmt::format("{} (shm segment) on rank {} of {}: phase {} timed out "
+                                          "waiting for rank {} (RINGZERO_TIMEOUT sets the limit)",
+                                          what, rank(), size(), p, q),
+                              q);
+        if (now - last_check > std::chrono::milliseconds(5)) {
+          last_check = now;
+          std::lock_guard lock(eng_->mutex());
+          // A peer may post the phase just before it dies: only a missing post is an error.
+          if (eng_->peer_gone(q) && counter(q).load(std::memory_order_acquire) < p)
+            throw peer_error(eng_->dead_message(q), q);
+        }
+      }
+    }
+    return p;
+  }
+
+ private:
+  [[nodiscard]] std::atomic<std::uint64_t>& counter(int r) const noexcept {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(mem_.peer(r).data());
+  }
+
+  std::shared_ptr<detail::engine> eng_;
+  std::size_t buffer_bytes_;
+  std::size_t streaming_bytes_;
+  symmetric_memory mem_;
+  std::uint64_t phase_ = 0;
+};
+
+}  // namespace ringzero::shm
