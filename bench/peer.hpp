@@ -1,6 +1,7 @@
 // What the peer benchmarks (Open MPI, Gloo) share with ringzero-perf: the -b/-e/-f/-n/-w/-c flags
 // with nccl-tests' meanings and nccl-tests' table rows, so bench/compare reads every program's
-// output the same way. Only float sum all_reduce is measured; time is the slowest rank's.
+// output the same way. Float sum all_reduce and float all_to_all are measured; time is the
+// slowest rank's.
 #pragma once
 
 #include <fmt/core.h>
@@ -70,8 +71,13 @@ struct peer_options {
   return v;
 }
 
-inline void print_header(std::string_view what, int ranks, const peer_options& o) {
-  fmt::print("# {}: float sum all_reduce, {} ranks, iters {} warmup {} check {}\n", what, ranks,
+/// Which collective a peer measures: the table's redop column and nccl-tests' bus factor.
+enum class peer_collective { all_reduce, all_to_all };
+
+inline void print_header(std::string_view what, int ranks, const peer_options& o,
+                         peer_collective c = peer_collective::all_reduce) {
+  fmt::print("# {}: {}, {} ranks, iters {} warmup {} check {}\n", what,
+             c == peer_collective::all_reduce ? "float sum all_reduce" : "float all_to_all", ranks,
              o.iters, o.warmup, o.check);
   fmt::print(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  "
@@ -80,18 +86,22 @@ inline void print_header(std::string_view what, int ranks, const peer_options& o
       "busbw", "#wrong");
 }
 
-/// One nccl-tests row; seconds are the slowest rank's mean iteration time.
+/// One nccl-tests row; seconds are the slowest rank's mean iteration time. `count` is the
+/// all_reduce vector, or all_to_all's block per peer (the row's size is then n blocks, as
+/// ringzero-perf alltoall prints it).
 inline void print_row(std::size_t count, int ranks, double oop_s, long oop_wrong, double ip_s,
-                      long ip_wrong) {
-  const double bytes = static_cast<double>(count * sizeof(float));
-  const double factor = 2.0 * (ranks - 1) / ranks;
+                      long ip_wrong, peer_collective c = peer_collective::all_reduce) {
+  const bool a2a = c == peer_collective::all_to_all;
+  const std::size_t full = a2a ? count * static_cast<std::size_t>(ranks) : count;
+  const double bytes = static_cast<double>(full * sizeof(float));
+  const double factor = a2a ? static_cast<double>(ranks - 1) / ranks : 2.0 * (ranks - 1) / ranks;
   auto cell = [&](double s, long wrong) {
     const double alg = s > 0 ? bytes / 1e9 / s : 0;
     return fmt::format("  {}  {}  {}  {:>6}", perf::fit(s * 1e6, 7), perf::fit(alg, 6),
                        perf::fit(alg * factor, 6), wrong);
   };
-  fmt::print("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}\n", count * sizeof(float), count, "float",
-             "sum", -1, cell(oop_s, oop_wrong), cell(ip_s, ip_wrong));
+  fmt::print("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}\n", full * sizeof(float), count, "float",
+             a2a ? "none" : "sum", -1, cell(oop_s, oop_wrong), cell(ip_s, ip_wrong));
   std::fflush(stdout);
 }
 

@@ -20,10 +20,13 @@ namespace ringzero {
 enum class algorithm : std::uint8_t {
   automatic,
   ring,  ///< ring (all_reduce, reduce_scatter, all_gather); pipelined chain (broadcast, reduce)
-  tree,  ///< double binary tree (all_reduce); binomial tree (broadcast, reduce)
+  tree,  ///< double binary tree (all_reduce); binomial tree (broadcast, reduce, gather, scatter)
   recursive_doubling,          ///< all_reduce, all_gather: log2(n) exchanges of the whole message
   recursive_halving_doubling,  ///< Rabenseifner all_reduce; recursive halving reduce_scatter
   hierarchical,                ///< intra-node, then inter-node, then intra-node (needs node info)
+  pairwise,  ///< all_to_all(v): n-1 rounds, round k sends to r+k and receives from r-k
+  bruck,     ///< all_to_all: Bruck's ceil(log2 n) rounds of half the blocks (small blocks)
+  linear,    ///< gather, scatter: the root exchanges with every rank directly
 };
 
 enum class collective : std::uint8_t {
@@ -33,7 +36,11 @@ enum class collective : std::uint8_t {
   broadcast,
   reduce,
   barrier,
-  send_recv
+  send_recv,
+  all_to_all,
+  all_to_allv,
+  gather,
+  scatter
 };
 
 [[nodiscard]] constexpr std::string_view collective_name(collective c) noexcept {
@@ -52,6 +59,14 @@ enum class collective : std::uint8_t {
       return "barrier";
     case collective::send_recv:
       return "send_recv";
+    case collective::all_to_all:
+      return "all_to_all";
+    case collective::all_to_allv:
+      return "all_to_allv";
+    case collective::gather:
+      return "gather";
+    case collective::scatter:
+      return "scatter";
   }
   return "?";
 }

@@ -10,7 +10,9 @@
 //
 // In place is expressed as NCCL expresses it: all_reduce/broadcast/reduce with in.data() ==
 // out.data(); reduce_scatter with out being in's block rank(); all_gather with in being out's
-// block rank(). Any other overlap between in and out is an error.
+// block rank(). As MPI_IN_PLACE: all_to_all with in.data() == out.data(); gather with in being
+// the root's block of out, scatter with out being the root's block of in. all_to_allv has no
+// in-place form. Any other overlap between in and out is an error.
 #pragma once
 
 #include <fmt/core.h>
@@ -26,7 +28,9 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/barrier.hpp"
+#include "ringzero/algorithms/binomial.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/algorithms/ring.hpp"
 #include "ringzero/algorithms/table.hpp"
 #include "ringzero/communicator.hpp"
@@ -156,26 +160,80 @@ void copy_if_distinct(std::span<const E> in, std::span<E> out) {
   if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
 }
 
-/// The sizes one kind of call is described by: the element count RINGZERO_CHECK compares (and
-/// that is zero for an empty call), and the bytes the cost model prices.
+/// The sizes one kind of call is described by: the element count RINGZERO_CHECK compares, the
+/// bytes the cost model prices, and whether the call moves nothing on any rank (then it returns
+/// at once). all_to_allv's counts differ per rank, so it compares none, and it is never skipped:
+/// whether anything moves depends on every rank's counts, which no rank knows on its own.
 template <element E>
 struct call_size {
   std::size_t count;
   std::size_t model_bytes;
+  bool empty;
 };
 
 template <element E>
-[[nodiscard]] call_size<E> size_of(const algorithms::call<E>& c) {
+[[nodiscard]] call_size<E> size_of(const algorithms::call<E>& c, int ranks) {
+  const auto n = static_cast<std::size_t>(ranks);
+  const auto sized = [](std::size_t count, std::size_t bytes) {
+    return call_size<E>{count, bytes, count == 0};
+  };
   switch (c.kind) {
     case collective::reduce_scatter:
-      return {c.out.size(), c.in.size_bytes()};
+      return sized(c.out.size(), c.in.size_bytes());
     case collective::all_gather:
-      return {c.in.size(), c.out.size_bytes()};
+      return sized(c.in.size(), c.out.size_bytes());
     case collective::reduce:
-      return {c.in.size(), c.in.size_bytes()};
+      return sized(c.in.size(), c.in.size_bytes());
+    case collective::all_to_all:
+      return sized(c.in.size() / n, c.in.size_bytes());
+    case collective::all_to_allv:
+      return {0, c.in.size_bytes(), false};
+    case collective::gather:
+      return sized(c.in.size(), c.in.size_bytes() * n);
+    case collective::scatter:
+      return sized(c.out.size(), c.out.size_bytes() * n);
     default:
-      return {c.out.size(), c.out.size_bytes()};
+      return sized(c.out.size(), c.out.size_bytes());
   }
+}
+
+/// A call on one rank: what it sends itself.
+template <element E>
+void run_alone(const algorithms::call<E>& c) {
+  if (c.kind != collective::all_to_allv) return copy_if_distinct(c.in, c.out);
+  const algorithms::block_map& m = c.blocks;
+  if (m.recv_counts[0] > 0)
+    std::memcpy(c.out.data() + m.recv_displs[0], c.in.data() + m.send_displs[0],
+                m.recv_counts[0] * sizeof(E));
+}
+
+/// RINGZERO_CHECK=1 for all_to_allv: what each rank sends a peer must be what that peer
+/// expects from it. Every rank learns whether any pair disagreed, so all of them throw.
+template <class T>
+void check_v_agreement(communicator<T>& comm, const algorithms::block_map& m, const options& opt) {
+  if (!check_enabled() || comm.size() == 1) return;
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> mine(m.send_counts.begin(), m.send_counts.end()), theirs(n);
+  const options plain{.timeout = opt.timeout};
+  algorithms::pairwise::all_to_all(comm, std::span<const std::uint64_t>(mine),
+                                   std::span<std::uint64_t>(theirs), plain);
+  std::int64_t bad[3] = {-1, 0, 0};  // (sender, sent, expected) of the first disagreement
+  for (std::size_t r = 0; r < n && bad[0] < 0; ++r) {
+    if (theirs[r] == m.recv_counts[r]) continue;
+    bad[0] = static_cast<std::int64_t>(r);
+    bad[1] = static_cast<std::int64_t>(theirs[r]);
+    bad[2] = static_cast<std::int64_t>(m.recv_counts[r]);
+  }
+  std::int64_t finder[1] = {bad[0] >= 0 ? comm.rank() : -1};
+  algorithms::ring::all_reduce(comm, std::span<const std::int64_t>(finder),
+                               std::span<std::int64_t>(finder), op::max, plain);
+  if (finder[0] < 0) return;
+  algorithms::binomial::broadcast(comm, std::span<std::int64_t>(bad), static_cast<int>(finder[0]),
+                                  plain);
+  throw mismatch_error(
+      fmt::format("RINGZERO_CHECK: all_to_allv: rank {} sends {} elements to rank {}, which "
+                  "expects {} from it",
+                  bad[0], bad[1], finder[0], bad[2]));
 }
 
 /// Offers a validated call (more than one rank, not empty) to a transport that runs some
@@ -210,9 +268,9 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
     throw unsupported(fmt::format(
         "{}: this backend runs its own collectives; algorithm '{}' cannot be forced on it", what,
         algorithm_name(opt.algorithm)));
-  const call_size<E> sz = size_of(c);
+  const call_size<E> sz = size_of(c, comm.size());
   maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
-  if (sz.count == 0) return;
+  if (sz.empty) return;
   native_call nc;
   nc.kind = c.kind;
   nc.type = dtype_of<E>();
@@ -221,6 +279,10 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
   nc.out = c.out.data();
   nc.count = sz.count;
   nc.root = c.root;
+  nc.send_counts = c.blocks.send_counts;
+  nc.send_displs = c.blocks.send_displs;
+  nc.recv_counts = c.blocks.recv_counts;
+  nc.recv_displs = c.blocks.recv_displs;
   comm.transport().run_native(nc, opt);
 }
 
@@ -236,20 +298,21 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
           fmt::format("{}: options::async needs a stream-ordered backend (NCCL); this transport "
                       "completes every call before returning",
                       collective_name(c.kind)));
-    const call_size<E> sz = size_of(c);
+    const call_size<E> sz = size_of(c, comm.size());
     const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt);
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
+    if (c.kind == collective::all_to_allv) check_v_agreement(comm, c.blocks, opt);
     // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
     collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
                                             c.reduction, opt);
-    if (sz.count == 0) return;
+    if (sz.empty) return;
     if (comm.size() > 1 && try_native(comm, c, sz.count, opt)) return;
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
       if (root) copy_if_distinct(c.in, c.out);
       if (comm.size() == 1) return;
     } else if (comm.size() == 1) {
-      return copy_if_distinct(c.in, c.out);
+      return run_alone(c);
     }
     options chosen = opt;
     chosen.algorithm = a;
@@ -356,6 +419,96 @@ void reduce(communicator<T>& comm, std::span<E> in, std::span<E> out, op o, int 
 template <class T, element E>
 void reduce(communicator<T>& comm, std::span<E> data, op o, int root, const options& opt = {}) {
   reduce(comm, std::span<const E>(data), data, o, root, opt);
+}
+
+/// Block r of in (in.size() / size() elements) goes to rank r; block r of out comes from rank r.
+/// In place when in.data() == out.data(). Cost: pairwise exchange n-1 steps, (n-1)/n of the
+/// buffer sent and received per rank; Bruck (small blocks) ceil(log2 n) steps of about half the
+/// buffer; hierarchical (several nodes) gathers to node leaders, which exchange per-node bundles.
+template <class T, element E>
+void all_to_all(communicator<T>& comm, std::span<const E> in, std::span<E> out,
+                const options& opt = {}) {
+  comm.check_usable("all_to_all");
+  detail::check_all_to_all(comm.size(), in, out);
+  detail::run(comm, algorithms::call<E>{collective::all_to_all, in, out, op::sum, 0}, opt);
+}
+
+/// In-place all_to_all.
+template <class T, element E>
+void all_to_all(communicator<T>& comm, std::span<E> data, const options& opt = {}) {
+  all_to_all(comm, std::span<const E>(data), data, opt);
+}
+
+template <class T, element E>
+void all_to_all(communicator<T>& comm, std::span<E> in, std::span<E> out, const options& opt = {}) {
+  all_to_all(comm, std::span<const E>(in), out, opt);
+}
+
+/// As MPI_Alltoallv: the send_counts[r] elements at in[send_displs[r]] go to rank r, and the
+/// recv_counts[r] elements from rank r land at out[recv_displs[r]]. Counts may be zero and
+/// differ per peer, but what rank i sends rank j must be what j expects from i (RINGZERO_CHECK=1
+/// verifies it). Send blocks may overlap, receive blocks may not; in and out may not overlap.
+/// Cost: pairwise exchange, n-1 steps.
+template <class T, element E>
+void all_to_allv(communicator<T>& comm, std::span<const E> in,
+                 std::span<const std::size_t> send_counts, std::span<const std::size_t> send_displs,
+                 std::span<E> out, std::span<const std::size_t> recv_counts,
+                 std::span<const std::size_t> recv_displs, const options& opt = {}) {
+  comm.check_usable("all_to_allv");
+  detail::check_all_to_allv(comm.rank(), comm.size(), in, send_counts, send_displs, out,
+                            recv_counts, recv_displs);
+  detail::run(comm,
+              algorithms::call<E>{collective::all_to_allv,
+                                  in,
+                                  out,
+                                  op::sum,
+                                  0,
+                                  {send_counts, send_displs, recv_counts, recv_displs}},
+              opt);
+}
+
+template <class T, element E>
+void all_to_allv(communicator<T>& comm, std::span<E> in, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displs, std::span<E> out,
+                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                 const options& opt = {}) {
+  all_to_allv(comm, std::span<const E>(in), send_counts, send_displs, out, recv_counts, recv_displs,
+              opt);
+}
+
+/// out on root (size()*in.size() elements) receives every rank's in, block r from rank r; out
+/// is not touched elsewhere (it may be empty there). In place when in is the root's block of
+/// out. Cost: linear n-1 messages into the root; binomial tree (tree) ceil(log2 n) steps; both
+/// carry (n-1)/n of the root's buffer over its link.
+template <class T, element E>
+void gather(communicator<T>& comm, std::span<const E> in, std::span<E> out, int root,
+            const options& opt = {}) {
+  comm.check_usable("gather");
+  detail::check_gather(comm.rank(), comm.size(), in, out, root);
+  detail::run(comm, algorithms::call<E>{collective::gather, in, out, op::sum, root}, opt);
+}
+
+template <class T, element E>
+void gather(communicator<T>& comm, std::span<E> in, std::span<E> out, int root,
+            const options& opt = {}) {
+  gather(comm, std::span<const E>(in), out, root, opt);
+}
+
+/// Block r of root's in (size()*out.size() elements) goes to rank r's out; in is read only on
+/// root (it may be empty elsewhere). In place when out is the root's block of in. Cost: as
+/// gather, the other way.
+template <class T, element E>
+void scatter(communicator<T>& comm, std::span<const E> in, std::span<E> out, int root,
+             const options& opt = {}) {
+  comm.check_usable("scatter");
+  detail::check_scatter(comm.rank(), comm.size(), in, out, root);
+  detail::run(comm, algorithms::call<E>{collective::scatter, in, out, op::sum, root}, opt);
+}
+
+template <class T, element E>
+void scatter(communicator<T>& comm, std::span<E> in, std::span<E> out, int root,
+             const options& opt = {}) {
+  scatter(comm, std::span<const E>(in), out, root, opt);
 }
 
 /// Returns once every rank has entered. Cost: ceil(log2 n) zero-byte steps (dissemination).

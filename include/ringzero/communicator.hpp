@@ -201,6 +201,9 @@ struct node_communicators {
   Comm local;    ///< the ranks of this node, in parent rank order
   Comm cross;    ///< the ranks with this local rank, one per node, in node order
   bool uniform;  ///< every node holds the same number of ranks
+  /// With uniform nodes, the rank in the parent of local rank l on node c (cross rank c) at
+  /// c * local.size() + l; empty otherwise (hierarchical all_to_all needs it).
+  std::vector<int> parent_rank;
 };
 
 template <transport T>

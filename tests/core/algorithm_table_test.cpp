@@ -163,9 +163,10 @@ namespace {
 // The table docs/architecture.md must contain, generated from the descriptors.
 template <class Table>
 std::string expected_docs_table() {
-  constexpr collective columns[] = {collective::all_reduce, collective::reduce_scatter,
-                                    collective::all_gather, collective::broadcast,
-                                    collective::reduce};
+  constexpr collective columns[] = {
+      collective::all_reduce,  collective::reduce_scatter, collective::all_gather,
+      collective::broadcast,   collective::reduce,         collective::all_to_all,
+      collective::all_to_allv, collective::gather,         collective::scatter};
   std::string s = "| `RINGZERO_ALGO` |";
   for (collective c : columns) s += " " + std::string(collective_name(c)) + " |";
   s += " node-aware |\n|---|";

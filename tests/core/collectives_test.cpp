@@ -180,6 +180,116 @@ TEST_CASE("every collective rejects bad arguments before sending anything") {
   }
 }
 
+TEST_CASE("all_to_all, all_to_allv, gather and scatter reject bad arguments before sending") {
+  for (int n : {1, 3}) {
+    loopback::world w(n, {.timeout = std::chrono::seconds(20)});
+    w.run([&](loopback::communicator& c) {
+      const int r = c.rank();
+      const auto un = static_cast<std::size_t>(n);
+      const auto ur = static_cast<std::size_t>(r);
+      const int root = n - 1;
+      const bool is_root = r == root;
+      std::vector<float> a(4 * un + 8, 1.0f), b(4 * un + 8, 0.0f);
+      const std::span<float> in(a), out(b);
+      const std::span<float> all_in = in.first(2 * un), all_out = out.first(2 * un);
+      auto forced = [](algorithm x) { return options{.algorithm = x}; };
+      // A valid all_to_allv layout: two elements per peer, packed.
+      std::vector<std::size_t> counts(un, 2), displs(un);
+      for (std::size_t i = 0; i < un; ++i) displs[i] = 2 * i;
+      auto v = [&](std::span<const std::size_t> sc, std::span<const std::size_t> sd,
+                   std::span<const std::size_t> rc, std::span<const std::size_t> rd,
+                   std::span<float> i, std::span<float> o, options opt = {}) {
+        all_to_allv(c, std::span<const float>(i), sc, sd, o, rc, rd, opt);
+      };
+      const std::span<const std::size_t> cs(counts), ds(displs);
+      std::vector<std::size_t> short_counts(un - 1, 2), far(displs), big(counts), self(counts),
+          clash(displs);
+      far[un - 1] = 2 * un - 1;
+      big[0] = 2 * un + 1;
+      self[ur] = 1;
+      if (n > 1) clash[1] = 1;
+      struct bad_call {
+        const char* what;
+        bool applies;
+        std::function<void()> call;
+      };
+      const std::vector<bad_call> calls = {
+          {"all_to_all sizes", true, [&] { all_to_all(c, all_in, out.first(2 * un + 1)); }},
+          {"all_to_all blocks", n > 1,
+           [&] { all_to_all(c, in.first(2 * un + 1), out.first(2 * un + 1)); }},
+          {"all_to_all overlap", true, [&] { all_to_all(c, all_in, in.subspan(1, 2 * un)); }},
+          {"all_to_all linear", true,
+           [&] { all_to_all(c, all_in, all_out, forced(algorithm::linear)); }},
+          {"all_to_all ring", true,
+           [&] { all_to_all(c, all_in, all_out, forced(algorithm::ring)); }},
+          {"all_to_allv counts entries", true,
+           [&] { v(short_counts, ds, cs, ds, all_in, all_out); }},
+          {"all_to_allv displacement entries", true,
+           [&] { v(cs, ds, cs, std::span<const std::size_t>(short_counts), all_in, all_out); }},
+          {"all_to_allv send block past the end", true,
+           [&] { v(cs, far, cs, ds, all_in, all_out); }},
+          {"all_to_allv receive count past the end", true,
+           [&] { v(cs, ds, big, ds, all_in, all_out); }},
+          {"all_to_allv receive blocks overlap", n > 1,
+           [&] { v(cs, ds, cs, clash, all_in, all_out); }},
+          {"all_to_allv own counts differ", true, [&] { v(self, ds, cs, ds, all_in, all_out); }},
+          {"all_to_allv in place", true, [&] { v(cs, ds, cs, ds, all_in, all_in); }},
+          {"all_to_allv bruck", true,
+           [&] { v(cs, ds, cs, ds, all_in, all_out, forced(algorithm::bruck)); }},
+          {"gather root -1", true, [&] { gather(c, in.first(2), all_out, -1); }},
+          {"gather root n", true, [&] { gather(c, in.first(2), all_out, n); }},
+          {"gather root sizes", is_root,
+           [&] { gather(c, in.first(2), out.first(2 * un - 1), root); }},
+          {"gather root overlap", is_root,
+           [&] { gather(c, out.subspan(2 * ur + 1, 2), all_out, root); }},
+          {"gather pairwise", true,
+           [&] { gather(c, in.first(2), all_out, 0, forced(algorithm::pairwise)); }},
+          {"scatter root -1", true, [&] { scatter(c, all_in, out.first(2), -1); }},
+          {"scatter root n", true, [&] { scatter(c, all_in, out.first(2), n); }},
+          {"scatter root sizes", is_root,
+           [&] { scatter(c, in.first(2 * un + 1), out.first(2), root); }},
+          {"scatter root overlap", is_root,
+           [&] { scatter(c, all_in, in.subspan(2 * ur + 1, 2), root); }},
+          {"scatter bruck", true,
+           [&] { scatter(c, all_in, out.first(2), 0, forced(algorithm::bruck)); }},
+      };
+      for (const auto& bad : calls) {
+        INFO(n << " ranks, rank " << r << ": " << std::string(bad.what));
+        if (bad.applies) {
+          const auto seq = c.state().collective_seq;
+          CHECK_THROWS_AS(bad.call(), invalid_argument);
+          CHECK(c.state().collective_seq == seq);
+        }
+        check_still_works(c);
+      }
+    });
+  }
+}
+
+TEST_CASE("RINGZERO_CHECK=1: all_to_allv counts that disagree stop every rank") {
+  scoped_env check("RINGZERO_CHECK", "1");
+  loopback::world w(3, {.timeout = std::chrono::seconds(20)});
+  std::mutex m;
+  std::vector<std::string> errors(3);
+  w.run([&](loopback::communicator& c) {
+    const std::vector<float> in(6, 1.0f);
+    std::vector<float> out(7);
+    std::vector<std::size_t> sc{2, 2, 2}, sd{0, 2, 4}, rc{2, 2, 2}, rd{0, 2, 4};
+    // Rank 1 expects three elements from rank 2, which sends two.
+    if (c.rank() == 1) rc[2] = 3;
+    try {
+      all_to_allv(c, std::span<const float>(in), std::span<const std::size_t>(sc),
+                  std::span<const std::size_t>(sd), std::span<float>(out),
+                  std::span<const std::size_t>(rc), std::span<const std::size_t>(rd));
+    } catch (const mismatch_error& e) {
+      std::lock_guard lock(m);
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    CHECK(e.find("rank 2 sends 2 elements to rank 1") != std::string::npos);
+}
+
 TEST_CASE("RINGZERO_CHECK=1 stops ranks that disagree, on every rank, naming the difference") {
   scoped_env check("RINGZERO_CHECK", "1");
   loopback::world w(3, {.timeout = std::chrono::seconds(20)});

@@ -144,3 +144,17 @@ TEST_CASE("fabric: bus bandwidth follows nccl-tests") {
   CHECK(tuning::bus_bandwidth(collective::broadcast, 1e9, 4, 1.0) == doctest::Approx(1e9));
   CHECK(tuning::bus_bandwidth(collective::all_reduce, 1e9, 1, 1.0) == 0.0);
 }
+
+TEST_CASE("fabric: hierarchical all_to_all gathers and scatters inside, exchanges across") {
+  const tuning::fabric f = p5();
+  const cost_params intra = tuning::intra_node(f), inter = tuning::inter_node(f);
+  for (int nodes : {2, 5, 64})
+    for (double s : sizes) {
+      const double expected = tuning::predict_best(collective::gather, 8 * s, 8, intra) +
+                              tuning::predict_best(collective::all_to_all, 8 * s, nodes, inter) +
+                              tuning::predict_best(collective::scatter, 8 * s, 8, intra);
+      CHECK(tuning::predict(f, collective::all_to_all, algorithm::hierarchical, s, nodes) ==
+            doctest::Approx(expected).epsilon(1e-12));
+    }
+  CHECK(std::isinf(tuning::predict(f, collective::all_to_allv, algorithm::hierarchical, 1e6, 4)));
+}

@@ -321,6 +321,31 @@ TEST_CASE("counters match the calls made") {
   });
 }
 
+// The counters hold a cell per (collective, algorithm): one past the last of each must be a
+// value with no name, or a newer enumerator would count outside them.
+static_assert(collective_name(static_cast<collective>(detail::traced_collectives)) == "?");
+static_assert(algorithm_name(static_cast<algorithm>(detail::traced_algorithms - 1)) != "?");
+static_assert(algorithm_name(static_cast<algorithm>(detail::traced_algorithms)) == "?");
+
+TEST_CASE("counters cover the last collective and the last algorithm") {
+  ::unsetenv("RINGZERO_TRACE");
+  loopback::world(3).run([](loopback::communicator& c) {
+    std::vector<float> block(4, 1.0f), all(3 * 4);
+    scatter(c, std::span<const float>(all), std::span<float>(block), 2,
+            {.algorithm = algorithm::linear});
+    all_to_all(c, std::span<const float>(all), std::span<float>(all),
+               {.algorithm = algorithm::pairwise});
+    const std::vector<trace::counter> rows = trace::counters(c);
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].kind == collective::all_to_all);
+    CHECK(rows[0].algo == algorithm::pairwise);
+    CHECK(rows[0].calls == 1);
+    CHECK(rows[1].kind == collective::scatter);
+    CHECK(rows[1].algo == algorithm::linear);
+    CHECK(rows[1].calls == 1);
+  });
+}
+
 TEST_CASE("the report names a rank that arrives late on purpose") {
   temp_dir dir;
   {

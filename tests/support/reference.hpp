@@ -213,6 +213,29 @@ template <element E>
   return out;
 }
 
+/// How many elements rank `from` sends rank `to` in the all_to_allv case named by `seed`, on a
+/// scale of `base`: about a quarter of the pairs exchange nothing, the rest 1, base/2, base or
+/// base plus a few, so blocks are uneven and some are empty. Both ends compute the same.
+[[nodiscard]] constexpr std::size_t v_count(std::uint64_t seed, int from, int to,
+                                            std::size_t base) noexcept {
+  const std::uint64_t h = mix(seed ^ (static_cast<std::uint64_t>(from) << 32) ^
+                              (static_cast<std::uint64_t>(to) << 8) ^ 0x5bd1e995u);
+  switch (h % 8) {
+    case 0:
+    case 1:
+      return 0;
+    case 2:
+      return 1;
+    case 3:
+      return base / 2;
+    case 4:
+    case 5:
+      return base;
+    default:
+      return base + (h >> 8) % 7;
+  }
+}
+
 /// A 64-bit digest of a buffer's bytes, for comparing outputs across ranks cheaply.
 [[nodiscard]] inline std::uint64_t digest(std::span<const std::byte> bytes) noexcept {
   std::uint64_t h = 0x243f6a8885a308d3ull ^ bytes.size();

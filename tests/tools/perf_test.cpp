@@ -183,11 +183,28 @@ TEST_CASE("bus bandwidth uses nccl-tests' factors") {
   CHECK(bw(coll_kind::broadcast).bus == doctest::Approx(1.0));
   CHECK(bw(coll_kind::reduce).bus == doctest::Approx(1.0));
   CHECK(bw(coll_kind::sendrecv).bus == doctest::Approx(1.0));
+  for (coll_kind c : {coll_kind::all_to_all, coll_kind::gather, coll_kind::scatter}) {
+    CHECK(bw(c).alg == doctest::Approx(1.0));
+    CHECK(bw(c).bus == doctest::Approx(0.75));
+  }
 
   const auto rs = perf::shape_for(coll_kind::reduce_scatter, 1000, 4, 3);  // 250 floats
   CHECK(rs.param == 83);
   CHECK(rs.send == 249);
   CHECK(perf::row_bytes(rs, 4) == 996);
+  // nccl-tests' alltoall, gather and scatter shapes: count/n per peer, n blocks in the full
+  // buffer, gather's input and scatter's output at block rank() of it when in place.
+  const auto a2a = perf::shape_for(coll_kind::all_to_all, 1000, 4, 3);
+  CHECK((a2a.param == 83 && a2a.send == 249 && a2a.recv == 249));
+  CHECK((a2a.send_inplace_offset == 0 && a2a.recv_inplace_offset == 0));
+  const auto g = perf::shape_for(coll_kind::gather, 1000, 4, 3);
+  CHECK((g.param == 83 && g.send == 83 && g.recv == 249 && g.send_inplace_offset == 83));
+  const auto sc = perf::shape_for(coll_kind::scatter, 1000, 4, 3);
+  CHECK((sc.param == 83 && sc.send == 249 && sc.recv == 83 && sc.recv_inplace_offset == 83));
+  const std::vector<std::string_view> none;
+  CHECK(perf::parse_args(none, "alltoall_perf").coll == coll_kind::all_to_all);
+  CHECK(perf::parse_args(none, "gather_perf").coll == coll_kind::gather);
+  CHECK(perf::parse_args(none, "scatter_perf").coll == coll_kind::scatter);
 }
 
 TEST_CASE("numbers fit nccl-tests' column widths") {
@@ -234,6 +251,9 @@ TEST_CASE("every collective, type and op checks clean on 2 and 3 loopback ranks"
     check_clean("broadcast" + t + sweep + roots, 3 * 10 * nroots);
     check_clean("reduce" + t + sweep + " -o all" + roots, 3 * 10 * 5 * nroots);
     check_clean("sendrecv" + t + sweep, 3 * 10);
+    check_clean("alltoall" + t + sweep, 3 * 10);
+    check_clean("gather" + t + sweep + roots, 3 * 10 * nroots);
+    check_clean("scatter" + t + sweep + roots, 3 * 10 * nroots);
   }
 }
 
@@ -246,13 +266,25 @@ TEST_CASE("each algorithm that applies checks clean") {
   check_clean("all_gather -A rd" + sweep, 4);
   check_clean("broadcast -A tree" + sweep, 4);
   check_clean("reduce -A tree" + sweep, 4);
+  for (const char* a : {"pairwise", "bruck"})
+    check_clean(std::string("alltoall -A ") + a + sweep, 4);
+  for (const char* a : {"linear", "tree"}) {
+    check_clean(std::string("gather -r 1 -A ") + a + sweep, 4);
+    check_clean(std::string("scatter -r 2 -A ") + a + sweep, 4);
+  }
 }
 
 TEST_CASE("a wrong element is counted and fails the run") {
   REQUIRE(::setenv("RINGZERO_PERF_CORRUPT", "1", 1) == 0);
   const result r = run("all_reduce -t 2 -b 64 -e 64 -n 1 -w 0 -A ring");
   const result g = run("all_gather -t 3 -b 64 -e 64 -n 1 -w 0 -d int8 -A ring");
+  const result a = run("alltoall -t 3 -b 96 -e 96 -n 1 -w 0");
+  const result gr = run("gather -t 3 -b 96 -e 96 -n 1 -w 0 -r 1");
+  const result sc = run("scatter -t 3 -b 96 -e 96 -n 1 -w 0 -r 1");
   ::unsetenv("RINGZERO_PERF_CORRUPT");
+  CHECK(a.status == 1);
+  CHECK(gr.status == 1);
+  CHECK(sc.status == 1);
   INFO(r.out);
   CHECK(r.status == 1);
   CHECK(r.out.find("# Out of bounds values : 2 FAILED") != std::string::npos);

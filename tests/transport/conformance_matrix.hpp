@@ -48,7 +48,9 @@ struct test_case {
 }
 
 /// Every case for a world of n ranks over the given element types; hierarchical joins the
-/// all_reduce algorithms when the ranks span several nodes.
+/// all_reduce and all_to_all algorithms when the ranks span several nodes. `count` is the
+/// per-rank block of all_to_all, gather and scatter, and the scale of all_to_allv's uneven
+/// blocks (testing::v_count).
 [[nodiscard]] inline std::vector<test_case> matrix(int n, bool multi_node,
                                                    std::span<const ringzero::dtype> types) {
   std::vector<std::size_t> counts{
@@ -57,16 +59,21 @@ struct test_case {
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
   std::vector<test_case> cases;
   for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
-                       collective::broadcast, collective::reduce}) {
-    const bool reducing = c != collective::all_gather && c != collective::broadcast;
+                       collective::broadcast, collective::reduce, collective::all_to_all,
+                       collective::all_to_allv, collective::gather, collective::scatter}) {
+    const bool reducing =
+        c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce;
+    const bool rooted = c == collective::broadcast || c == collective::reduce ||
+                        c == collective::gather || c == collective::scatter;
     for (algorithm a : algorithms_for(c, multi_node))
       for (ringzero::dtype t : types)
         for (op o : ringzero::all_ops) {
           if (!reducing && o != op::sum) continue;
           for (bool in_place : {false, true})
             for (std::size_t count : counts) {
+              if (in_place && c == collective::all_to_allv) continue;
               test_case tc{c, a, t, o, in_place, count, 0};
-              if (c == collective::broadcast || c == collective::reduce)
+              if (rooted)
                 tc.root = static_cast<int>((count + static_cast<std::size_t>(in_place)) %
                                            static_cast<std::size_t>(n));
               cases.push_back(tc);
@@ -226,6 +233,87 @@ outcome run_typed(T& comm, const test_case& tc) {
       }
       break;
     }
+    case collective::all_to_all: {
+      // Block r of this rank's output is block me of rank r's input.
+      auto in = gen(total, 0);
+      const auto before = in;
+      auto out = tc.in_place ? std::vector<E>{} : sentinel(total);
+      std::span<E> dst = tc.in_place ? std::span<E>(in) : std::span<E>(out);
+      ringzero::all_to_all(comm, std::span<const E>(in), dst, opt);
+      for (int r = 0; r < n && res.failure.empty(); ++r)
+        check_copy<E>(std::span<const E>(dst).subspan(count * static_cast<std::size_t>(r), count),
+                      seed, count * static_cast<std::size_t>(me), r, o, res.failure);
+      if (!tc.in_place) check_untouched<E>(in, before, "the input", res.failure);
+      hash(dst);
+      break;
+    }
+    case collective::all_to_allv: {
+      // Blocks packed in rank order; element k of the block rank i sends rank j is rank i's
+      // input element j * 2^20 + k.
+      const auto un = static_cast<std::size_t>(n);
+      std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
+      std::size_t sent = 0, received = 0;
+      for (std::size_t j = 0; j < un; ++j) {
+        sc[j] = ref::v_count(seed, me, static_cast<int>(j), count);
+        rc[j] = ref::v_count(seed, static_cast<int>(j), me, count);
+        sd[j] = sent;
+        rd[j] = received;
+        sent += sc[j];
+        received += rc[j];
+      }
+      std::vector<E> in(sent);
+      for (std::size_t j = 0; j < un; ++j)
+        for (std::size_t k = 0; k < sc[j]; ++k)
+          in[sd[j] + k] = ref::input_value<E>(seed, me, (j << 20) + k, o);
+      const auto before = in;
+      auto out = sentinel(received);
+      ringzero::all_to_allv(comm, std::span<const E>(in), std::span<const std::size_t>(sc),
+                            std::span<const std::size_t>(sd), std::span<E>(out),
+                            std::span<const std::size_t>(rc), std::span<const std::size_t>(rd),
+                            opt);
+      for (std::size_t j = 0; j < un && res.failure.empty(); ++j)
+        check_copy<E>(std::span<const E>(out).subspan(rd[j], rc[j]), seed,
+                      static_cast<std::size_t>(me) << 20, static_cast<int>(j), o, res.failure);
+      check_untouched<E>(in, before, "the input", res.failure);
+      hash(out);
+      break;
+    }
+    case collective::gather: {
+      const bool root = me == tc.root;
+      const std::size_t mine = count * static_cast<std::size_t>(me);
+      auto out = sentinel(total);
+      const auto out_before = out;
+      auto own = gen(count, 0);
+      std::span<const E> src = own;
+      if (tc.in_place && root) {
+        std::copy(own.begin(), own.end(), out.begin() + static_cast<std::ptrdiff_t>(mine));
+        src = std::span<const E>(out).subspan(mine, count);
+      }
+      ringzero::gather(comm, src, std::span<E>(out), tc.root, opt);
+      if (root) {
+        for (int r = 0; r < n && res.failure.empty(); ++r)
+          check_copy<E>(std::span<const E>(out).subspan(count * static_cast<std::size_t>(r), count),
+                        seed, 0, r, o, res.failure);
+        hash(out);
+      } else {
+        check_untouched<E>(out, out_before, "a non-root output", res.failure);
+      }
+      break;
+    }
+    case collective::scatter: {
+      const bool root = me == tc.root;
+      const std::size_t mine = count * static_cast<std::size_t>(me);
+      auto in = root ? gen(total, 0) : std::vector<E>{};
+      const auto before = in;
+      auto out = sentinel(count);
+      std::span<E> dst =
+          tc.in_place && root ? std::span<E>(in).subspan(mine, count) : std::span<E>(out);
+      ringzero::scatter(comm, std::span<const E>(in), dst, tc.root, opt);
+      check_copy<E>(dst, seed, mine, tc.root, o, res.failure);
+      if (!tc.in_place) check_untouched<E>(in, before, "the input", res.failure);
+      hash(dst);
+      break;
+    }
     default:
       break;
   }
@@ -260,8 +348,10 @@ template <class T>
   ringzero::all_gather(comm, std::span<const std::uint64_t>(hashes), std::span<std::uint64_t>(all),
                        {.algorithm = algorithm::ring});
   for (std::size_t c = 0; c < cases.size(); ++c) {
-    // reduce leaves a result on the root only, reduce_scatter a different block on each rank.
-    if (cases[c].coll == collective::reduce || cases[c].coll == collective::reduce_scatter)
+    // Only these leave the same result on every rank; the others a result on the root only or
+    // a different one on each rank, each checked against the reference where it lands.
+    const collective k = cases[c].coll;
+    if (k != collective::all_reduce && k != collective::all_gather && k != collective::broadcast)
       continue;
     for (std::size_t r = 1; r < n; ++r)
       if (all[r * cases.size() + c] != all[c]) {

@@ -312,6 +312,34 @@ TEST_CASE("large messages in small chunks: every algorithm stays within the prov
                          {.algorithm = ringzero::algorithm::ring, .chunk_bytes = 4096});
     for (int b = 0; b < 4; ++b)
       check.expect(big[std::size_t(b) * count + count - 1] == b, "all_gather block in place");
+    // 4 MiB blocks to each peer: pairwise keeps a window of rounds, Bruck one round, the
+    // gathers and scatters their root's chunks bounded.
+    std::vector<std::int32_t> sent(count * 4), got(count * 4);
+    for (std::size_t i = 0; i < sent.size(); ++i)
+      sent[i] = static_cast<std::int32_t>(i / count) * 16 + r;
+    for (auto algo : {ringzero::algorithm::pairwise, ringzero::algorithm::bruck}) {
+      ringzero::all_to_all(comm, std::span<const std::int32_t>(sent), std::span<std::int32_t>(got),
+                           {.algorithm = algo, .timeout = 60s, .chunk_bytes = 4096});
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        wrong += got[i] != static_cast<std::int32_t>(r * 16 + static_cast<int>(i / count));
+      check.expect(wrong == 0, fmt::format("all_to_all {}: {} elements wrong",
+                                           ringzero::algorithm_name(algo), wrong));
+    }
+    for (auto algo : {ringzero::algorithm::linear, ringzero::algorithm::tree}) {
+      const ringzero::options opt{.algorithm = algo, .timeout = 60s, .chunk_bytes = 4096};
+      ringzero::gather(comm, std::span<const std::int32_t>(mine), std::span<std::int32_t>(got), 1,
+                       opt);
+      if (r == 1)
+        for (int b = 0; b < 4; ++b)
+          check.expect(got[std::size_t(b) * count + count / 2] == b,
+                       fmt::format("gather {} block {}", ringzero::algorithm_name(algo), b));
+      ringzero::scatter(comm, std::span<const std::int32_t>(sent), std::span<std::int32_t>(mine), 2,
+                        opt);
+      check.expect(mine[count - 1] == r * 16 + 2,
+                   fmt::format("scatter {}", ringzero::algorithm_name(algo)));
+      std::fill(mine.begin(), mine.end(), r);
+    }
     return check.code();
   });
   require_all_passed(out);
@@ -547,7 +575,8 @@ TEST_CASE("two hosts rank" * doctest::skip()) {
   auto all_reduce_cases = [&](int n) {
     std::vector<conformance::test_case> cases;
     for (const auto& tc : conformance::matrix(n, true, types))
-      if (tc.coll == ringzero::collective::all_reduce &&
+      if ((tc.coll == ringzero::collective::all_reduce ||
+           tc.coll == ringzero::collective::all_to_all) &&
           (tc.algo == ringzero::algorithm::hierarchical ||
            tc.algo == ringzero::algorithm::automatic))
         cases.push_back(tc);

@@ -329,6 +329,56 @@ void check_type(nccl::communicator& comm) {
     std::vector<T> got = (in_place ? in : out).download();
     got.resize(count);
     expect_equal(got, want, op::sum, fmt::format("broadcast from root {} {}", root, tag));
+
+    // all_to_all: block j of this rank's output is block me of rank j's input.
+    device_buffer<T> many(count * nn);
+    const std::vector<T> blocks = make_input<T>(me, op::sum, count * nn);
+    std::vector<double> exchanged;
+    for (int r = 0; r < n; ++r) {
+      const std::vector<T> theirs = make_input<T>(r, op::sum, count * nn);
+      for (std::size_t i = 0; i < count; ++i)
+        exchanged.push_back(as_double(theirs[count * static_cast<std::size_t>(me) + i]));
+    }
+    many.upload(blocks);
+    out.poison();
+    if (in_place)
+      ringzero::all_to_all(comm, many.span());
+    else
+      ringzero::all_to_all(comm, many.span(), out.span());
+    expect_equal((in_place ? many : out).download(), exchanged, op::sum, "all_to_all " + tag);
+
+    // gather to the root, then scatter the gathered buffer back from it.
+    in.upload(mine);
+    out.poison();
+    if (in_place && me == root) {
+      auto own = out.span().subspan(count * static_cast<std::size_t>(me), count);
+      cuda_ok(cudaMemcpy(own.data(), mine.data(), count * sizeof(T), cudaMemcpyHostToDevice),
+              "upload");
+      ringzero::gather(comm, own, out.span(), root);
+    } else {
+      ringzero::gather(comm, in.span(), out.span(), root);
+    }
+    if (me == root)
+      expect_equal(out.download(), gathered, op::sum,
+                   fmt::format("gather to root {} {}", root, tag));
+    many.upload(make_input<T>(me, op::sum, count * nn));
+    in.poison();
+    std::vector<double> scattered;
+    const std::vector<T> root_blocks = make_input<T>(root, op::sum, count * nn);
+    for (std::size_t i = 0; i < count; ++i)
+      scattered.push_back(as_double(root_blocks[count * static_cast<std::size_t>(me) + i]));
+    if (in_place && me == root) {
+      auto own = many.span().subspan(count * static_cast<std::size_t>(me), count);
+      ringzero::scatter(comm, many.span(), own, root);
+      std::vector<T> all = many.download();
+      got.assign(
+          all.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(me)),
+          all.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(me + 1)));
+    } else {
+      ringzero::scatter(comm, many.span(), in.span(), root);
+      got = in.download();
+    }
+    expect_equal(got, scattered, op::sum, fmt::format("scatter from root {} {}", root, tag));
   }
 
   if (n >= 2) {

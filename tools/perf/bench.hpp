@@ -124,6 +124,17 @@ void call_collective(Comm& comm, const Opts& opt, coll_kind c, const E* in, E* o
       ringzero::reduce(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o, root,
                        opt);
       return;
+    case coll_kind::all_to_all:
+      ringzero::all_to_all(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), opt);
+      return;
+    case coll_kind::gather:
+      ringzero::gather(comm, std::span<const E>(in, sh.send),
+                       std::span<E>(out, r == root ? sh.recv : 0), root, opt);
+      return;
+    case coll_kind::scatter:
+      ringzero::scatter(comm, std::span<const E>(in, r == root ? sh.send : 0),
+                        std::span<E>(out, sh.recv), root, opt);
+      return;
     case coll_kind::sendrecv: {
       if (n == 1) {
         if (in != out && sh.send > 0) copy(out, in, sh.send * sizeof(E));
@@ -209,8 +220,8 @@ struct outcome {
   int errors = 0;  ///< (rank, row half) pairs with wrong elements, as nccl-tests counts them
 };
 
-/// Set in the environment, the last rank (the root, for reduce) reads the first element of its
-/// output bit-flipped in every check. For tests: it proves a wrong element fails the run.
+/// Set in the environment, the last rank (the root, for reduce and gather) reads the first element
+/// of its output bit-flipped in every check. For tests: it proves a wrong element fails the run.
 [[nodiscard]] inline bool corrupt_requested() {
   auto v = ringzero::detail::getenv_str("RINGZERO_PERF_CORRUPT");
   return v && *v != "0";
@@ -308,7 +319,10 @@ class engine {
     const std::size_t recv_len = (in_place ? std::max(sh.send, sh.recv) : sh.recv) * sizeof(E);
     std::byte* recv = b_.begin_write(recv_, recv_len);
     std::memset(recv, poison_byte, recv_len);
-    const bool writes_input = !(in_place && o_.coll == coll_kind::broadcast && r != root);
+    // Off the root an in-place broadcast or scatter has no input, only the output region.
+    const bool writes_input =
+        !(in_place && (o_.coll == coll_kind::broadcast || o_.coll == coll_kind::scatter) &&
+          r != root);
     if (in_place) {
       if (writes_input)
         fill_input(
@@ -367,7 +381,9 @@ class engine {
       c.wrong = 0;
       check_spec spec{o_.coll, sh, n, b_.rank(), root, x, 0};
       const bool corrupt_here =
-          corrupt_ && b_.rank() == (o_.coll == coll_kind::reduce ? root : n - 1);
+          corrupt_ &&
+          b_.rank() ==
+              (o_.coll == coll_kind::reduce || o_.coll == coll_kind::gather ? root : n - 1);
       for (int k = 0; k < o_.check; ++k) {
         spec.seed = ++seed_;
         prepare<E>(sh, x, root, in_place, spec.seed);

@@ -29,12 +29,16 @@ enum class coll_kind : std::uint8_t {
   all_gather,
   broadcast,
   reduce,
-  sendrecv
+  sendrecv,
+  all_to_all,
+  gather,
+  scatter
 };
 
-inline constexpr coll_kind all_colls[] = {coll_kind::all_reduce, coll_kind::reduce_scatter,
-                                          coll_kind::all_gather, coll_kind::broadcast,
-                                          coll_kind::reduce,     coll_kind::sendrecv};
+inline constexpr coll_kind all_colls[] = {
+    coll_kind::all_reduce, coll_kind::reduce_scatter, coll_kind::all_gather,
+    coll_kind::broadcast,  coll_kind::reduce,         coll_kind::sendrecv,
+    coll_kind::all_to_all, coll_kind::gather,         coll_kind::scatter};
 
 [[nodiscard]] constexpr std::string_view coll_name(coll_kind c) noexcept {
   switch (c) {
@@ -50,6 +54,12 @@ inline constexpr coll_kind all_colls[] = {coll_kind::all_reduce, coll_kind::redu
       return "reduce";
     case coll_kind::sendrecv:
       return "sendrecv";
+    case coll_kind::all_to_all:
+      return "alltoall";  // nccl-tests' alltoall_perf
+    case coll_kind::gather:
+      return "gather";
+    case coll_kind::scatter:
+      return "scatter";
   }
   return "?";
 }
@@ -58,7 +68,8 @@ inline constexpr coll_kind all_colls[] = {coll_kind::all_reduce, coll_kind::redu
   return c == coll_kind::all_reduce || c == coll_kind::reduce_scatter || c == coll_kind::reduce;
 }
 [[nodiscard]] constexpr bool has_root(coll_kind c) noexcept {
-  return c == coll_kind::broadcast || c == coll_kind::reduce;
+  return c == coll_kind::broadcast || c == coll_kind::reduce || c == coll_kind::gather ||
+         c == coll_kind::scatter;
 }
 
 /// Accepts ringzero's names and nccl-tests' program names (all_reduce_perf, sendrecv_perf, ...).
@@ -70,6 +81,7 @@ inline constexpr coll_kind all_colls[] = {coll_kind::all_reduce, coll_kind::redu
   if (s == "reducescatter") return coll_kind::reduce_scatter;
   if (s == "allgather") return coll_kind::all_gather;
   if (s == "send_recv") return coll_kind::sendrecv;
+  if (s == "all_to_all") return coll_kind::all_to_all;
   return std::nullopt;
 }
 
@@ -210,8 +222,8 @@ namespace detail {
 }
 
 inline constexpr std::string_view usage_text = R"(usage: ringzero-perf <collective> [flags]
-  collective: all_reduce reduce_scatter all_gather broadcast reduce sendrecv
-              (nccl-tests names such as all_reduce_perf are accepted too)
+  collective: all_reduce reduce_scatter all_gather broadcast reduce sendrecv alltoall
+              gather scatter (nccl-tests names such as alltoall_perf are accepted too)
 nccl-tests flags:
   -t,--nthreads <n>         loopback: ranks as threads of this process (default 1)
   -g,--ngpus <n>            devices per rank; only 1 is supported
@@ -227,7 +239,8 @@ nccl-tests flags:
   -o,--op <op|all>          sum prod min max avg, or all (default sum)
   -d,--datatype <type|all>  int8 uint8 int32 uint32 int64 uint64 half float double
                             bfloat16, or all (default float)
-  -r,--root <root|all>      root of broadcast and reduce; all (or -1) = each in turn
+  -r,--root <root|all>      root of broadcast, reduce, gather and scatter; all (or -1) =
+                            each in turn
   -z,--blocking <0|1|2>     1: barrier after every collective (see docs/performance.md)
   -a,--average <0|1|2|3>    reported time: 0 rank 0, 1 mean, 2 min, 3 max over ranks
                             (default 3; nccl-tests' default is 1)
@@ -235,7 +248,7 @@ nccl-tests flags:
   -J,--output_file <file>   also write nccl-tests' JSON report to <file>
   -R,--local_register <0|1|2> 0 user buffers, 1 registered, 2 symmetric
 ringzero flags:
-  -A,--algorithm <a>        ring tree rd rhd hier auto (default auto)
+  -A,--algorithm <a>        ring tree rd rhd hier pairwise bruck linear auto (default auto)
   -T,--transport <t>        loopback libfabric shm nccl (default: libfabric when a launcher
                             set WORLD_SIZE and it is built in, else loopback)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
@@ -266,7 +279,7 @@ ringzero flags:
       }
       throw invalid_argument(
           "missing collective (all_reduce, reduce_scatter, all_gather, "
-          "broadcast, reduce or sendrecv)");
+          "broadcast, reduce, sendrecv, alltoall, gather or scatter)");
     }
     auto c = parse_coll(args[0]);
     if (!c) throw invalid_argument(fmt::format("unknown collective '{}'", args[0]));

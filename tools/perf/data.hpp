@@ -36,7 +36,9 @@ struct shape {
 };
 
 /// `bytes` is the row's nominal size: the whole vector for all_reduce, broadcast, reduce and
-/// sendrecv; the full (n-block) buffer for reduce_scatter and all_gather.
+/// sendrecv; the full (n-block) buffer for reduce_scatter, all_gather, alltoall, gather and
+/// scatter (nccl-tests' in-place offsets: the input is block rank() of the output for gather,
+/// the output block rank() of the input for scatter, and alltoall works on one buffer).
 [[nodiscard]] inline shape shape_for(coll_kind c, std::size_t bytes, std::size_t type_size, int n) {
   const std::size_t count = bytes / type_size;
   const auto ranks = static_cast<std::size_t>(n);
@@ -49,10 +51,21 @@ struct shape {
       s.recv_inplace_offset = s.recv;
       break;
     case coll_kind::all_gather:
+    case coll_kind::gather:
       s.send = count / ranks;
       s.recv = s.send * ranks;
       s.param = s.send;
       s.send_inplace_offset = s.send;
+      break;
+    case coll_kind::scatter:
+      s.recv = count / ranks;
+      s.send = s.recv * ranks;
+      s.param = s.recv;
+      s.recv_inplace_offset = s.recv;
+      break;
+    case coll_kind::all_to_all:
+      s.param = count / ranks;
+      s.send = s.recv = s.param * ranks;
       break;
     default:
       s.send = s.recv = s.param = count;
@@ -71,7 +84,8 @@ struct bandwidth {
 };
 
 /// algbw = S/t with S the full buffer; busbw = algbw times nccl-tests' factor: 2(n-1)/n for
-/// all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 for the rest.
+/// all_reduce, (n-1)/n for reduce_scatter, all_gather, alltoall, gather and scatter, 1 for the
+/// rest.
 [[nodiscard]] inline bandwidth bandwidth_for(coll_kind c, const shape& s, std::size_t type_size,
                                              int n, double seconds) {
   if (!(seconds > 0)) return {};
@@ -84,6 +98,9 @@ struct bandwidth {
       break;
     case coll_kind::reduce_scatter:
     case coll_kind::all_gather:
+    case coll_kind::all_to_all:
+    case coll_kind::gather:
+    case coll_kind::scatter:
       bytes *= dn;
       factor = (dn - 1) / dn;
       break;
@@ -185,9 +202,9 @@ struct check_spec {
   std::uint32_t seed = 0;
 };
 
-/// Whether this rank's output is defined (reduce leaves non-root outputs alone).
+/// Whether this rank's output is defined (reduce and gather leave non-root outputs alone).
 [[nodiscard]] inline bool has_output(const check_spec& s) {
-  return s.coll != coll_kind::reduce || s.rank == s.root;
+  return (s.coll != coll_kind::reduce && s.coll != coll_kind::gather) || s.rank == s.root;
 }
 
 /// Counts elements of `out` (s.sh.recv elements, this rank's output) that differ from the
@@ -234,6 +251,21 @@ template <element E>
       break;
     case coll_kind::sendrecv:
       compare(input_pattern<E>((s.rank - 1 + n) % n, s.seed, s.reduction), 0, s.sh.recv, 0);
+      break;
+    case coll_kind::all_to_all:
+      // Block r comes from rank r, which sent its block rank() of its input.
+      for (int r = 0; r < n; ++r)
+        compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.param,
+                s.sh.param, static_cast<std::size_t>(s.rank) * s.sh.param);
+      break;
+    case coll_kind::gather:
+      for (int r = 0; r < n; ++r)
+        compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.param,
+                s.sh.param, 0);
+      break;
+    case coll_kind::scatter:
+      compare(input_pattern<E>(s.root, s.seed, s.reduction), 0, s.sh.recv,
+              static_cast<std::size_t>(s.rank) * s.sh.param);
       break;
   }
   if (corrupt_first) {

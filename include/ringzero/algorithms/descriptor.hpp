@@ -15,6 +15,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -42,10 +43,21 @@ class collective_set {
   std::uint32_t bits_ = 0;
 };
 
+/// Where all_to_allv's blocks lie, in elements, one entry per rank: the send_counts[r] elements
+/// at in[send_displs[r]] go to rank r, the recv_counts[r] from rank r land at out[recv_displs[r]].
+struct block_map {
+  std::span<const std::size_t> send_counts;
+  std::span<const std::size_t> send_displs;
+  std::span<const std::size_t> recv_counts;
+  std::span<const std::size_t> recv_displs;
+};
+
 /// One collective call as the dispatcher hands it to an algorithm, after validation, after the
 /// trivial cases (empty, one rank) and, for broadcast, after root copied in to out.
 /// reduce_scatter: in holds size() blocks of out.size(); all_gather: out holds size() blocks of
-/// in.size(); broadcast: out is the buffer; reduce: out is read only on root.
+/// in.size(); broadcast: out is the buffer; reduce: out is read only on root; all_to_all: in and
+/// out hold size() equal blocks; all_to_allv: `blocks` says where they lie; gather: out holds
+/// size() blocks of in.size() on root; scatter: in holds size() blocks of out.size() on root.
 template <class E>
 struct call {
   collective kind = collective::all_reduce;
@@ -53,6 +65,7 @@ struct call {
   std::span<E> out;
   op reduction = op::sum;
   int root = 0;
+  block_map blocks{};  ///< all_to_allv only
 };
 
 /// The static members a descriptor must have (run and cost are templates, checked where used).

@@ -23,9 +23,13 @@
 #include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/bruck.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/algorithms/detail/pipeline.hpp"
+#include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/comm_state.hpp"
 #include "ringzero/error.hpp"
@@ -50,8 +54,20 @@ node_communicators<C>& nodes_of(C& comm) {
   all_reduce(comm, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
   auto local = comm.split(t.node, comm.rank());
   auto cross = comm.split(t.local_rank, t.node);
+  const bool uniform = sizes[0] == -sizes[1];
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<int> where(2 * n), parent_rank;
+  const int mine[2] = {cross->rank(), local->rank()};
+  all_gather(comm, std::span<const int>(mine), std::span<int>(where),
+             options{.algorithm = algorithm::ring});
+  if (uniform) {
+    parent_rank.resize(n);
+    for (std::size_t g = 0; g < n; ++g)
+      parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
+          static_cast<int>(g);
+  }
   return comm.set_hierarchy(
-      node_communicators<C>{std::move(*local), std::move(*cross), sizes[0] == -sizes[1]});
+      node_communicators<C>{std::move(*local), std::move(*cross), uniform, std::move(parent_rank)});
 }
 
 }  // namespace detail
@@ -115,18 +131,92 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
   std::memcpy(out.data(), buf.data(), out.size_bytes());
 }
 
+// Hierarchical all_to_all, for many ranks per node: only the node leaders (local rank 0) cross
+// node boundaries, each with one aggregated message per other node instead of L² small ones.
+// With N nodes of L ranks and S = n blocks of b elements per rank:
+//
+//   1. gather the L inputs to the node's leader                (L·S at the leader)
+//   2. the leaders all_to_all, one L·L-block bundle per node    (N-1 messages of L²·b per leader)
+//   3. the leader scatters to each local rank its n blocks      (L·S at the leader)
+//
+//   cost: gather(L·S over L) + all_to_all(L·S over N) + scatter(L·S over L). Cross-node
+//   latency is N-1 messages per leader instead of n-1 per rank, at the price of the leader's
+//   link carrying L times a rank's share: it wins for small blocks on many ranks per node.
+//
+// Each level is a public collective on the sub-communicators of hierarchical.hpp with
+// algorithm::automatic. Nodes of unequal size (or a single level) fall back to the best flat
+// algorithm. In place is free: every input is gathered before any output is written.
+
+/// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0
+/// and a multiple of size(); in may equal out.
+template <class T, element E>
+void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, const options& opt) {
+  const topology t = comm.topo();
+  options level = opt;
+  level.algorithm = algorithm::automatic;
+  const bool one_level = t.node_count == 1 || t.node_count == comm.size();
+  if (one_level || !detail::nodes_of(comm).uniform) {
+    // The cheaper flat algorithm, run directly: with unequal nodes automatic could pick this
+    // one again.
+    const tuning::cost_query q{collective::all_to_all, static_cast<double>(in.size_bytes()),
+                               comm.size(), comm.cost(), 1};
+    if (bruck::descriptor::cost<void>(q) < pairwise::descriptor::cost<void>(q))
+      return bruck::all_to_all(comm, in, out, opt);
+    return pairwise::all_to_all(comm, in, out, opt);
+  }
+  auto& nodes = detail::nodes_of(comm);
+  const auto n = static_cast<std::size_t>(comm.size());
+  const auto l = static_cast<std::size_t>(nodes.local.size());
+  const std::size_t nodes_count = n / l;
+  const std::size_t b = in.size() / n;
+  const std::size_t per_rank = n * b;  // one rank's whole buffer
+
+  if (nodes.local.rank() != 0) {
+    gather(nodes.local, in, std::span<E>{}, 0, level);
+    scatter(nodes.local, std::span<const E>{}, out, 0, level);
+    return;
+  }
+  // gathered[s][g]: local rank s's block for rank g. bundles[c][s][d]: that block when g is
+  // local rank d of node c, the order the leaders exchange; exchanged[c][s][d]: node c's local
+  // rank s's block for this node's local rank d.
+  const std::span<E> scratch = algorithms::detail::scratch_of<E>(comm, 3 * l * per_rank);
+  const std::span<E> gathered = scratch.subspan(0, l * per_rank);
+  const std::span<E> bundles = scratch.subspan(l * per_rank, l * per_rank);
+  const std::span<E> exchanged = scratch.subspan(2 * l * per_rank, l * per_rank);
+  gather(nodes.local, in, gathered, 0, level);
+  const auto& rank_of = nodes.parent_rank;
+  for (std::size_t c = 0; c < nodes_count; ++c)
+    for (std::size_t s = 0; s < l; ++s)
+      for (std::size_t d = 0; d < l; ++d) {
+        const auto g = static_cast<std::size_t>(rank_of[c * l + d]);
+        std::memcpy(bundles.data() + ((c * l + s) * l + d) * b, gathered.data() + (s * n + g) * b,
+                    b * sizeof(E));
+      }
+  all_to_all(nodes.cross, std::span<const E>(bundles), exchanged, level);
+  // The scatter's input reuses `gathered`: local rank d's n blocks, in source rank order.
+  for (std::size_t c = 0; c < nodes_count; ++c)
+    for (std::size_t s = 0; s < l; ++s) {
+      const auto g = static_cast<std::size_t>(rank_of[c * l + s]);
+      for (std::size_t d = 0; d < l; ++d)
+        std::memcpy(gathered.data() + (d * n + g) * b, exchanged.data() + ((c * l + s) * l + d) * b,
+                    b * sizeof(E));
+    }
+  scatter(nodes.local, std::span<const E>(gathered), out, 0, level);
+}
+
 namespace hierarchical {
 
-/// Node-aware all_reduce; competes only when the ranks span more than one node and fewer nodes
-/// than ranks. Priced as the three levels it runs, each as the algorithm it will pick (only
-/// (ranks, nodes) enter, never a rank's own node size, so every rank predicts the same). With L
-/// = n / nodes ranks per node: reduce_scatter(S over L) + all_reduce(S/L over nodes) +
+/// Node-aware all_reduce and all_to_all; competes only when the ranks span more than one node
+/// and fewer nodes than ranks. Priced as the three levels it runs, each as the algorithm it will
+/// pick (only (ranks, nodes) enter, never a rank's own node size, so every rank predicts the same).
+/// With L = n / nodes ranks per node: reduce_scatter(S over L) + all_reduce(S/L over nodes) +
 /// all_gather(S over L). When nodes cannot be equal the leader scheme is priced: reduce(S over
-/// ceil L) + all_reduce(S over nodes) + broadcast(S over ceil L).
+/// ceil L) + all_reduce(S over nodes) + broadcast(S over ceil L). all_to_all (equal nodes only):
+/// gather(L·S over L) + all_to_all(L·S over nodes) + scatter(L·S over L).
 struct descriptor {
   static constexpr algorithm id = algorithm::hierarchical;
   static constexpr std::string_view name = "hier";
-  static constexpr collective_set implements{collective::all_reduce};
+  static constexpr collective_set implements{collective::all_reduce, collective::all_to_all};
   static constexpr bool needs_nodes = true;
 
   template <class Table>
@@ -136,6 +226,13 @@ struct descriptor {
     const auto best = [&](collective c, double bytes, int ranks) {
       return Table::predict_best(tuning::cost_query{c, bytes, ranks, q.p, 1});
     };
+    if (q.c == collective::all_to_all) {
+      if (n % nodes != 0) return std::numeric_limits<double>::infinity();
+      const int per = n / nodes;
+      return best(collective::gather, per * q.bytes, per) +
+             best(collective::all_to_all, per * q.bytes, nodes) +
+             best(collective::scatter, per * q.bytes, per);
+    }
     if (n % nodes == 0) {
       const int per = n / nodes;
       return best(collective::reduce_scatter, q.bytes, per) +
@@ -149,6 +246,7 @@ struct descriptor {
 
   template <class C, element E>
   static void run(C& comm, const call<E>& c, const options& opt) {
+    if (c.kind == collective::all_to_all) return hierarchical_all_to_all(comm, c.in, c.out, opt);
     hierarchical_all_reduce(comm, c.in, c.out, c.reduction, opt);
   }
 };

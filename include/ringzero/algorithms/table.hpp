@@ -15,8 +15,11 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/bruck.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/hierarchical.hpp"
+#include "ringzero/algorithms/linear.hpp"
+#include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/algorithms/rabenseifner.hpp"
 #include "ringzero/algorithms/recursive_doubling.hpp"
 #include "ringzero/algorithms/ring.hpp"
@@ -125,7 +128,8 @@ struct table {
 
 /// ringzero's algorithms.
 using builtin = table<ring::descriptor, tree::descriptor, recursive_doubling::descriptor,
-                      rabenseifner::descriptor, hierarchical::descriptor>;
+                      rabenseifner::descriptor, hierarchical::descriptor, pairwise::descriptor,
+                      bruck::descriptor, linear::descriptor>;
 
 }  // namespace ringzero::algorithms
 

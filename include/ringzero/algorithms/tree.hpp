@@ -24,6 +24,7 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/binomial.hpp"
+#include "ringzero/algorithms/binomial_gather.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/detail/pipeline.hpp"
 #include "ringzero/detail/comm_state.hpp"
@@ -139,12 +140,13 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
 }
 
 /// Double binary tree all_reduce; binomial trees for the rooted collectives
-/// (algorithms/binomial.hpp).
+/// (algorithms/binomial.hpp, algorithms/binomial_gather.hpp).
 struct descriptor {
   static constexpr algorithm id = algorithm::tree;
   static constexpr std::string_view name = "tree";
   static constexpr collective_set implements{collective::all_reduce, collective::broadcast,
-                                             collective::reduce};
+                                             collective::reduce, collective::gather,
+                                             collective::scatter};
   static constexpr bool needs_nodes = false;
 
   template <class Table>
@@ -156,6 +158,10 @@ struct descriptor {
       const double k = q.chunks();
       return 2 * (depth + k - 1) * (al + s / k * be) + s * ga;
     }
+    if (q.c == collective::gather || q.c == collective::scatter)
+      // Binomial: each level forwards whole subtrees, so the root's link still carries
+      // (n-1)/n of its buffer, in ceil(log2 n) messages.
+      return depth * al + q.frac() * s * be;
     const double g = q.c == collective::reduce ? ga : 0.0;
     return depth * (al + s * (be + g));
   }
@@ -167,6 +173,10 @@ struct descriptor {
         return tree::all_reduce(comm, c.in, c.out, c.reduction, opt);
       case collective::broadcast:
         return binomial::broadcast(comm, c.out, c.root, opt);
+      case collective::gather:
+        return binomial::gather(comm, c.in, c.out, c.root, opt);
+      case collective::scatter:
+        return binomial::scatter(comm, c.in, c.out, c.root, opt);
       default:
         return binomial::reduce(comm, c.in, c.out, c.reduction, c.root, opt);
     }

@@ -23,8 +23,17 @@
 
 namespace ringzero::detail {
 
-inline constexpr std::size_t traced_collectives = 7;  // collective::all_reduce .. send_recv
-inline constexpr std::size_t traced_algorithms = 6;   // algorithm::automatic .. hierarchical
+/// The counters hold a cell for every (collective, algorithm) pair, so they must grow with the
+/// enums: a collective is counted up to the first value collective_name() does not know (its
+/// switch covers every enumerator, or -Wswitch fails the build), an algorithm up to the last
+/// enumerator.
+[[nodiscard]] consteval std::size_t collective_count() {
+  std::size_t n = 0;
+  while (collective_name(static_cast<collective>(n)) != "?") ++n;
+  return n;
+}
+inline constexpr std::size_t traced_collectives = collective_count();
+inline constexpr std::size_t traced_algorithms = static_cast<std::size_t>(algorithm::linear) + 1;
 
 /// nccl-tests' bus bandwidth factor: busbw = algbw * factor, with the buffer sizes of
 /// collective_scope's `bytes` (the full buffer for reduce_scatter and all_gather).

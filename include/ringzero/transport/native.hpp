@@ -16,7 +16,8 @@ namespace ringzero {
 
 /// One validated collective in the transport's own rank numbering. Counts are elements of
 /// `type`: all_reduce/broadcast/reduce the buffer, reduce_scatter the output block, all_gather
-/// the input block, send_recv what goes to `peer` (send_count) and comes from `from`.
+/// the input block, all_to_all/gather/scatter one rank's block, send_recv what goes to `peer`
+/// (send_count) and comes from `from`.
 struct native_call {
   collective kind = collective::all_reduce;
   dtype type = dtype::float32;
@@ -28,6 +29,12 @@ struct native_call {
   int peer = -1;  ///< send_recv: destination of `in` (-1: nothing to send)
   int from = -1;  ///< send_recv: source of `out` (-1: nothing to receive)
   std::size_t recv_count = 0;
+  /// all_to_allv: per-rank counts and displacements in elements (send_* index `in`, recv_*
+  /// `out`); all_to_all, gather and scatter use `count` as the block each rank sends or receives.
+  std::span<const std::size_t> send_counts{};
+  std::span<const std::size_t> send_displs{};
+  std::span<const std::size_t> recv_counts{};
+  std::span<const std::size_t> recv_displs{};
 };
 
 /// A transport that runs collectives itself. run_native() performs one call with the options'

@@ -72,6 +72,10 @@ struct fabric {
   const cost_params inter = inter_node(f);
   if (a != algorithm::hierarchical) return predict(c, a, bytes, nodes * per, inter);
   const cost_params intra = intra_node(f);
+  if (c == collective::all_to_all)
+    return predict_best(collective::gather, per * bytes, per, intra) +
+           predict_best(collective::all_to_all, per * bytes, nodes, inter) +
+           predict_best(collective::scatter, per * bytes, per, intra);
   return predict_best(collective::reduce_scatter, bytes, per, intra) +
          predict_best(collective::all_reduce, bytes / per, nodes, inter) +
          predict_best(collective::all_gather, bytes, per, intra);

@@ -17,6 +17,7 @@
 #include <fmt/core.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -91,6 +92,71 @@ inline void check_nccl(ncclResult_t r, std::string_view what) {
   const auto local = ringzero::detail::getenv_int("LOCAL_RANK");
   const long long base = local && *local >= 0 ? *local : rank;
   return static_cast<int>(base % n);
+}
+
+/// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.
+[[nodiscard]] inline ncclResult_t cuda_status(cudaError_t e) noexcept {
+  return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+/// Stream-ordered device scratch (cudaMallocAsync), freed on the same stream when the scope
+/// ends. Freed only after the enqueue that uses it has returned: in non-blocking mode
+/// ncclGroupEnd may answer before the group's kernels are on the stream, so a free enqueued
+/// inside the group's callback could run ahead of them.
+class stream_scratch {
+ public:
+  stream_scratch(int device, cudaStream_t s, std::size_t bytes) : device_(device), stream_(s) {
+    const device_guard guard(device_);
+    check_cuda(cudaMallocAsync(&data_, bytes, stream_), "nccl: cudaMallocAsync");
+  }
+  ~stream_scratch() {
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    if (previous != device_) static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaFreeAsync(data_, stream_));
+    if (previous != device_) static_cast<void>(cudaSetDevice(previous));
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+/// Blocks between every pair of ranks in one group, as nccl-tests' alltoall issues them: per
+/// peer (this rank included) one ncclSend of its block and one ncclRecv of the peer's. Counts
+/// and displacements are in elements of `es` bytes; empty blocks are skipped on both sides,
+/// which agree on them.
+[[nodiscard]] inline ncclResult_t exchange_blocks(
+    ncclComm_t h, cudaStream_t s, int size, ncclDataType_t type, std::size_t es,
+    const std::byte* in, std::span<const std::size_t> send_counts,
+    std::span<const std::size_t> send_displs, std::byte* out,
+    std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (send_counts[up] > 0)
+      first = ncclSend(in + send_displs[up] * es, send_counts[up], type, p, h, s);
+    if (first == ncclSuccess && recv_counts[up] > 0)
+      first = ncclRecv(out + recv_displs[up] * es, recv_counts[up], type, p, h, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
+/// The root's side of gather (receive) or scatter (send): one message per other rank, grouped.
+template <class Op>
+[[nodiscard]] ncclResult_t root_group(int size, int root, Op&& one) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p)
+    if (p != root) first = one(p);
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
 }
 
 }  // namespace detail
@@ -291,6 +357,79 @@ class transport {
           const ncclResult_t er = ncclGroupEnd();
           return rr != ncclSuccess ? rr : sr != ncclSuccess ? sr : er;
         });
+      case collective::all_to_all: {
+        // c.count is one rank's block. In place the input is first copied to a stream-ordered
+        // temporary, since a peer may write a block before this rank has sent it.
+        const std::size_t total = c.count * n;
+        check("input", in, total);
+        if (out != in) check("output", out, total);
+        std::vector<std::size_t> counts(n, c.count), displs(n);
+        for (std::size_t i = 0; i < n; ++i) displs[i] = i * c.count;
+        if (out != in)
+          return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+            return detail::exchange_blocks(h, s, size_, type, es, in, counts, displs, out, counts,
+                                           displs);
+          });
+        const detail::stream_scratch copy(device_, opt.stream != nullptr ? opt.stream : stream_,
+                                          total * es);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (const ncclResult_t r = detail::cuda_status(
+                  cudaMemcpyAsync(copy.data(), in, total * es, cudaMemcpyDeviceToDevice, s));
+              r != ncclSuccess)
+            return r;
+          return detail::exchange_blocks(h, s, size_, type, es,
+                                         static_cast<const std::byte*>(copy.data()), counts, displs,
+                                         out, counts, displs);
+        });
+      }
+      case collective::all_to_allv: {
+        std::size_t in_len = 0, out_len = 0;
+        for (std::size_t r = 0; r < n; ++r) {
+          in_len = std::max(in_len, c.send_displs[r] + c.send_counts[r]);
+          out_len = std::max(out_len, c.recv_displs[r] + c.recv_counts[r]);
+        }
+        if (in_len > 0) check("input", in, in_len);
+        if (out_len > 0) check("output", out, out_len);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          return detail::exchange_blocks(h, s, size_, type, es, in, c.send_counts, c.send_displs,
+                                         out, c.recv_counts, c.recv_displs);
+        });
+      }
+      case collective::gather: {
+        std::byte* own = is_root ? out + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
+        if (own != in) check("input", in, c.count);
+        if (is_root) check("output", out, c.count * n);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (!is_root) return ncclSend(in, c.count, type, c.root, h, s);
+          if (own != in)
+            if (const ncclResult_t r = detail::cuda_status(
+                    cudaMemcpyAsync(own, in, c.count * es, cudaMemcpyDeviceToDevice, s));
+                r != ncclSuccess)
+              return r;
+          return detail::root_group(size_, c.root, [&](int p) {
+            return ncclRecv(out + c.count * es * static_cast<std::size_t>(p), c.count, type, p, h,
+                            s);
+          });
+        });
+      }
+      case collective::scatter: {
+        const std::byte* own =
+            is_root ? in + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
+        if (is_root) check("input", in, c.count * n);
+        if (own != out) check("output", out, c.count);
+        return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
+          if (!is_root) return ncclRecv(out, c.count, type, c.root, h, s);
+          if (own != out)
+            if (const ncclResult_t r = detail::cuda_status(
+                    cudaMemcpyAsync(out, own, c.count * es, cudaMemcpyDeviceToDevice, s));
+                r != ncclSuccess)
+              return r;
+          return detail::root_group(size_, c.root, [&](int p) {
+            return ncclSend(in + c.count * es * static_cast<std::size_t>(p), c.count, type, p, h,
+                            s);
+          });
+        });
+      }
     }
     throw unsupported(fmt::format("nccl: {} has no NCCL collective", what));
   }
