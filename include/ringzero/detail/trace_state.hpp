@@ -124,8 +124,15 @@ struct trace_state {
   ~trace_state();
 
   [[nodiscard]] counter_cell& cell(collective c, algorithm a) noexcept {
-    return cells[static_cast<std::size_t>(c) * traced_algorithms + static_cast<std::size_t>(a)];
+    const auto ci = static_cast<std::size_t>(c), ai = static_cast<std::size_t>(a);
+    if (ci >= traced_collectives || ai >= traced_algorithms) return unlisted;
+    return cells[ci * traced_algorithms + ai];
   }
+
+  /// Calls of algorithms outside the built-in table (a table extended with its own, as
+  /// algorithms::table::with allows) are counted here and not printed: the table's rows are
+  /// the built-in algorithms.
+  counter_cell unlisted{};
 };
 
 /// The hook in detail::exchange: a completed receive ends the open call's wait at entry.

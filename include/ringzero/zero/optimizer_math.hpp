@@ -66,7 +66,10 @@ struct element_state {
 template <class G, class S>
 void accumulate(G* dst, const S* src, std::size_t n, bool first, float scale = 1.0f) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    const G v = to_param<G>(static_cast<float>(src[i]) * scale);
+    // A multiply by 1 is exact, except that it quiets a signalling NaN: skipping it keeps the bits
+    // a plain copy (and the kernels) would give, whatever the optimizer does.
+    const float x = static_cast<float>(src[i]);
+    const G v = to_param<G>(scale == 1.0f ? x : x * scale);
     dst[i] = first ? v : to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
   }
 }
