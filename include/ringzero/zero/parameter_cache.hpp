@@ -100,6 +100,13 @@ class parameter_cache {
       if (buckets_[static_cast<std::size_t>(b)].refs == 0) evict(b);
   }
 
+  /// Waits for every gather in flight. A prefetch reads the shard, so call this (the sharder
+  /// drains its worker instead) before the optimizer writes to the shard.
+  void settle() {
+    for (const auto& g : buckets_)
+      if (g.resident) work_.wait(g.ticket);
+  }
+
   /// After the shard changed: unheld buckets are freed (the next acquire gathers anew), held ones
   /// are gathered again in place, so their handles see the new values. Every rank holds the same
   /// buckets (it made the same calls), so the gathers meet.
