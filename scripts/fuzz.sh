@@ -3,9 +3,9 @@
 # starting from its seed corpus in fuzz/corpus/<target>/. Fails on any crash, sanitizer report,
 # leak, timeout or out-of-memory; the input that did it is left in build/fuzz/artifacts/.
 #
-#   RINGZERO_FUZZ_SECONDS   seconds per target (default 20, what CI spends: 80 s in all);
+#   RINGZERO_FUZZ_SECONDS   seconds per target (default 20, what CI spends: 100 s in all);
 #                           for a real hunt give it hours, e.g. RINGZERO_FUZZ_SECONDS=3600
-#   RINGZERO_FUZZ_TARGETS   which targets (default: all four)
+#   RINGZERO_FUZZ_TARGETS   which targets (default: all five)
 #
 # New inputs the fuzzer finds go to build/fuzz/corpus/, not into the repository; copy the few
 # that add coverage into fuzz/corpus/ by hand (libFuzzer's -merge=1 picks them).
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${RINGZERO_FUZZ_SECONDS:-20}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_SECONDS='$seconds' is not a positive integer" >&2; exit 2; }
-targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol checkpoint_manifest checkpoint_shard perf_cli})
+targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol store_server checkpoint_manifest checkpoint_shard perf_cli})
 
 cxx=$(command -v clang++-14 || command -v clang++ || true)
 [[ -n $cxx ]] || { echo "fuzz: clang++ not found (scripts/deps.sh installs clang-14)" >&2; exit 2; }
