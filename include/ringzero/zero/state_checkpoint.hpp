@@ -4,6 +4,7 @@
 // back into this rank's layout.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <span>
