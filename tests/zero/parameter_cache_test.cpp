@@ -135,3 +135,44 @@ TEST_CASE("refresh regathers held buckets in place and frees the rest") {
                CHECK(cache.bytes() == 0);
              });
 }
+
+TEST_CASE("a gathered_parameters handle holds its bucket while it lives and moves with it") {
+  using handle = zero::gathered_parameters<communicator, float>;
+  with_cache(
+      2, 6,
+      [](communicator&, const zero::partition_plan& plan, std::vector<float>&, auto& cache, auto&) {
+        auto hold = [&](int b) {
+          const float* base = cache.acquire(b, zero::pass::recompute);
+          return handle(plan, &cache, b, base, plan.buckets()[static_cast<std::size_t>(b)].offset);
+        };
+        {
+          handle h = hold(1);
+          CHECK(cache.references(1) == 1);
+          const auto w1 = h.param(1);
+          REQUIRE(w1.size() == 16);
+          for (std::size_t k = 0; k < w1.size(); ++k)
+            CHECK(w1[k] == value(plan.params()[1].offset + k, 0));
+          CHECK_THROWS_WITH_AS((void)h.param(0),
+                               "ringzero: gathered::param: w0 lives in bucket 0, this handle "
+                               "holds bucket 1",
+                               ringzero::invalid_argument);
+          CHECK_THROWS_WITH_AS((void)h.param(6), "ringzero: gathered::param: parameter id 6 of 6",
+                               ringzero::invalid_argument);
+          handle moved = std::move(h);
+          CHECK(cache.references(1) == 1);
+          CHECK_THROWS_WITH_AS((void)h.param(1), "ringzero: gathered::param on a released handle",
+                               ringzero::invalid_argument);
+          handle other = hold(2);
+          other = std::move(moved);  // gives bucket 2 back, takes over bucket 1
+          CHECK(cache.references(2) == 0);
+          CHECK(cache.references(1) == 1);
+        }
+        CHECK_FALSE(cache.any_held());
+        // Without a bucket (stages 0-2), a handle views the flat parameters and holds nothing.
+        std::vector<float> flat(plan.padded_size());
+        for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = value(i, 0);
+        const handle whole(plan, nullptr, -1, flat.data(), 0);
+        CHECK(whole.param(4).data() == flat.data() + plan.params()[4].offset);
+        CHECK_FALSE(cache.any_held());
+      });
+}

@@ -5,12 +5,15 @@
 //
 // A bucket stays while a handle holds it. After the optimizer updated the shard, refresh() drops
 // every unheld bucket and gathers every held one again in place: no gathered copy outlives a step
-// with stale values.
+// with stale values. A gathered_parameters handle holds its bucket for as long as it lives.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ringzero/collectives.hpp"
@@ -173,6 +176,66 @@ class parameter_cache {
   detail::buffer_meter& meter_;
   std::vector<bucket_state> buckets_;
   std::size_t bytes_ = 0;
+};
+
+/// The parameters of one bucket, present while the handle exists: what the sharder's gather()
+/// returns. A handle of bucket -1 views the whole flat buffer (stages 0-2, where every parameter
+/// is always present) and holds nothing.
+template <class Comm, class P>
+class gathered_parameters {
+ public:
+  /// Holds bucket `bucket` of `cache` (acquired, released when the handle goes), whose full
+  /// parameters start at `base`, flat position `base_offset`; with bucket -1, no bucket. `plan`
+  /// and `cache` must outlive the handle.
+  gathered_parameters(const partition_plan& plan, parameter_cache<Comm, P>* cache, int bucket,
+                      const P* base, std::size_t base_offset) noexcept
+      : plan_(&plan), cache_(cache), bucket_(bucket), base_(base), base_offset_(base_offset) {}
+  gathered_parameters(gathered_parameters&& o) noexcept
+      : plan_(std::exchange(o.plan_, nullptr)),
+        cache_(o.cache_),
+        bucket_(o.bucket_),
+        base_(o.base_),
+        base_offset_(o.base_offset_) {}
+  gathered_parameters& operator=(gathered_parameters&& o) noexcept {
+    if (this != &o) {
+      release();
+      plan_ = std::exchange(o.plan_, nullptr);
+      cache_ = o.cache_;
+      bucket_ = o.bucket_;
+      base_ = o.base_;
+      base_offset_ = o.base_offset_;
+    }
+    return *this;
+  }
+  gathered_parameters(const gathered_parameters&) = delete;
+  gathered_parameters& operator=(const gathered_parameters&) = delete;
+  ~gathered_parameters() { release(); }
+
+  /// The full value of parameter `id`, which must lie in the gathered bucket.
+  [[nodiscard]] std::span<const P> param(int id) const {
+    if (plan_ == nullptr) throw invalid_argument("gathered::param on a released handle");
+    if (id < 0 || static_cast<std::size_t>(id) >= plan_->params().size())
+      throw invalid_argument(
+          fmt::format("gathered::param: parameter id {} of {}", id, plan_->params().size()));
+    const auto& pi = plan_->params()[static_cast<std::size_t>(id)];
+    if (bucket_ >= 0 && pi.bucket != bucket_)
+      throw invalid_argument(
+          fmt::format("gathered::param: {} lives in bucket {}, this handle holds bucket {}",
+                      pi.name, pi.bucket, bucket_));
+    return {base_ + (pi.offset - base_offset_), pi.numel};
+  }
+
+ private:
+  void release() noexcept {
+    if (plan_ != nullptr && bucket_ >= 0) cache_->release(bucket_);
+    plan_ = nullptr;
+  }
+
+  const partition_plan* plan_;  // null once released
+  parameter_cache<Comm, P>* cache_;
+  int bucket_;
+  const P* base_;
+  std::size_t base_offset_;
 };
 
 }  // namespace ringzero::zero

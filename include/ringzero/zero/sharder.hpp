@@ -31,10 +31,12 @@
 // work queued; run_collective() runs a collective of its own in line with the sharder's.
 //
 // The sharder is a façade over its parts, each in its own header: the stage table (stage.hpp),
-// the gradient reducer (gradient_reducer.hpp), the stage-3 parameter cache (parameter_cache.hpp),
-// the loss scaler (loss_scaler.hpp), the shard optimizer (optimizer.hpp) and checkpoint I/O
-// (checkpoint.hpp). It uses the communicator only through the collectives API
-// (ringzero::all_reduce, reduce_scatter, all_gather) and comm.rank()/size().
+// the partition plan (plan.hpp), this rank's weights and optimizer state (model_state.hpp, over
+// the shard optimizer of optimizer.hpp), the gradient reducer (gradient_reducer.hpp), the stage-3
+// parameter cache and its handles (parameter_cache.hpp), the optimizer step (step.hpp, with the
+// loss scaler of loss_scaler.hpp) and checkpoint I/O (state_checkpoint.hpp over checkpoint.hpp).
+// It uses the communicator only through the collectives API (ringzero::all_reduce,
+// reduce_scatter, all_gather) and comm.rank()/size().
 //
 // Every element is reduced along the same ring path whether its bucket is all_reduced or
 // reduce_scattered, and the optimizer arithmetic is element-wise and shared, so with one
@@ -44,13 +46,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <span>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -59,19 +59,19 @@
 #include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
-#include "ringzero/op.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/checkpoint.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/gradient_reducer.hpp"
-#include "ringzero/zero/loss_scaler.hpp"
-#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/model_state.hpp"
 #include "ringzero/zero/options.hpp"
 #include "ringzero/zero/parameter_cache.hpp"
 #include "ringzero/zero/plan.hpp"
 #include "ringzero/zero/stage.hpp"
+#include "ringzero/zero/state_checkpoint.hpp"
+#include "ringzero/zero/step.hpp"
 
 namespace ringzero::zero {
 
@@ -96,15 +96,10 @@ class sharder {
         rank_(comm.rank()),
         world_(comm.size()),
         plan_(layout, world_, bucket_elements(cfg_), cfg_.alignment),
-        own_(plan_.segments(rank_)),
-        local_(stage_.sharded_optimizer ? own_ : plan_.all_segments()),
-        params_(stage_.sharded_parameters ? plan_.shard_size() : plan_.padded_size(), P{}),
-        optimizer_(cfg_.optimizer,
-                   stage_.sharded_optimizer ? plan_.shard_size() : plan_.padded_size()),
-        scaler_(cfg_.scaling, std::is_same_v<P, float16>),
-        group_lr_(initial_group_lr(cfg_)),
+        state_(plan_, stage_, rank_, cfg_.optimizer),
+        steps_(cfg_, std::is_same_v<P, float16>),
         reducer_(make_reducer()),
-        cache_(comm, plan_, std::span<const P>(params_), cfg_.collectives.all_gather,
+        cache_(comm, plan_, state_.parameters(), cfg_.collectives.all_gather,
                cfg_.max_gathered_bytes, worker_, meter_),
         worker_(cfg_.comm_thread) {
     log::info("zero: stage {}, {} parameters ({}), {}", cfg_.stage, plan_.numel(),
@@ -121,24 +116,21 @@ class sharder {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return world_; }
   /// Steps taken, skipped ones included.
-  [[nodiscard]] std::uint64_t step_count() const noexcept { return step_; }
+  [[nodiscard]] std::uint64_t step_count() const noexcept { return steps_.step_count(); }
   /// Steps that updated the weights.
-  [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return optimizer_steps_; }
+  [[nodiscard]] std::uint64_t optimizer_steps() const noexcept { return steps_.optimizer_steps(); }
   /// What the trainer multiplies its loss by (1 unless P is float16).
-  [[nodiscard]] float loss_scale() const noexcept { return scaler_.scale(); }
+  [[nodiscard]] float loss_scale() const noexcept { return steps_.scaler().scale(); }
   /// false for a parameter of a frozen group (hand it no gradient).
   [[nodiscard]] bool trainable(int id) const { return !frozen(cfg_, param(id, "trainable").group); }
 
   /// Sets every parameter group's base learning rate (what the schedule multiplies).
-  void set_learning_rate(float lr) noexcept { std::fill(group_lr_.begin(), group_lr_.end(), lr); }
+  void set_learning_rate(float lr) noexcept { steps_.set_learning_rate(lr); }
   /// Sets one group's base learning rate.
-  void set_learning_rate(int group, float lr) { group_lr_.at(group_index(group)) = lr; }
+  void set_learning_rate(int group, float lr) { steps_.set_learning_rate(group, lr); }
   /// The learning rate group `group` uses in the next step: its base rate times the schedule at
   /// step_count(). Checkpoints keep the base rates and the step.
-  [[nodiscard]] float learning_rate(int group = 0) const {
-    const float base = group_lr_.at(group_index(group));
-    return cfg_.schedule ? base * cfg_.schedule(step_) : base;
-  }
+  [[nodiscard]] float learning_rate(int group = 0) const { return steps_.learning_rate(group); }
 
   /// Sets a parameter's value from fp32. Every rank passes the same values (e.g. generated from
   /// the same seed); each keeps the part it needs.
@@ -148,11 +140,7 @@ class sharder {
       throw invalid_argument(fmt::format("set_parameter: {} has {} elements, got {}", pi.name,
                                          pi.numel, values.size()));
     quiesce();
-    if (!stage_.sharded_parameters)
-      for (std::size_t i = 0; i < pi.numel; ++i) params_[pi.offset + i] = to_param<P>(values[i]);
-    for (const auto& s : local_)
-      if (s.param == id)
-        optimizer_.set(local_of(s), param_ptr(s), values.data() + s.begin, s.count);
+    state_.set(id, values);
   }
 
   /// A parameter's full value in stages 0-2 (stage 3 keeps only shards: use gather()).
@@ -162,57 +150,13 @@ class sharder {
       throw invalid_argument(fmt::format(
           "parameter({}): stage 3 keeps only this rank's shard; gather() the layer instead",
           pi.name));
-    return {params_.data() + pi.offset, pi.numel};
+    return state_.parameters().subspan(pi.offset, pi.numel);
   }
 
   /// The parameters of one bucket, present while a handle exists. In stages 0-2 every
   /// parameter is always present and the handle is free. A handle held across step() reads the
   /// updated weights afterwards (stage 3 gathers its bucket again).
-  class gathered {
-   public:
-    gathered(gathered&& o) noexcept
-        : owner_(std::exchange(o.owner_, nullptr)),
-          bucket_(o.bucket_),
-          base_(o.base_),
-          base_offset_(o.base_offset_) {}
-    gathered& operator=(gathered&& o) noexcept {
-      if (this != &o) {
-        release();
-        owner_ = std::exchange(o.owner_, nullptr);
-        bucket_ = o.bucket_;
-        base_ = o.base_;
-        base_offset_ = o.base_offset_;
-      }
-      return *this;
-    }
-    gathered(const gathered&) = delete;
-    gathered& operator=(const gathered&) = delete;
-    ~gathered() { release(); }
-
-    /// The full value of parameter `id`, which must lie in the gathered bucket.
-    [[nodiscard]] std::span<const P> param(int id) const {
-      if (owner_ == nullptr) throw invalid_argument("gathered::param on a released handle");
-      const auto& pi = owner_->param(id, "gathered::param");
-      if (bucket_ >= 0 && pi.bucket != bucket_)
-        throw invalid_argument(
-            fmt::format("gathered::param: {} lives in bucket {}, this handle holds bucket {}",
-                        pi.name, pi.bucket, bucket_));
-      return {base_ + (pi.offset - base_offset_), pi.numel};
-    }
-
-   private:
-    friend class sharder;
-    gathered(sharder* owner, int bucket, const P* base, std::size_t base_offset)
-        : owner_(owner), bucket_(bucket), base_(base), base_offset_(base_offset) {}
-    void release() noexcept {
-      if (owner_ != nullptr && bucket_ >= 0) owner_->cache_.release(bucket_);
-      owner_ = nullptr;
-    }
-    sharder* owner_ = nullptr;
-    int bucket_ = -1;
-    const P* base_ = nullptr;
-    std::size_t base_offset_ = 0;
-  };
+  using gathered = gathered_parameters<Comm, P>;
 
   /// Makes layer `layer`'s parameters present and returns a handle to them. Stage 3: all_gathers
   /// the layer's bucket unless it is still present; forward and backward passes free buckets the
@@ -222,10 +166,11 @@ class sharder {
   [[nodiscard]] gathered gather(int layer, pass direction = pass::forward) {
     if (layer < 0 || static_cast<std::size_t>(layer) >= plan_.layers().size())
       throw invalid_argument(fmt::format("gather: layer {} of {}", layer, plan_.layers().size()));
-    if (!stage_.sharded_parameters) return gathered(this, -1, params_.data(), 0);
+    if (!stage_.sharded_parameters)
+      return gathered(plan_, nullptr, -1, state_.parameters().data(), 0);
     const int b = plan_.layers()[static_cast<std::size_t>(layer)].bucket;
     const P* base = cache_.acquire(b, direction);
-    return gathered(this, b, base, plan_.buckets()[static_cast<std::size_t>(b)].offset);
+    return gathered(plan_, &cache_, b, base, plan_.buckets()[static_cast<std::size_t>(b)].offset);
   }
 
   /// Hands over parameter `id`'s gradient for this micro-batch (each parameter at most once per
@@ -258,51 +203,11 @@ class sharder {
       throw invalid_argument(
           fmt::format("step() after {} of {} micro-batches: call end_micro_batch() after each",
                       micro_batches(), cfg_.accumulation_steps));
-    const trace::scope phase(comm_, "step", optimizer_bytes());
+    const trace::scope phase(comm_, "step", state_.optimizer_bytes());
     worker_.drain();
-    step_result res;
-    res.loss_scale = scaler_.scale();
-    const float divisor =
-        cfg_.average_gradients ? static_cast<float>(world_ * cfg_.accumulation_steps) : 1.0f;
-    const float unscale = cfg_.gradient_predivide / (scaler_.scale() * divisor);
-    double sumsq = 0.0;
-    bool nonfinite = false;
-    std::visit([&](auto& r) { r.add_stats(own_, unscale, sumsq, nonfinite); }, reducer_);
-    std::int32_t overflow = nonfinite ? 1 : 0;
-    run_collective([&](Comm& c) {
-      ringzero::all_reduce(c, std::span<std::int32_t>(&overflow, 1), op::max,
-                           cfg_.collectives.all_reduce);
-      ringzero::all_reduce(c, std::span<double>(&sumsq, 1), op::sum, cfg_.collectives.all_reduce);
-    });
-    res.grad_norm = std::sqrt(sumsq);
-    std::visit([](auto& r) { r.start_step(); }, reducer_);
-    const std::uint64_t at = step_;
-    ++step_;
-    res.step = step_;
-    scaler_.update(overflow != 0);
-    if (overflow != 0) {
-      res.skipped = true;
-      log::info("zero: step {} skipped: non-finite gradient (loss scale now {})", step_,
-                scaler_.scale());
-      return res;
-    }
-    float clip = 1.0f;
-    if (cfg_.max_grad_norm > 0 && res.grad_norm > cfg_.max_grad_norm)
-      clip = static_cast<float>(cfg_.max_grad_norm / (res.grad_norm + 1e-6));
-    ++optimizer_steps_;
-    const auto ks = group_step_constants(cfg_, group_lr_, at, optimizer_steps_, unscale * clip);
-    std::visit(
-        [&](auto& r) {
-          for (const auto& s : local_) {
-            const auto& pi = plan_.params()[static_cast<std::size_t>(s.param)];
-            if (frozen(cfg_, pi.group)) continue;
-            optimizer_.update(r.gradient(s), local_of(s), param_ptr(s), s.count,
-                              ks[static_cast<std::size_t>(pi.group)], pi.weight_decay);
-          }
-        },
-        reducer_);
-    if (stage_.gather_after_step) gather_flat_parameters();
-    if (stage_.sharded_parameters) cache_.refresh();
+    const step_result res =
+        std::visit([&](auto& r) { return steps_.take(state_, r, collective_runner()); }, reducer_);
+    if (!res.skipped && stage_.sharded_parameters) cache_.refresh();
     return res;
   }
 
@@ -325,9 +230,9 @@ class sharder {
     memory_report m;
     m.rank = rank_;
     m.stage = cfg_.stage;
-    m.parameters = params_.capacity() * sizeof(P);
+    m.parameters = state_.parameter_bytes();
     m.gradients = std::visit([](const auto& r) { return r.gradient_bytes(); }, reducer_);
-    m.optimizer = optimizer_.bytes();
+    m.optimizer = state_.optimizer().bytes();
     m.buffers = meter_.now;
     m.peak_buffers = meter_.peak;
     return m;
@@ -337,21 +242,7 @@ class sharder {
   /// Collective (an all_gather per bucket, except in stage 0).
   [[nodiscard]] std::vector<float> full_parameters() {
     quiesce();
-    std::vector<float> flat(plan_.padded_size());
-    if (!stage_.sharded_optimizer) {
-      for (const auto& s : local_)
-        std::copy_n(master_ptr(s), s.count,
-                    flat.begin() + static_cast<std::ptrdiff_t>(s.flat_offset));
-      return plan_.unpadded(flat);
-    }
-    const std::vector<float> mine = own_array(0);
-    run_collective([&](Comm& c) {
-      for (const auto& b : plan_.buckets())
-        ringzero::all_gather(c, std::span<const float>(mine.data() + b.shard_offset, b.slice),
-                             std::span<float>(flat.data() + b.offset, b.padded),
-                             cfg_.collectives.all_gather);
-    });
-    return plan_.unpadded(flat);
+    return state_.full_parameters(collective_runner(), cfg_.collectives.all_gather);
   }
 
   /// Writes a checkpoint of the whole training state into `dir` (see checkpoint.hpp).
@@ -362,20 +253,9 @@ class sharder {
       throw invalid_argument("save: a step is in progress; call it after step()");
     trace::scope phase(comm_, "checkpoint");
     quiesce();
-    save_checkpoint(
-        collective_runner(), cfg_.collectives.all_gather, dir, plan_, rank_, step_,
-        [&] {
-          std::vector<std::vector<float>> arrays;
-          for (int a = 0; a <= optimizer_.moment_count(); ++a) arrays.push_back(own_array(a));
-          return arrays;
-        },
-        [&](std::span<const std::uint64_t> written) {
-          return make_manifest(plan_, cfg_.stage, dtype_of<P>(), cfg_.optimizer.kind,
-                               {step_, optimizer_steps_, scaler_.scale(), scaler_.good_steps()},
-                               saved_groups(cfg_, group_lr_), written);
-        },
-        [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
-    log::info("zero: saved step {} to {}", step_, dir.string());
+    save_state(collective_runner(), cfg_, dir, state_, steps_,
+               [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
+    log::info("zero: saved step {} to {}", steps_.step_count(), dir.string());
   }
 
   /// Restores a checkpoint written by save() at any world size and stage: weights, optimizer
@@ -385,45 +265,14 @@ class sharder {
   void load(const std::filesystem::path& dir) {
     if (micro_batches() != 0)
       throw invalid_argument("load: a step is in progress; call it after step()");
-    const trace::scope phase(comm_, "checkpoint", optimizer_bytes());
+    const trace::scope phase(comm_, "checkpoint", state_.optimizer_bytes());
     quiesce();
-    // Read into staging arrays laid out as the optimizer state, so a refused checkpoint leaves
-    // the current state untouched.
-    const std::size_t local_size = optimizer_.local_size();
-    std::vector<float> master(local_size), m1(local_size), m2(optimizer_.moment_size(2));
-    const checkpoint_manifest m = read_checkpoint(
-        collective_runner(), cfg_.collectives.all_gather, dir, plan_, cfg_.optimizer.kind,
-        [&](const checkpoint_manifest& saved) {
-          std::vector<checkpoint_reader::request> reqs;
-          for (const auto& s : local_) {
-            const int mp = saved.find(plan_.params()[static_cast<std::size_t>(s.param)].name);
-            const std::size_t l = local_of(s);
-            reqs.push_back({mp, s.begin, s.count, 0, master.data() + l});
-            reqs.push_back({mp, s.begin, s.count, 1, m1.data() + l});
-            if (!m2.empty()) reqs.push_back({mp, s.begin, s.count, 2, m2.data() + l});
-          }
-          return reqs;
-        });
-    for (const auto& s : local_)
-      optimizer_.set(local_of(s), param_ptr(s), master.data() + local_of(s), s.count);
-    optimizer_.replace_moments(m1, m2);
-    if (stage_.gather_after_step) gather_flat_parameters();
-    step_ = m.step;
-    optimizer_steps_ = m.optimizer_steps;
-    if (m.precision == dtype::float16) scaler_.restore(m.loss_scale, m.good_steps);
-    restore_groups(m, cfg_, group_lr_);
-    log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", step_, dir.string(),
-              m.world_size, m.stage);
+    const checkpoint_manifest m = load_state(collective_runner(), cfg_, dir, state_, steps_);
+    log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", steps_.step_count(),
+              dir.string(), m.world_size, m.stage);
   }
 
  private:
-  /// The fp32 optimizer state this rank holds (master weights where P is 16-bit, and the
-  /// moments): the size a step or a checkpoint of it touches, for the trace.
-  [[nodiscard]] std::size_t optimizer_bytes() const noexcept {
-    const std::size_t arrays = static_cast<std::size_t>(optimizer_.moment_count()) +
-                               (shard_optimizer<P>::has_master ? 1 : 0);
-    return optimizer_.local_size() * arrays * sizeof(float);
-  }
   // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
   using reducer_type = std::variant<gradient_reducer<Comm, P>, gradient_reducer<Comm, float>>;
 
@@ -433,12 +282,6 @@ class sharder {
     return reducer_type(std::in_place_index<0>, comm_, plan_, stage_, cfg_, worker_, meter_);
   }
 
-  [[nodiscard]] std::size_t group_index(int group) const {
-    if (group < 0 || static_cast<std::size_t>(group) >= group_lr_.size())
-      throw invalid_argument(
-          fmt::format("zero: parameter group {} of {}", group, group_lr_.size()));
-    return static_cast<std::size_t>(group);
-  }
   [[nodiscard]] int micro_batches() const {
     return std::visit([](const auto& r) { return r.micro_batches(); }, reducer_);
   }
@@ -454,28 +297,6 @@ class sharder {
     return plan_.params()[static_cast<std::size_t>(id)];
   }
 
-  // Where a segment's optimizer state and parameters live in this stage's buffers.
-  [[nodiscard]] std::size_t local_of(const segment& s) const noexcept {
-    return stage_.sharded_optimizer ? s.shard_offset : s.flat_offset;
-  }
-  [[nodiscard]] P* param_ptr(const segment& s) noexcept {
-    return params_.data() + (stage_.sharded_parameters ? s.shard_offset : s.flat_offset);
-  }
-  [[nodiscard]] float* master_ptr(const segment& s) noexcept {
-    return optimizer_.master(local_of(s), param_ptr(s));
-  }
-
-  /// This rank's shard of the master weights (which = 0) or of optimizer moment 1 or 2, in the
-  /// checkpoint layout.
-  [[nodiscard]] std::vector<float> own_array(int which) {
-    std::vector<float> out(plan_.shard_size(), 0.0f);
-    for (const auto& s : own_) {
-      const float* src = which == 0 ? master_ptr(s) : optimizer_.moment(which, local_of(s));
-      std::copy_n(src, s.count, out.begin() + static_cast<std::ptrdiff_t>(s.shard_offset));
-    }
-    return out;
-  }
-
   /// Waits for queued work and drops gathered buckets, before touching the weights directly.
   void quiesce() {
     worker_.drain();
@@ -484,18 +305,6 @@ class sharder {
         throw invalid_argument("zero: a gathered handle is still alive; release it first");
       cache_.evict_unreferenced();
     }
-  }
-
-  /// Stages 1-2: every rank updated its slice of the full parameters; share them.
-  void gather_flat_parameters() {
-    run_collective([&](Comm& c) {
-      for (const auto& b : plan_.buckets()) {
-        std::span<P> all(params_.data() + b.offset, b.padded);
-        ringzero::all_gather(
-            c, std::span<const P>(all.subspan(static_cast<std::size_t>(rank_) * b.slice, b.slice)),
-            all, cfg_.collectives.all_gather);
-      }
-    });
   }
 
   /// run_collective as a callable, for the checkpoint steps that take one.
@@ -513,17 +322,11 @@ class sharder {
   int rank_;
   int world_;
   partition_plan plan_;
-  std::vector<segment> own_;    // what this rank owns, in shard order
-  std::vector<segment> local_;  // what this rank's optimizer updates: own_, or everything (stage 0)
-  std::vector<P> params_;       // full (stages 0-2, padded_size) or this rank's shard (stage 3)
-  shard_optimizer<P> optimizer_;
-  loss_scaler scaler_;
-  std::vector<float> group_lr_;  // base learning rate per parameter group
+  model_state<P> state_;
+  stepper steps_;
   detail::buffer_meter meter_;
   reducer_type reducer_;
   parameter_cache<Comm, P> cache_;
-  std::uint64_t step_ = 0;
-  std::uint64_t optimizer_steps_ = 0;
   detail::worker worker_;
 };
 

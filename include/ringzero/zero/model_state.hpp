@@ -1,0 +1,162 @@
+// What a rank holds of the weights: the parameters in their training type (all of them, or in
+// stage 3 only its shard) and the fp32 optimizer state of the elements it updates (its shard, or
+// in stage 0 everything), each addressed per segment as the stage lays the buffers out. Setting
+// parameters, the optimizer update, the post-step all_gather, full_parameters() and checkpoints
+// all reach the weights through this one place, so a stage changes where an element lives, never
+// how it is updated.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "ringzero/collectives.hpp"
+#include "ringzero/zero/optimizer.hpp"
+#include "ringzero/zero/options.hpp"
+#include "ringzero/zero/plan.hpp"
+#include "ringzero/zero/stage.hpp"
+
+namespace ringzero::zero {
+
+template <class P>
+class model_state {
+ public:
+  /// The state of rank `rank` under `plan` (which must outlive it), laid out for `stage`, with
+  /// every parameter and all optimizer state zero.
+  model_state(const partition_plan& plan, const stage_layout& stage, int rank,
+              const optimizer_options& optimizer)
+      : plan_(plan),
+        stage_(stage),
+        rank_(rank),
+        own_(plan.segments(rank)),
+        local_(stage.sharded_optimizer ? own_ : plan.all_segments()),
+        params_(stage.sharded_parameters ? plan.shard_size() : plan.padded_size(), P{}),
+        optimizer_(optimizer, stage.sharded_optimizer ? plan.shard_size() : plan.padded_size()) {}
+
+  // The parameter cache keeps a view of the parameter buffer: it must never move.
+  model_state(const model_state&) = delete;
+  model_state& operator=(const model_state&) = delete;
+
+  [[nodiscard]] const partition_plan& plan() const noexcept { return plan_; }
+  [[nodiscard]] const stage_layout& stage() const noexcept { return stage_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// What this rank owns, in shard order.
+  [[nodiscard]] const std::vector<segment>& own() const noexcept { return own_; }
+  /// What this rank's optimizer updates: own(), or every segment (stage 0).
+  [[nodiscard]] const std::vector<segment>& local() const noexcept { return local_; }
+  /// The parameters: the full flat buffer (stages 0-2, padded_size()) or this rank's shard
+  /// (stage 3, shard_size()).
+  [[nodiscard]] std::span<const P> parameters() const noexcept { return params_; }
+  [[nodiscard]] const shard_optimizer<P>& optimizer() const noexcept { return optimizer_; }
+
+  /// Sets parameter `id` from its plan.params()[id].numel fp32 values: its parameters where this
+  /// rank holds them whole, and its master weights wherever this rank updates it.
+  void set(int id, std::span<const float> values) noexcept {
+    const auto& pi = plan_.params()[static_cast<std::size_t>(id)];
+    if (!stage_.sharded_parameters)
+      for (std::size_t i = 0; i < pi.numel; ++i) params_[pi.offset + i] = to_param<P>(values[i]);
+    for (const auto& s : local_)
+      if (s.param == id)
+        optimizer_.set(local_of(s), param_ptr(s), values.data() + s.begin, s.count);
+  }
+
+  /// One optimizer step over segment `s` (one of local()) with its gradients `grad`.
+  template <class G>
+  void update(const segment& s, const G* grad, const step_constants& k, bool decay) noexcept {
+    optimizer_.update(grad, local_of(s), param_ptr(s), s.count, k, decay);
+  }
+
+  /// Stages 1-2, after every rank updated its slice of the full parameters: shares the slices
+  /// (an all_gather per bucket). Nothing to do in stages 0 and 3. `run(f)` calls f(comm) in line
+  /// with the caller's other collectives; `gather` is the all_gather's options.
+  template <class Run>
+  void share_updates(Run&& run, const ringzero::options& gather) {
+    if (!stage_.gather_after_step) return;
+    run([&](auto& c) {
+      for (const auto& b : plan_.buckets()) {
+        std::span<P> all(params_.data() + b.offset, b.padded);
+        ringzero::all_gather(
+            c, std::span<const P>(all.subspan(static_cast<std::size_t>(rank_) * b.slice, b.slice)),
+            all, gather);
+      }
+    });
+  }
+
+  /// Every parameter's fp32 master value, concatenated in registration order. Collective where
+  /// the optimizer state is sharded (an all_gather per bucket, through `run` as for
+  /// share_updates); stage 0 holds it all.
+  template <class Run>
+  [[nodiscard]] std::vector<float> full_parameters(Run&& run, const ringzero::options& gather) {
+    std::vector<float> flat(plan_.padded_size());
+    if (!stage_.sharded_optimizer) {
+      for (const auto& s : local_)
+        std::copy_n(master_ptr(s), s.count,
+                    flat.begin() + static_cast<std::ptrdiff_t>(s.flat_offset));
+      return plan_.unpadded(flat);
+    }
+    const std::vector<float> mine = own_array(0);
+    run([&](auto& c) {
+      for (const auto& b : plan_.buckets())
+        ringzero::all_gather(c, std::span<const float>(mine.data() + b.shard_offset, b.slice),
+                             std::span<float>(flat.data() + b.offset, b.padded), gather);
+    });
+    return plan_.unpadded(flat);
+  }
+
+  /// This rank's shard of the master weights (which = 0) or of optimizer moment 1 or 2, in the
+  /// checkpoint layout (plan.shard_size() elements, padding zero).
+  [[nodiscard]] std::vector<float> own_array(int which) {
+    std::vector<float> out(plan_.shard_size(), 0.0f);
+    for (const auto& s : own_) {
+      const float* src = which == 0 ? master_ptr(s) : optimizer_.moment(which, local_of(s));
+      std::copy_n(src, s.count, out.begin() + static_cast<std::ptrdiff_t>(s.shard_offset));
+    }
+    return out;
+  }
+
+  /// Replaces the fp32 state with arrays staged at local positions (a checkpoint load that passed
+  /// every check): the master weights (the parameters become them rounded to P) and the moments,
+  /// which are taken over (`m2` empty for SGD).
+  void restore(const std::vector<float>& master, std::vector<float>& m1,
+               std::vector<float>& m2) noexcept {
+    for (const auto& s : local_)
+      optimizer_.set(local_of(s), param_ptr(s), master.data() + local_of(s), s.count);
+    optimizer_.replace_moments(m1, m2);
+  }
+
+  /// Where a segment's optimizer state lives: its local position.
+  [[nodiscard]] std::size_t local_of(const segment& s) const noexcept {
+    return stage_.sharded_optimizer ? s.shard_offset : s.flat_offset;
+  }
+
+  /// Bytes of the parameter buffer.
+  [[nodiscard]] std::size_t parameter_bytes() const noexcept {
+    return params_.capacity() * sizeof(P);
+  }
+  /// The fp32 optimizer state (master weights where P is 16-bit, and the moments): what a step
+  /// or a checkpoint of it touches, for the trace.
+  [[nodiscard]] std::size_t optimizer_bytes() const noexcept {
+    const std::size_t arrays = static_cast<std::size_t>(optimizer_.moment_count()) +
+                               (shard_optimizer<P>::has_master ? 1 : 0);
+    return optimizer_.local_size() * arrays * sizeof(float);
+  }
+
+ private:
+  [[nodiscard]] P* param_ptr(const segment& s) noexcept {
+    return params_.data() + (stage_.sharded_parameters ? s.shard_offset : s.flat_offset);
+  }
+  [[nodiscard]] float* master_ptr(const segment& s) noexcept {
+    return optimizer_.master(local_of(s), param_ptr(s));
+  }
+
+  const partition_plan& plan_;
+  stage_layout stage_;
+  int rank_;
+  std::vector<segment> own_;
+  std::vector<segment> local_;
+  std::vector<P> params_;
+  shard_optimizer<P> optimizer_;
+};
+
+}  // namespace ringzero::zero
