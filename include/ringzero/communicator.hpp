@@ -252,19 +252,26 @@ class communicator {
   [[nodiscard]] detail::comm_state& state() noexcept { return state_; }
   /// The transport, shared with every communicator split from this one.
   [[nodiscard]] T& transport() {
-    check_usable("transport()");
+    check_moved("transport()");
     return *transport_;
   }
   [[nodiscard]] const T& transport() const {
-    check_usable("transport()");
+    check_moved("transport()");
     return *transport_;
   }
   /// False once moved from: every collective then refuses to run.
   [[nodiscard]] bool valid() const noexcept { return transport_ != nullptr; }
-  /// Throws invalid_argument naming `what` when this communicator was moved from.
+  /// Throws invalid_argument naming `what` when this communicator was moved from, and
+  /// peer_error when its transport says it was aborted (so that a call with nothing to send
+  /// fails as every other call does).
   void check_usable(std::string_view what) const {
-    if (!transport_)
-      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
+    check_moved(what);
+    if constexpr (requires(const T& x) {
+                    { x.abort_reason() } -> std::convertible_to<std::optional<std::string>>;
+                  }) {
+      if (auto why = transport_->abort_reason())
+        throw peer_error(fmt::format("{}: this communicator was aborted: {}", what, *why), -1);
+    }
   }
   /// Transport ranks of this communicator's ranks (the identity for the world).
   [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
@@ -343,7 +350,7 @@ class communicator {
     x.abort(std::string());
   }
   {
-    check_usable("abort()");
+    check_moved("abort()");
     transport_->abort(why);
   }
 
@@ -365,9 +372,11 @@ class communicator {
         timeout_(parent.timeout_) {}
 
   [[nodiscard]] std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) const {
+    detail::check_timeout("communicator: the timeout", t);
     if (t.count() > 0) return t;
     if constexpr (requires(const T& x) { x.default_timeout(); }) {
       const std::chrono::nanoseconds d = transport_->default_timeout();
+      detail::check_timeout("communicator: the transport's timeout", d);
       if (d.count() > 0) return d;
     }
     return detail::env_timeout();
@@ -390,6 +399,11 @@ class communicator {
     } else {
       return topology{0, rank_, size(), 1};
     }
+  }
+
+  void check_moved(std::string_view what) const {
+    if (!transport_)
+      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
   }
 
   [[nodiscard]] int world_of(int peer) const noexcept {
