@@ -84,6 +84,10 @@ template <class Table, class T>
 [[nodiscard]] algorithm choose(communicator<T>& comm, collective c, std::size_t bytes,
                                const options& opt) {
   if (opt.algorithm != algorithm::automatic) {
+    if (!Table::known(opt.algorithm))
+      throw invalid_argument(
+          fmt::format("{}: options::algorithm holds {}, which names no algorithm",
+                      collective_name(c), static_cast<int>(opt.algorithm)));
     if (!Table::implements(c, opt.algorithm))
       throw invalid_argument(fmt::format("{}: algorithm '{}' does not implement this collective",
                                          collective_name(c), Table::name(opt.algorithm)));

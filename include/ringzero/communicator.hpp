@@ -275,8 +275,9 @@ class communicator {
   }
   /// Transport ranks of this communicator's ranks (the identity for the world).
   [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
+  /// -1 once moved from.
   [[nodiscard]] int world_rank() const noexcept {
-    return members_[static_cast<std::size_t>(rank_)];
+    return members_.empty() ? -1 : members_[static_cast<std::size_t>(rank_)];
   }
   [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
 
@@ -285,16 +286,24 @@ class communicator {
 
   [[nodiscard]] request isend(int peer, tag_t tag,
                               std::span<const std::byte> data) requires messaging<T> {
+    check_moved("isend");
     check_peer(peer, "isend");
     return transport_->isend(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
   }
   [[nodiscard]] request irecv(int peer, tag_t tag,
                               std::span<std::byte> data) requires messaging<T> {
+    check_moved("irecv");
     check_peer(peer, "irecv");
     return transport_->irecv(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
   }
-  [[nodiscard]] bool test(request& r) requires messaging<T> { return transport_->test(r); }
-  void progress() requires messaging<T> { transport_->progress(); }
+  [[nodiscard]] bool test(request& r) requires messaging<T> {
+    check_moved("test");
+    return transport_->test(r);
+  }
+  void progress() requires messaging<T> {
+    check_moved("progress");
+    transport_->progress();
+  }
 
   /// Collective over this communicator, as MPI_Comm_split / ncclCommSplit: ranks passing the
   /// same color >= 0 form a communicator ranked by (key, rank here); a negative color returns
@@ -302,6 +311,7 @@ class communicator {
   /// member's transport has in use. Two splits of communicators sharing a transport must not run
   /// at the same time on different threads: both could settle on the same free id.
   [[nodiscard]] std::optional<communicator> split(int color, int key) requires messaging<T> {
+    check_usable("split");
     auto plan = detail::plan_split(*this, color, key, *ids_);
     if (!plan) return std::nullopt;
     communicator sub(*this, plan->rank, plan->id);
