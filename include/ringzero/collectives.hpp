@@ -56,7 +56,13 @@ template <class Table>
 [[nodiscard]] std::optional<algorithm> env_algorithm() {
   auto s = getenv_str("RINGZERO_ALGO");
   if (!s) return std::nullopt;
-  return Table::parse(*s);
+  try {
+    return Table::parse(*s);
+  } catch (const invalid_argument& e) {
+    // The table's message names the algorithm; the user must also learn where it came from.
+    throw invalid_argument(fmt::format("RINGZERO_ALGO='{}': {}", *s,
+                                       std::string_view(e.what()).substr(sizeof "ringzero: " - 1)));
+  }
 }
 
 /// Whether the node-aware algorithm has anything to decompose on this communicator: more than
@@ -78,6 +84,10 @@ template <class Table, class T>
 [[nodiscard]] algorithm choose(communicator<T>& comm, collective c, std::size_t bytes,
                                const options& opt) {
   if (opt.algorithm != algorithm::automatic) {
+    if (!Table::known(opt.algorithm))
+      throw invalid_argument(
+          fmt::format("{}: options::algorithm holds {}, which names no algorithm",
+                      collective_name(c), static_cast<int>(opt.algorithm)));
     if (!Table::implements(c, opt.algorithm))
       throw invalid_argument(fmt::format("{}: algorithm '{}' does not implement this collective",
                                          collective_name(c), Table::name(opt.algorithm)));
@@ -290,6 +300,7 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
 template <class Table = algorithms::builtin, class T, element E>
 void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
   comm.check_usable(collective_name(c.kind));
+  check_options(collective_name(c.kind), opt);
   if constexpr (native_collectives<T>) {
     return run_native(comm, c, opt);
   } else {
@@ -515,9 +526,13 @@ void scatter(communicator<T>& comm, std::span<E> in, std::span<E> out, int root,
 template <class T>
 void barrier(communicator<T>& comm, const options& opt = {}) {
   comm.check_usable("barrier");
+  detail::check_options("barrier", opt);
   if (opt.algorithm != algorithm::automatic)
     throw invalid_argument(fmt::format("barrier: algorithm '{}' does not implement this collective",
                                        algorithm_name(opt.algorithm)));
+  // RINGZERO_CHECK compares a barrier too: a rank in a barrier while another is in a collective
+  // would otherwise see only messages of the wrong size, or none.
+  detail::maybe_check<T, std::uint8_t>(comm, collective::barrier, 0, op::sum, 0, opt);
   if constexpr (native_collectives<T>) {
     if (comm.size() > 1) comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
   } else {
@@ -539,6 +554,9 @@ template <class T, element E>
 void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, int to,
          std::span<E> in, int from, const options& opt) {
   comm.check_usable(what);
+  check_options(what, opt);
+  check_buffer(what, "send buffer", out);
+  check_buffer(what, "receive buffer", in);
   if constexpr (native_collectives<T>) {
     native_call nc;
     nc.kind = collective::send_recv;

@@ -252,24 +252,32 @@ class communicator {
   [[nodiscard]] detail::comm_state& state() noexcept { return state_; }
   /// The transport, shared with every communicator split from this one.
   [[nodiscard]] T& transport() {
-    check_usable("transport()");
+    check_moved("transport()");
     return *transport_;
   }
   [[nodiscard]] const T& transport() const {
-    check_usable("transport()");
+    check_moved("transport()");
     return *transport_;
   }
   /// False once moved from: every collective then refuses to run.
   [[nodiscard]] bool valid() const noexcept { return transport_ != nullptr; }
-  /// Throws invalid_argument naming `what` when this communicator was moved from.
+  /// Throws invalid_argument naming `what` when this communicator was moved from, and
+  /// peer_error when its transport says it was aborted (so that a call with nothing to send
+  /// fails as every other call does).
   void check_usable(std::string_view what) const {
-    if (!transport_)
-      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
+    check_moved(what);
+    if constexpr (requires(const T& x) {
+                    { x.abort_reason() } -> std::convertible_to<std::optional<std::string>>;
+                  }) {
+      if (auto why = transport_->abort_reason())
+        throw peer_error(fmt::format("{}: this communicator was aborted: {}", what, *why), -1);
+    }
   }
   /// Transport ranks of this communicator's ranks (the identity for the world).
   [[nodiscard]] const std::vector<int>& members() const noexcept { return members_; }
+  /// -1 once moved from.
   [[nodiscard]] int world_rank() const noexcept {
-    return members_[static_cast<std::size_t>(rank_)];
+    return members_.empty() ? -1 : members_[static_cast<std::size_t>(rank_)];
   }
   [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
 
@@ -278,16 +286,24 @@ class communicator {
 
   [[nodiscard]] request isend(int peer, tag_t tag,
                               std::span<const std::byte> data) requires messaging<T> {
+    check_moved("isend");
     check_peer(peer, "isend");
     return transport_->isend(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
   }
   [[nodiscard]] request irecv(int peer, tag_t tag,
                               std::span<std::byte> data) requires messaging<T> {
+    check_moved("irecv");
     check_peer(peer, "irecv");
     return transport_->irecv(world_of(peer), tag_layout::with_comm_id(comm_id_, tag), data);
   }
-  [[nodiscard]] bool test(request& r) requires messaging<T> { return transport_->test(r); }
-  void progress() requires messaging<T> { transport_->progress(); }
+  [[nodiscard]] bool test(request& r) requires messaging<T> {
+    check_moved("test");
+    return transport_->test(r);
+  }
+  void progress() requires messaging<T> {
+    check_moved("progress");
+    transport_->progress();
+  }
 
   /// Collective over this communicator, as MPI_Comm_split / ncclCommSplit: ranks passing the
   /// same color >= 0 form a communicator ranked by (key, rank here); a negative color returns
@@ -295,6 +311,7 @@ class communicator {
   /// member's transport has in use. Two splits of communicators sharing a transport must not run
   /// at the same time on different threads: both could settle on the same free id.
   [[nodiscard]] std::optional<communicator> split(int color, int key) requires messaging<T> {
+    check_usable("split");
     auto plan = detail::plan_split(*this, color, key, *ids_);
     if (!plan) return std::nullopt;
     communicator sub(*this, plan->rank, plan->id);
@@ -343,7 +360,7 @@ class communicator {
     x.abort(std::string());
   }
   {
-    check_usable("abort()");
+    check_moved("abort()");
     transport_->abort(why);
   }
 
@@ -365,9 +382,11 @@ class communicator {
         timeout_(parent.timeout_) {}
 
   [[nodiscard]] std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) const {
+    detail::check_timeout("communicator: the timeout", t);
     if (t.count() > 0) return t;
     if constexpr (requires(const T& x) { x.default_timeout(); }) {
       const std::chrono::nanoseconds d = transport_->default_timeout();
+      detail::check_timeout("communicator: the transport's timeout", d);
       if (d.count() > 0) return d;
     }
     return detail::env_timeout();
@@ -390,6 +409,11 @@ class communicator {
     } else {
       return topology{0, rank_, size(), 1};
     }
+  }
+
+  void check_moved(std::string_view what) const {
+    if (!transport_)
+      throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
   }
 
   [[nodiscard]] int world_of(int peer) const noexcept {

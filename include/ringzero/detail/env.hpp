@@ -29,14 +29,30 @@ namespace ringzero::detail {
   return v;
 }
 
+/// The longest deadline ringzero accepts (about 31 years): far beyond any job, and far enough
+/// below the clock's range that now() + timeout cannot overflow.
+inline constexpr std::chrono::seconds max_timeout{1'000'000'000};
+
+/// Throws invalid_argument naming `what` when a deadline is longer than max_timeout.
+inline void check_timeout(const std::string& what, std::chrono::nanoseconds t) {
+  if (t > max_timeout)
+    throw invalid_argument(what + " is " + std::to_string(t.count()) +
+                           " ns, longer than the longest deadline ringzero accepts (" +
+                           std::to_string(max_timeout.count()) + " s)");
+}
+
 /// RINGZERO_TIMEOUT in seconds (fractions allowed), default 300.
 [[nodiscard]] inline std::chrono::nanoseconds env_timeout() {
   auto s = getenv_str("RINGZERO_TIMEOUT");
   if (!s) return std::chrono::seconds(300);
   char* end = nullptr;
   const double secs = std::strtod(s->c_str(), &end);
-  if (end == s->c_str() || *end != '\0' || !(secs > 0))
-    throw invalid_argument("RINGZERO_TIMEOUT='" + *s + "' is not a positive number of seconds");
+  // !(x >= 1e-9) also refuses NaN; the upper bound refuses inf and keeps the cast defined.
+  if (end == s->c_str() || *end != '\0' || !(secs >= 1e-9) ||
+      secs > static_cast<double>(max_timeout.count()))
+    throw invalid_argument("RINGZERO_TIMEOUT='" + *s +
+                           "' is not a number of seconds from 0.000000001 to " +
+                           std::to_string(max_timeout.count()));
   return std::chrono::nanoseconds(static_cast<long long>(secs * 1e9));
 }
 

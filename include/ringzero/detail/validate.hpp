@@ -5,17 +5,71 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "ringzero/algorithm.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::detail {
+
+/// The most elements of E one buffer may hold: its byte count must fit in a ptrdiff_t, as every
+/// pointer difference and byte count downstream assumes. A span past it (a count computed from
+/// a wrapped subtraction, say) would make size_bytes() wrap.
+template <class E>
+inline constexpr std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) /
+                                            sizeof(std::remove_cv_t<E>);
+
+/// Every buffer a call is given, whether this rank reads it or not: a null pointer with a
+/// non-zero count is never a buffer, and no buffer holds more than max_elements.
+template <class E>
+void check_buffer(std::string_view what, std::string_view name, std::span<E> s) {
+  if (s.data() == nullptr && !s.empty())
+    throw invalid_argument(
+        fmt::format("{}: {} is a null pointer with {} elements", what, name, s.size()));
+  if (s.size() > max_elements<E>)
+    throw invalid_argument(
+        fmt::format("{}: {} holds {} elements of {} bytes, more than any buffer can ({} at most)",
+                    what, name, s.size(), sizeof(E), max_elements<E>));
+}
+
+/// "n * count = product" for a message, without letting the product wrap.
+[[nodiscard]] inline std::string product_text(std::size_t n, std::size_t count) {
+  if (count != 0 && n > SIZE_MAX / count) return fmt::format("{} * {}, which overflows", n, count);
+  return fmt::format("{} * {} = {}", n, count, n * count);
+}
+
+/// Whether `whole` is exactly n blocks of `block` elements (n >= 1), without multiplying.
+[[nodiscard]] constexpr bool holds_blocks(std::size_t whole, std::size_t n,
+                                          std::size_t block) noexcept {
+  return whole % n == 0 && whole / n == block;
+}
+
+/// The two buffers of an overlap error, so that the message shows how they overlap.
+[[nodiscard]] inline std::string overlap_text(const void* in, std::size_t in_bytes, const void* out,
+                                              std::size_t out_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(in);
+  const auto y = reinterpret_cast<std::uintptr_t>(out);
+  return fmt::format("(input: {} bytes at {}, output: {} bytes at {}, starting {} bytes {})",
+                     in_bytes, in, out_bytes, out, x <= y ? y - x : x - y,
+                     x <= y ? "after the input" : "before the input");
+}
+
+/// The per-call options: a deadline that the clock arithmetic cannot overflow.
+inline void check_options(std::string_view what, const options& opt) {
+  // Tested before the message is built: this runs on every call.
+  if (opt.timeout > max_timeout)
+    check_timeout(fmt::format("{}: options::timeout", what), opt.timeout);
+}
 
 [[nodiscard]] inline bool overlaps(const void* a, std::size_t an, const void* b,
                                    std::size_t bn) noexcept {
@@ -47,53 +101,70 @@ inline void check_peer(std::string_view what, int rank, int size, int peer) {
 
 template <element E>
 void check_all_reduce(std::span<const E> in, std::span<E> out, op o) {
+  check_buffer("all_reduce", "input", in);
+  check_buffer("all_reduce", "output", out);
   check_op(o, "all_reduce");
   if (in.size() != out.size())
     throw invalid_argument(
         fmt::format("all_reduce: input has {} elements but output has {}", in.size(), out.size()));
   if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("all_reduce: input and output overlap without being the same buffer");
+    throw invalid_argument(
+        fmt::format("all_reduce: input and output overlap without being the same buffer {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_reduce_scatter(int rank, int size, std::span<const E> in, std::span<E> out, op o) {
+  check_buffer("reduce_scatter", "input", in);
+  check_buffer("reduce_scatter", "output", out);
   check_op(o, "reduce_scatter");
   const auto n = static_cast<std::size_t>(size);
-  if (in.size() != out.size() * n)
-    throw invalid_argument(fmt::format(
-        "reduce_scatter: input must hold size() * output elements ({} * {} = {}), got {}", n,
-        out.size(), n * out.size(), in.size()));
+  if (!holds_blocks(in.size(), n, out.size()))
+    throw invalid_argument(
+        fmt::format("reduce_scatter: input must hold size() * output elements ({}), got {}",
+                    product_text(n, out.size()), in.size()));
   const E* own_block = in.data() + out.size() * static_cast<std::size_t>(rank);
   if (out.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        "reduce_scatter: output overlaps the input but is not this rank's block of it");
+    throw invalid_argument(fmt::format(
+        "reduce_scatter: output overlaps the input but is not this rank's block of it {}",
+        overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_all_gather(int rank, int size, std::span<const E> in, std::span<E> out) {
+  check_buffer("all_gather", "input", in);
+  check_buffer("all_gather", "output", out);
   const auto n = static_cast<std::size_t>(size);
-  if (out.size() != in.size() * n)
+  if (!holds_blocks(out.size(), n, in.size()))
     throw invalid_argument(
-        fmt::format("all_gather: output must hold size() * input elements ({} * {} = {}), got {}",
-                    n, in.size(), n * in.size(), out.size()));
+        fmt::format("all_gather: output must hold size() * input elements ({}), got {}",
+                    product_text(n, in.size()), out.size()));
   const E* own_block = out.data() + in.size() * static_cast<std::size_t>(rank);
   if (in.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("all_gather: input overlaps the output but is not this rank's block");
+    throw invalid_argument(
+        fmt::format("all_gather: input overlaps the output but is not this rank's block {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_broadcast(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
+  check_buffer("broadcast", "input", in);
+  check_buffer("broadcast", "output", out);
   check_root(root, size, "broadcast");
   if (rank != root) return;
   if (in.size() != out.size())
     throw invalid_argument(fmt::format("broadcast: root's input has {} elements but output has {}",
                                        in.size(), out.size()));
   if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("broadcast: input and output overlap without being the same buffer");
+    throw invalid_argument(
+        fmt::format("broadcast: input and output overlap without being the same buffer {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_reduce(int rank, int size, std::span<const E> in, std::span<E> out, op o, int root) {
+  check_buffer("reduce", "input", in);
+  check_buffer("reduce", "output", out);
   check_op(o, "reduce");
   check_root(root, size, "reduce");
   if (rank != root) return;
@@ -101,11 +172,15 @@ void check_reduce(int rank, int size, std::span<const E> in, std::span<E> out, o
     throw invalid_argument(fmt::format("reduce: root's input has {} elements but output has {}",
                                        in.size(), out.size()));
   if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("reduce: input and output overlap without being the same buffer");
+    throw invalid_argument(
+        fmt::format("reduce: input and output overlap without being the same buffer {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_all_to_all(int size, std::span<const E> in, std::span<E> out) {
+  check_buffer("all_to_all", "input", in);
+  check_buffer("all_to_all", "output", out);
   const auto n = static_cast<std::size_t>(size);
   if (in.size() != out.size())
     throw invalid_argument(
@@ -114,13 +189,17 @@ void check_all_to_all(int size, std::span<const E> in, std::span<E> out) {
     throw invalid_argument(fmt::format(
         "all_to_all: {} elements do not split into {} equal blocks, one per rank", in.size(), n));
   if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("all_to_all: input and output overlap without being the same buffer");
+    throw invalid_argument(
+        fmt::format("all_to_all: input and output overlap without being the same buffer {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 /// One side (send or receive) of an all_to_allv: a count and a displacement per rank, every
 /// block inside a buffer of `len` elements.
 inline void check_v_blocks(std::string_view side, int size, std::span<const std::size_t> counts,
                            std::span<const std::size_t> displs, std::size_t len) {
+  check_buffer("all_to_allv", fmt::format("{} counts", side), counts);
+  check_buffer("all_to_allv", fmt::format("{} displacements", side), displs);
   const auto n = static_cast<std::size_t>(size);
   if (counts.size() != n)
     throw invalid_argument(
@@ -144,6 +223,8 @@ void check_all_to_allv(int rank, int size, std::span<const E> in,
                        std::span<const std::size_t> send_displs, std::span<E> out,
                        std::span<const std::size_t> recv_counts,
                        std::span<const std::size_t> recv_displs) {
+  check_buffer("all_to_allv", "input", in);
+  check_buffer("all_to_allv", "output", out);
   check_v_blocks("send", size, send_counts, send_displs, in.size());
   check_v_blocks("receive", size, recv_counts, recv_displs, out.size());
   const auto me = static_cast<std::size_t>(rank);
@@ -153,7 +234,8 @@ void check_all_to_allv(int rank, int size, std::span<const E> in,
                     rank, send_counts[me], recv_counts[me]));
   if (overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
     throw invalid_argument(
-        "all_to_allv: input and output overlap (all_to_allv has no in-place form)");
+        fmt::format("all_to_allv: input and output overlap (all_to_allv has no in-place form) {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
   // Receive blocks must not overlap: sorted by displacement, each ends before the next begins.
   std::vector<std::size_t> order;
   for (std::size_t r = 0; r < recv_counts.size(); ++r)
@@ -172,30 +254,38 @@ void check_all_to_allv(int rank, int size, std::span<const E> in,
 
 template <element E>
 void check_gather(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
+  check_buffer("gather", "input", in);
+  check_buffer("gather", "output", out);
   check_root(root, size, "gather");
   if (rank != root) return;
   const auto n = static_cast<std::size_t>(size);
-  if (out.size() != in.size() * n)
-    throw invalid_argument(fmt::format(
-        "gather: root's output must hold size() * input elements ({} * {} = {}), got {}", n,
-        in.size(), n * in.size(), out.size()));
+  if (!holds_blocks(out.size(), n, in.size()))
+    throw invalid_argument(
+        fmt::format("gather: root's output must hold size() * input elements ({}), got {}",
+                    product_text(n, in.size()), out.size()));
   const E* own_block = out.data() + in.size() * static_cast<std::size_t>(root);
   if (in.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("gather: input overlaps the root's output but is not the root's block");
+    throw invalid_argument(
+        fmt::format("gather: input overlaps the root's output but is not the root's block {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 template <element E>
 void check_scatter(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
+  check_buffer("scatter", "input", in);
+  check_buffer("scatter", "output", out);
   check_root(root, size, "scatter");
   if (rank != root) return;
   const auto n = static_cast<std::size_t>(size);
-  if (in.size() != out.size() * n)
-    throw invalid_argument(fmt::format(
-        "scatter: root's input must hold size() * output elements ({} * {} = {}), got {}", n,
-        out.size(), n * out.size(), in.size()));
+  if (!holds_blocks(in.size(), n, out.size()))
+    throw invalid_argument(
+        fmt::format("scatter: root's input must hold size() * output elements ({}), got {}",
+                    product_text(n, out.size()), in.size()));
   const E* own_block = in.data() + out.size() * static_cast<std::size_t>(root);
   if (out.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument("scatter: output overlaps the root's input but is not the root's block");
+    throw invalid_argument(
+        fmt::format("scatter: output overlaps the root's input but is not the root's block {}",
+                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
 }
 
 }  // namespace ringzero::detail

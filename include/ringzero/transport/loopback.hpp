@@ -62,6 +62,13 @@ struct mailbox {
   std::map<key, std::vector<std::shared_ptr<message>>> recvs;
 };
 
+/// One rank's abort(): shared by the communicators over its transport, read by every wait.
+struct abort_state {
+  std::atomic<bool> set{false};
+  std::mutex mutex;
+  std::string why;  // written once, under mutex, before set
+};
+
 struct shared_state {
   explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {}
   std::vector<mailbox> boxes;
@@ -149,7 +156,25 @@ class transport {
   }
   void progress() noexcept {}
 
+  /// Fails every wait on this rank's transport, and so on every communicator over it, with
+  /// peer_error carrying `why`: now, including waits blocked in another thread, and every call
+  /// after. Thread-safe; the first reason given is the one kept. The other ranks learn of it as
+  /// of any failure: when this rank's function throws, world::run fails their waits.
+  void abort(const std::string& why) {
+    std::lock_guard lock(aborted_->mutex);
+    if (aborted_->set.load(std::memory_order_relaxed)) return;
+    aborted_->why = why;
+    aborted_->set.store(true, std::memory_order_release);
+  }
+  /// Why abort() was called, or nullopt if it was not.
+  [[nodiscard]] std::optional<std::string> abort_reason() const {
+    if (!aborted_->set.load(std::memory_order_acquire)) return std::nullopt;
+    std::lock_guard lock(aborted_->mutex);
+    return aborted_->why;
+  }
+
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_aborted();
     auto msg = std::make_shared<detail::message>();
     msg->src = rank_;
     msg->send_data = data;
@@ -170,6 +195,7 @@ class transport {
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_aborted();
     auto msg = std::make_shared<detail::message>();
     msg->src = peer;
     msg->recv_data = data;
@@ -191,6 +217,7 @@ class transport {
 
   [[nodiscard]] bool test(request& r) {
     if (!r.msg_) throw invalid_argument("test() on an empty request");
+    check_aborted();
     if (r.msg_->done.load(std::memory_order_acquire)) {
       if (r.msg_->size_mismatch)
         throw transport_error(fmt::format(
@@ -223,9 +250,15 @@ class transport {
     return r;
   }
 
+  void check_aborted() const {
+    if (auto why = abort_reason())
+      throw peer_error(fmt::format("rank {}: the communicator was aborted: {}", rank_, *why), -1);
+  }
+
   std::shared_ptr<detail::shared_state> shared_;
   int rank_;
   world_options opts_;
+  std::shared_ptr<detail::abort_state> aborted_ = std::make_shared<detail::abort_state>();
 };
 
 using communicator = ringzero::communicator<transport>;
