@@ -155,7 +155,9 @@ class rng {
   tc.reduction = reducing ? ringzero::all_ops[g.below(std::size(ringzero::all_ops))] : op::sum;
   tc.in_place = tc.coll != collective::all_to_allv && g.below(2) == 0;
   tc.count = draw_count(g, tc.coll, ringzero::dtype_size(tc.type), n);
-  tc.root = static_cast<int>(g.below(static_cast<std::size_t>(n)));
+  const bool rooted = tc.coll == collective::broadcast || tc.coll == collective::reduce ||
+                     tc.coll == collective::gather || tc.coll == collective::scatter;
+  if (rooted) tc.root = static_cast<int>(g.below(static_cast<std::size_t>(n)));
   // Half the ops cut their buffer into 1 to 16 chunks of a size no element size divides, so
   // pipelines run with chunks in flight and a short last one.
   if (g.below(2) == 0) {
