@@ -34,11 +34,16 @@ struct test_case {
   bool in_place = false;
   std::size_t count = 0;
   int root = 0;
+  std::size_t chunk_bytes = 0;  // options::chunk_bytes; 0 = the transport's
+  std::uint64_t salt = 0;       // varies the inputs of otherwise equal cases (the soak's)
 
   [[nodiscard]] std::string name() const {
-    return fmt::format("{} algo={} type={} op={} {} count={} root={}", collective_name(coll),
-                       algorithm_name(algo), dtype_name(type), op_name(reduction),
-                       in_place ? "in-place" : "out-of-place", count, root);
+    std::string s = fmt::format(
+        "{} algo={} type={} op={} {} count={} root={}", collective_name(coll), algorithm_name(algo),
+        dtype_name(type), op_name(reduction), in_place ? "in-place" : "out-of-place", count, root);
+    if (chunk_bytes != 0) s += fmt::format(" chunk_bytes={}", chunk_bytes);
+    if (salt != 0) s += fmt::format(" salt={:#x}", salt);
+    return s;
   }
 };
 
@@ -90,7 +95,8 @@ struct test_case {
   return mix(mix((static_cast<std::uint64_t>(tc.coll) << 56) ^
                  (static_cast<std::uint64_t>(tc.type) << 48) ^
                  (static_cast<std::uint64_t>(tc.reduction) << 40) ^ tc.count) ^
-             static_cast<std::uint64_t>(tc.root));
+             static_cast<std::uint64_t>(tc.root)) ^
+         tc.salt;
 }
 
 /// What one case left on one rank.
@@ -141,7 +147,7 @@ outcome run_typed(T& comm, const test_case& tc) {
   const int me = comm.rank();
   const std::size_t count = tc.count;
   const auto total = count * static_cast<std::size_t>(n);
-  const ringzero::options opt{.algorithm = tc.algo};
+  const ringzero::options opt{.algorithm = tc.algo, .chunk_bytes = tc.chunk_bytes};
   const op o = tc.reduction;
   const std::uint64_t seed = seed_of(tc);
   outcome res;
