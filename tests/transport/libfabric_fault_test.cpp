@@ -261,7 +261,14 @@ TEST_CASE("a survivor that exits after the first death is not named by a rank th
         const auto start = std::chrono::steady_clock::now();
         while (comm.failed_rank() < 0 && std::chrono::steady_clock::now() - start < 10s)
           std::this_thread::sleep_for(5ms);
-        ::kill(pid0, SIGCONT);
+        // Rank 0 resumes only once this rank is gone too, from a helper process.
+        const pid_t self = ::getpid();
+        if (::fork() == 0) {
+          while (::getppid() == self) std::this_thread::sleep_for(5ms);
+          std::this_thread::sleep_for(50ms);
+          ::kill(pid0, SIGCONT);
+          std::_Exit(0);
+        }
         std::_Exit(comm.failed_rank() == 2 ? 0 : 3);  // gone at once, as a survivor that raised
       }
       if (r == 2) {
