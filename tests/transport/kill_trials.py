@@ -49,11 +49,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def shm_entries(pids):
+def shm_names():
     try:
-        names = os.listdir("/dev/shm")
+        return set(os.listdir("/dev/shm"))
     except OSError:
-        return []
+        return set()
+
+
+def shm_entries(pids, before=frozenset()):
+    # Names there before the trial are not its own: pids wrap (pid_max is often 32768), and a
+    # name that another program left behind may carry the pid a rank of this trial got.
+    names = shm_names() - before
     # libfabric's providers name theirs <pid>:...; the native shm transport /ringzero-<pid>-...
     return [n for n in names for p in pids
             if n.startswith(f"{p}:") or n.startswith(f"ringzero-{p}-")]
@@ -131,6 +137,7 @@ def trial(perf, run, rng, tmp, idx):
     procs = []
     launcher_proc = None
     launcher_log = os.path.join(tmp, f"t{idx}_run.txt")
+    shm_before = shm_names()
     started = time.monotonic()
     if launcher:
         with open(launcher_log, "w") as out:
@@ -239,7 +246,7 @@ def trial(perf, run, rng, tmp, idx):
     if left:
         result["ok"] = False
         result["why"].append(f"processes left: {left}")
-    regions = shm_entries([p for p in pids if p > 0])
+    regions = shm_entries([p for p in pids if p > 0], shm_before)
     if regions:
         result["ok"] = False
         result["why"].append(f"/dev/shm regions left: {regions}")

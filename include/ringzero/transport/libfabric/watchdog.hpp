@@ -265,7 +265,8 @@ class watchdog {
   explicit watchdog(config cfg)
       : cfg_(std::move(cfg)),
         self_(self_process()),
-        terminate_(ringzero::detail::getenv_str("RINGZERO_WATCHDOG").value_or("1") != "0") {
+        terminate_(ringzero::detail::getenv_str("RINGZERO_WATCHDOG").value_or("1") != "0"),
+        removed_(cfg_.peers.size(), false) {
     thread_ = std::thread([this] { run(); });
   }
   watchdog(const watchdog&) = delete;
@@ -353,12 +354,15 @@ class watchdog {
       const process_id& p = cfg_.peers[r];
       switch (probe(p, self_)) {
         case process_state::gone:
-          if (failed_rank() < 0 && !departed(static_cast<int>(r))) {
-            // A process killed outright leaves its shm regions behind; every survivor removes
-            // them (removing a name that is already gone is harmless).
+          // A process killed outright, or ended without running its destructors, leaves its
+          // shm regions behind; every survivor removes them, once per rank (removing a name
+          // that is already gone is harmless).
+          if (!removed_[r]) {
+            removed_[r] = true;
             remove_shm_regions(p.pid);
-            suspect(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
           }
+          if (failed_rank() < 0 && !departed(static_cast<int>(r)))
+            suspect(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
           break;
         case process_state::stopped:
           stopped.push_back(static_cast<int>(r));
@@ -414,6 +418,7 @@ class watchdog {
   std::string reason_;
   std::vector<int> stopped_;
   std::vector<int> departed_;  ///< ranks that left in an orderly way (failure_board)
+  std::vector<bool> removed_;  ///< by world rank: its shm regions were removed (watchdog thread)
   bool stop_ = false;
   std::thread thread_;
 };
