@@ -77,6 +77,16 @@ else
   failures+=("package: conan create")
   failed=$((failed + 1))
 fi
+# libFuzzer targets (fuzz/), RINGZERO_FUZZ_SECONDS each (20 s here; set it higher for a hunt).
+# RINGZERO_FUZZ=0 skips them.
+if [[ ${RINGZERO_FUZZ:-1} != 0 ]]; then
+  if bash scripts/fuzz.sh; then
+    passed=$((passed + 1))
+  else
+    failures+=("fuzz: scripts/fuzz.sh (inputs in build/fuzz/artifacts/)")
+    failed=$((failed + 1))
+  fi
+fi
 echo "stage 1 took ${SECONDS}s"
 
 if ((quick == 0)); then

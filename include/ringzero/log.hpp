@@ -12,6 +12,12 @@
 
 #include "ringzero/detail/env.hpp"
 
+// ringzero::ringzero defines this for CUDA sources (see CMakeLists.txt); without it fmt < 10.1
+// fails on every format string under nvcc, with errors that do not name the cause.
+#if defined(__NVCC__) && defined(FMT_USE_CONSTEXPR) && !FMT_USE_CONSTEXPR
+#error "ringzero under nvcc needs fmt's constexpr: compile with -DFMT_USE_CONSTEXPR=1 (fmt < 10.1)"
+#endif
+
 namespace ringzero::log {
 
 enum class level : int { none = 0, warn = 1, info = 2, trace = 3 };

@@ -11,7 +11,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <set>
 #include <span>
@@ -63,6 +65,20 @@ struct raw_connection {
     CHECK(::send(fd, b.data(), b.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(b.size()));
   }
 
+  // Whether the server closes this connection within `limit` (reading and discarding replies).
+  [[nodiscard]] bool closed_within(std::chrono::milliseconds limit) const {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    std::array<std::byte, 4096> buf{};
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      if (::recv(fd, buf.data(), buf.size(), 0) <= 0) return true;
+    }
+  }
+
   // The server's answer: its error text, or "<closed>" if it hung up without one.
   std::string refusal() const {
     std::vector<std::byte> got;
@@ -92,6 +108,31 @@ std::array<std::byte, rb::detail::request_header_bytes> header(rb::detail::op o,
   h.key_len = key_len;
   h.value_len = value_len;
   return rb::detail::encode(h);
+}
+
+// A whole request frame, with the given token.
+std::vector<std::byte> frame(rb::detail::op o, std::string_view tok, std::string_view key,
+                             std::span<const std::byte> value) {
+  const auto h = header(o, static_cast<std::uint32_t>(tok.size()),
+                        static_cast<std::uint32_t>(key.size()), value.size());
+  std::vector<std::byte> f(h.begin(), h.end());
+  const auto t = bytes(tok);
+  const auto k = bytes(key);
+  f.insert(f.end(), t.begin(), t.end());
+  f.insert(f.end(), k.begin(), k.end());
+  f.insert(f.end(), value.begin(), value.end());
+  return f;
+}
+
+std::vector<std::byte> hello_frame(int world) {
+  std::array<std::byte, 16> arg{};
+  rb::detail::put_u64(arg.data(), static_cast<std::uint64_t>(world));
+  return frame(rb::detail::op::hello, token, "", arg);
+}
+
+rb::tcp_store server_with(const rb::tcp_store_limits& limits, int world = 1,
+                          const std::string& host = "127.0.0.1", const std::string& bind = {}) {
+  return rb::tcp_store(host, 0, true, world, token, generous, bind, 0, limits);
 }
 
 int free_port() {
@@ -419,4 +460,243 @@ TEST_CASE("a rank done with one store waits for the next instead of joining the 
   }
   CHECK(failure == nullptr);
   CHECK(got == "from the second store");
+}
+
+TEST_CASE("the token check: constant-time comparison and the request parser") {
+  const std::string_view job = "job-token-1";
+  CHECK(rb::detail::same_token(bytes(job), job));
+  CHECK_FALSE(rb::detail::same_token(bytes("job-token-2"), job));
+  CHECK_FALSE(rb::detail::same_token(bytes("job-token-"), job));    // a prefix
+  CHECK_FALSE(rb::detail::same_token(bytes("job-token-12"), job));  // longer
+  CHECK_FALSE(rb::detail::same_token({}, job));
+  CHECK(rb::detail::same_token({}, ""));
+
+  const auto value = bytes("v");
+  const auto good = frame(rb::detail::op::set, job, "k", value);
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    CAPTURE(n);  // every prefix of a valid frame asks for more, never refuses or overreads
+    CHECK(rb::detail::parse_request(std::span(good).first(n), job).status ==
+          rb::detail::parse_status::need_more);
+  }
+  const auto ok = rb::detail::parse_request(good, job);
+  REQUIRE(ok.status == rb::detail::parse_status::ok);
+  CHECK(ok.consumed == good.size());
+  CHECK(ok.req.o == rb::detail::op::set);
+  CHECK(ok.req.key == "k");
+  CHECK(text({ok.req.value.begin(), ok.req.value.end()}) == "v");
+  // A wrong token is refused as soon as the token is in, before any of the body arrived.
+  const auto wrong = frame(rb::detail::op::set, "job-token-2", "k", value);
+  const auto r = rb::detail::parse_request(
+      std::span(wrong).first(rb::detail::request_header_bytes + job.size()), job);
+  CHECK(r.status == rb::detail::parse_status::refused);
+  CHECK(std::string_view(r.why).starts_with("wrong job token"));
+}
+
+TEST_CASE("a client that connects and sends nothing is dropped after the idle timeout") {
+  rb::tcp_store_limits limits;
+  limits.idle_timeout = 300ms;
+  rb::tcp_store server = server_with(limits);
+  raw_connection idle(server.port());
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(idle.closed_within(10s));
+  CHECK(std::chrono::steady_clock::now() - start >= 250ms);
+  // Idle is about not presenting the token: this rank's own pooled connection, idle for longer
+  // than that, still works.
+  server.set_string("k", "v");
+  CHECK(server.get_string("k") == "v");
+}
+
+TEST_CASE("slow-loris clients are dropped while a good client is served") {
+  rb::tcp_store_limits limits;
+  limits.idle_timeout = 2s;
+  limits.request_timeout = 2s;
+  rb::tcp_store server = server_with(limits, 2);
+  const int port = server.port();
+  const auto start = std::chrono::steady_clock::now();  // before either deadline starts
+  // One client trickles a request one byte every 50 ms before authenticating, one after a
+  // valid hello (it holds the token, but still may not hold the store).
+  raw_connection before(port);
+  raw_connection after(port);
+  after.send(hello_frame(2));
+  std::array<std::byte, rb::detail::reply_header_bytes> ack{};
+  REQUIRE(::recv(after.fd, ack.data(), ack.size(), MSG_WAITALL) == ssize_t{ack.size()});
+  const auto slow = frame(rb::detail::op::set, token, "slow", bytes(std::string(200, 'x')));
+  std::atomic<int> dropped{0};
+  std::atomic<bool> good_done{false};
+  bool good_done_first[2] = {false, false};
+  std::chrono::steady_clock::duration took[2]{};
+  auto trickle = [&](const raw_connection& c, int i) {
+    for (std::byte b : slow) {
+      pollfd p{c.fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0 || ::send(c.fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) break;
+      std::this_thread::sleep_for(50ms);
+    }
+    took[i] = std::chrono::steady_clock::now() - start;
+    good_done_first[i] = good_done.load();
+    ++dropped;
+  };
+  std::thread t0(trickle, std::cref(before), 0);
+  std::thread t1(trickle, std::cref(after), 1);
+  {
+    rb::tcp_store good = client(port, 2);
+    for (int i = 0; i < 20; ++i) {
+      good.set_string(fmt::format("good/{}", i), "v");
+      CHECK(server.get_string(fmt::format("good/{}", i)) == "v");
+    }
+    good_done = true;
+  }
+  t0.join();
+  t1.join();
+  CHECK(dropped == 2);
+  for (int i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    CHECK(good_done_first[i]);
+    // Dropped by the timeout (2 s), long before its 239 bytes would have taken (12 s).
+    CHECK(took[i] >= 2s);
+    CHECK(took[i] < 8s);
+  }
+  rb::tcp_store probe = client(port, 2, 200ms);
+  CHECK_THROWS_AS(static_cast<void>(probe.get("slow")), ringzero::timeout_error);
+}
+
+TEST_CASE("a client that never reads its reply is dropped") {
+  rb::tcp_store_limits limits;
+  limits.request_timeout = 500ms;
+  rb::tcp_store server = server_with(limits);
+  std::vector<std::byte> big(16 << 20, std::byte{7});  // more than the socket buffers hold
+  server.set("big", big);
+  raw_connection greedy(server.port());
+  const int small = 4096;
+  ::setsockopt(greedy.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  greedy.send(hello_frame(1));
+  greedy.send(frame(rb::detail::op::get, token, "big", {}));
+  std::this_thread::sleep_for(1500ms);
+  // The server gave up on it: reading now ends early, not with all 16 MiB.
+  std::size_t got = 0;
+  std::vector<std::byte> buf(1 << 16);
+  for (;;) {
+    pollfd p{greedy.fd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) break;
+    const ssize_t n = ::recv(greedy.fd, buf.data(), buf.size(), 0);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  CHECK(got < big.size());
+  CHECK(server.get("big") == big);
+}
+
+TEST_CASE("the connection cap: idle strangers make room, authenticated ranks are refused") {
+  rb::tcp_store_limits limits;
+  limits.max_connections = 3;
+  rb::tcp_store server = server_with(limits, 4);  // holds one connection itself
+  const int port = server.port();
+  raw_connection first(port);
+  raw_connection second(port);
+  std::this_thread::sleep_for(100ms);
+  raw_connection third(port);  // over the cap: the oldest stranger goes
+  CHECK(first.closed_within(5s));
+  CHECK_FALSE(second.closed_within(100ms));
+  std::optional<rb::tcp_store> a;
+  a.emplace("127.0.0.1", port, false, 4, token, generous);  // a rank displaces a stranger
+  CHECK(second.closed_within(5s));
+  a->set_string("a", "1");
+  std::optional<rb::tcp_store> b;
+  b.emplace("127.0.0.1", port, false, 4, token, generous);
+  CHECK(third.closed_within(5s));
+  b->set_string("b", "2");
+  // Every connection is a rank that authenticated: the next is told why it cannot join.
+  CHECK_THROWS_WITH_AS(client(port, 4), doctest::Contains("at most 3 connections"),
+                       ringzero::bootstrap_error);
+  CHECK(server.get_string("a") == "1");
+  CHECK(server.get_string("b") == "2");
+  b.reset();  // frees a slot, once the server has seen the close
+  std::this_thread::sleep_for(200ms);
+  rb::tcp_store c = client(port, 4);
+  c.set_string("c", "3");
+  CHECK(server.get_string("c") == "3");
+}
+
+TEST_CASE("the memory cap refuses the request that would pass it, and the store keeps serving") {
+  rb::tcp_store_limits limits;
+  limits.max_memory_bytes = 256 * 1024;
+  rb::tcp_store server = server_with(limits);
+  const std::vector<std::byte> chunk(100 * 1024, std::byte{1});
+  server.set("one", chunk);
+  server.set("two", chunk);
+  CHECK_THROWS_WITH_AS(server.set("three", chunk),
+                       doctest::Contains("memory limit of 262144 bytes"),
+                       ringzero::bootstrap_error);
+  server.set("two", std::vector<std::byte>(10));  // shrinking a value frees its bytes
+  server.set("three", chunk);
+  CHECK(server.get("three") == chunk);
+  CHECK(server.add("counter", 1) == 1);
+  // A stranger cannot make the server reserve memory: the body is reserved after the token.
+  raw_connection c(server.port());
+  c.send(header(rb::detail::op::set, 11, 1, rb::detail::max_value_bytes));
+  c.send(bytes("job-token-2"));
+  CHECK(c.refusal().starts_with("wrong job token"));
+}
+
+TEST_CASE("the server listens only on the address it was told") {
+  auto reachable = [](const char* addr, int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    REQUIRE(::inet_pton(AF_INET, addr, &a.sin_addr) == 1);
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+  };
+  {
+    rb::tcp_store s = server_with({}, 1, "127.0.0.2", "127.0.0.2");
+    CHECK(reachable("127.0.0.2", s.port()));
+    CHECK_FALSE(reachable("127.0.0.1", s.port()));
+    s.set_string("k", "v");
+    CHECK(s.get_string("k") == "v");
+  }
+  {
+    // No bind address and a loopback rendezvous address: loopback only.
+    rb::tcp_store s = server_with({}, 1, "127.0.0.1");
+    CHECK(reachable("127.0.0.1", s.port()));
+    CHECK_FALSE(reachable("127.0.0.2", s.port()));
+  }
+  CHECK_THROWS_WITH_AS(server_with({}, 1, "127.0.0.1", "no-such-interface0"),
+                       doctest::Contains("no-such-interface0"), ringzero::bootstrap_error);
+}
+
+TEST_CASE("limits from the environment are checked") {
+  struct env_var {
+    const char* name;
+    env_var(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~env_var() { ::unsetenv(name); }
+    env_var(const env_var&) = delete;
+    env_var& operator=(const env_var&) = delete;
+  };
+  {
+    env_var a("RINGZERO_STORE_MAX_CONNECTIONS", "7");
+    env_var b("RINGZERO_STORE_MAX_MEMORY", "1000");
+    env_var c("RINGZERO_STORE_IDLE_TIMEOUT", "2");
+    env_var d("RINGZERO_STORE_REQUEST_TIMEOUT", "3");
+    const auto l = rb::tcp_store_limits::from_env();
+    CHECK(l.max_connections == 7);
+    CHECK(l.max_memory_bytes == 1000);
+    CHECK(l.idle_timeout == 2s);
+    CHECK(l.request_timeout == 3s);
+    const auto r = l.resolved(4, 2500ms);
+    CHECK(r.request_timeout == 2500ms);  // never longer than the store's own timeout
+  }
+  CHECK(rb::tcp_store_limits{}.resolved(1000, generous).max_connections == 2064);
+  {
+    env_var a("RINGZERO_STORE_MAX_MEMORY", "lots");
+    CHECK_THROWS_WITH_AS(static_cast<void>(rb::tcp_store_limits::from_env()),
+                         doctest::Contains("RINGZERO_STORE_MAX_MEMORY"),
+                         ringzero::invalid_argument);
+  }
+  {
+    env_var a("RINGZERO_STORE_IDLE_TIMEOUT", "0");
+    CHECK_THROWS_WITH_AS(static_cast<void>(rb::tcp_store_limits::from_env()),
+                         doctest::Contains("RINGZERO_STORE_IDLE_TIMEOUT"),
+                         ringzero::invalid_argument);
+  }
 }

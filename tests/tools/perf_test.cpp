@@ -86,6 +86,10 @@ TEST_CASE("sizes take nccl-tests' binary suffixes") {
   CHECK(perf::parse_size("-b", "4KiB") == 4096);
   CHECK_THROWS_AS((void)perf::parse_size("-b", "4X"), ringzero::invalid_argument);
   CHECK_THROWS_AS((void)perf::parse_size("-b", "lots"), ringzero::invalid_argument);
+  // Found by fuzzing: converting a double past 2^64 to size_t is undefined.
+  CHECK_THROWS_WITH_AS((void)perf::parse_size("-b", "1e30"), doctest::Contains("larger than"),
+                       ringzero::invalid_argument);
+  CHECK_THROWS_AS((void)perf::parse_size("-e", "17179869184G"), ringzero::invalid_argument);
 }
 
 TEST_CASE("the command line reads nccl-tests' flags") {

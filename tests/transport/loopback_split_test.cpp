@@ -121,17 +121,16 @@ namespace {
 void check_hierarchical(int ranks, int per_node) {
   // The levels are the public collectives, which their own tests cover for every type; here
   // one integer, one float and one 16-bit type cover the decomposition, padding and avg.
-  const ringzero::dtype types[] = {ringzero::dtype::int8, ringzero::dtype::float32,
-                                   ringzero::dtype::bfloat16};
+  using split_types = conformance::types<std::int8_t, float, ringzero::bfloat16>;
   std::vector<conformance::test_case> cases;
-  for (auto& tc : conformance::matrix(ranks, true, types))
+  for (auto& tc : conformance::matrix(ranks, true, split_types::dtypes))
     if (tc.coll == ringzero::collective::all_reduce && tc.algo == ringzero::algorithm::hierarchical)
       cases.push_back(tc);
   loopback::world w(ranks, {.ranks_per_node = per_node});
   std::mutex m;
   std::vector<std::string> failures;
   w.run([&](loopback::communicator& comm) {
-    auto f = conformance::run_all(comm, cases);
+    auto f = conformance::run_all<split_types>(comm, cases);
     std::lock_guard lock(m);
     failures.insert(failures.end(), f.begin(), f.end());
   });

@@ -390,3 +390,56 @@ TEST_CASE("group learning rates are saved by name and restored by name") {
   CHECK(lr == std::vector<float>{0.25f, 1.0f, 0.5f});
   CHECK(zt::zero::saved_groups(zt::zero::config{}, {0.125f})[0].name == "default");
 }
+
+TEST_CASE("manifest counts, sizes and offsets are checked before they are used") {
+  using manifest = ringzero::zero::checkpoint_manifest;
+  namespace zd = ringzero::zero::detail;
+  const std::string good =
+      "ringzero-zero-checkpoint 2\nworld_size 2\nstage 1\nprecision float32\nstep 5\n"
+      "optimizer_steps 5\noptimizer adamw\nloss_scale 1 0\nalignment 16\nshard_size 4\n"
+      "arrays master exp_avg exp_avg_sq\ngroups 1\ngroup default 0.001\nbuckets 1\n"
+      "bucket 0 8 0\nparams 2\nparam w float32 1 0 0 2 2 3\nparam b float32 0 6 0 1 2\n"
+      "shards 2\nshard 0 a.bin 112 0\nshard 1 b.bin 112 0\n";
+  // `from` replaced by `to`, with the checksum line a writer would have added.
+  auto parse = [&](std::string_view from, std::string_view to) {
+    std::string text = good;
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    text += fmt::format("crc32c {:08x}\n", zd::crc32c(std::as_bytes(std::span(text))));
+    return manifest::parse(text, "m.txt");
+  };
+  const manifest m = parse("", "");
+  CHECK(m.params[0].numel() == 6);
+  CHECK_THROWS_WITH_AS((void)parse("buckets 1", "buckets 99999999999999"),
+                       doctest::Contains("99999999999999 buckets"), ringzero::checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)parse("params 2", "params 4000000000"), doctest::Contains("params"),
+                       ringzero::checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)parse("2 2 3", "2 4294967296 4294967297"),
+                       doctest::Contains("too many elements"), ringzero::checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)parse("param b float32 0 6", "param b float32 0 18446744073709551615"),
+                       doctest::Contains("outside its bucket"), ringzero::checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)parse("bucket 0 8 0", "bucket 18446744073709551615 8 0"),
+                       doctest::Contains("bucket overflows"), ringzero::checkpoint_error);
+  CHECK_THROWS_WITH_AS((void)parse(" master exp_avg exp_avg_sq", ""),
+                       doctest::Contains("no arrays"), ringzero::checkpoint_error);
+
+  // A shard's expected size is computed without wrapping: a manifest whose arrays × shard_size
+  // × 4 wraps to the size of the file at hand must not make that file pass.
+  manifest huge = m;
+  huge.shard_size = (std::size_t{1} << 62) + 4;  // × 3 arrays × 4 bytes wraps to 48
+  std::vector<std::byte> shard(zd::shard_header_bytes + 48);
+  zd::shard_header h{};
+  std::memcpy(h.magic, zd::shard_magic, sizeof h.magic);
+  h.world = 2;
+  h.arrays = 3;
+  h.shard_size = huge.shard_size;
+  h.step = 5;
+  std::memcpy(shard.data(), &h, sizeof h);
+  CHECK_FALSE(zd::shard_matches(shard, huge, 0));
+  h.shard_size = 4;
+  std::memcpy(shard.data(), &h, sizeof h);
+  CHECK(zd::shard_matches(shard, m, 0));
+  CHECK_FALSE(zd::shard_matches(shard, m, 1));  // another rank's
+  CHECK_FALSE(zd::shard_matches(std::span(shard).first(40), m, 0));
+}

@@ -218,6 +218,9 @@ namespace detail {
   const double bytes = x * unit;
   if (!(bytes >= 0) || !std::isfinite(bytes))
     throw invalid_argument(fmt::format("{}: '{}' is not a non-negative size", flag, v));
+  // 2^64: the first double a size_t cannot hold (converting it would be undefined).
+  if (bytes >= 18446744073709551616.0)
+    throw invalid_argument(fmt::format("{}: '{}' is larger than any size", flag, v));
   return static_cast<std::size_t>(bytes);
 }
 

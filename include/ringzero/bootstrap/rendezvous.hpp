@@ -10,6 +10,8 @@
 //                      if set, else as tcp_store decides. Stores opened one after another on
 //                      the same address get generations 0, 1, 2, ... so that every rank must
 //                      open them in the same order (as it builds its communicators);
+//                      RINGZERO_STORE_MAX_* and RINGZERO_STORE_*_TIMEOUT bound what the server
+//                      spends on clients (store_limits.hpp);
 //   "file:DIRECTORY"   a file_store in DIRECTORY/job-<hash of the job token>, so one shared
 //                      directory serves many jobs without them seeing each other's keys.
 #pragma once
@@ -58,7 +60,7 @@ namespace detail {
     const std::string bind = ringzero::detail::getenv_str("RINGZERO_SOCKET_IFNAME").value_or("");
     return std::make_unique<tcp_store>(info.master_addr, info.master_port, info.rank == 0,
                                        info.world_size, info.token, timeout, bind,
-                                       detail::next_generation(info));
+                                       detail::next_generation(info), tcp_store_limits::from_env());
   }
   if (kind.starts_with("file:") && kind.size() > 5) {
     const std::filesystem::path dir(kind.substr(5));

@@ -10,7 +10,9 @@
 //
 // - Every request carries the job's token; the server refuses other tokens, so a rank of
 //   another job that reuses the port fails with a clear error instead of joining this one.
-// - Keys are at most 4 KiB and values at most 64 MiB.
+// - Keys are at most 4 KiB and values at most 64 MiB. The server bounds what any client can
+//   cost it (connections, memory, time to present the token or finish a request): see
+//   store_limits.hpp. It listens only where it is told (see bind_address below).
 // - Connecting retries with backoff until the deadline, so ranks may start before rank 0.
 // - get() and wait() wait server-side (no polling) and fail with timeout_error naming the key.
 // - One object may be used from several threads at once: each call borrows its own
@@ -42,6 +44,7 @@
 #include "ringzero/bootstrap/detail/socket.hpp"
 #include "ringzero/bootstrap/detail/tcp_server.hpp"
 #include "ringzero/bootstrap/store.hpp"
+#include "ringzero/bootstrap/store_limits.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
@@ -60,12 +63,15 @@ class tcp_store final : public store {
   /// - `port` 0 with `is_server` listens on a free port; port() tells which.
   /// - `generation`: how many stores on this port this rank opened before (see above); every
   ///   rank must pass the same value.
+  /// - `limits` (server only): connections, memory and time the server spends on clients
+  ///   (store_limits.hpp); make_store passes tcp_store_limits::from_env().
   ///
   /// Throws timeout_error if the server cannot be reached in time, bootstrap_error if it
   /// refuses this rank (wrong token, different world size) or the port cannot be bound.
   tcp_store(std::string host, int port, bool is_server, int world_size, std::string token,
             std::chrono::nanoseconds timeout = ringzero::detail::env_timeout(),
-            const std::string& bind_address = {}, std::uint64_t generation = 0)
+            const std::string& bind_address = {}, std::uint64_t generation = 0,
+            const tcp_store_limits& limits = {})
       : host_(std::move(host)),
         port_(port),
         world_size_(world_size),
@@ -87,7 +93,7 @@ class tcp_store final : public store {
       const std::string where =
           bind_address.empty() && detail::is_loopback_host(host_) ? "127.0.0.1" : bind_address;
       server_ = std::make_unique<detail::tcp_server>(where, port, world_size, token_, generation_,
-                                                     timeout_);
+                                                     limits.resolved(world_size, timeout_));
       port_ = server_->port();
       targets_ = {server_->self_endpoint()};
     } else {
@@ -305,13 +311,13 @@ class tcp_store final : public store {
 
     std::array<std::byte, detail::reply_header_bytes> rh{};
     check_io(detail::recv_all(fd, rh, deadline), o, key);
-    const std::uint64_t len = detail::get_u64(rh.data() + 8);
-    const auto st = static_cast<detail::status>(rh[4]);
-    if (detail::get_u32(rh.data()) != detail::reply_magic || len > detail::max_value_bytes ||
-        (st != detail::status::ok && st != detail::status::error && st != detail::status::retry))
-      throw bootstrap_error(fmt::format(
-          "store: the service at {} is not a ringzero store (malformed reply)", where()));
-    std::vector<std::byte> payload(len);
+    const detail::reply_header reply = detail::decode_reply(rh);
+    if (reply.why != nullptr)
+      throw bootstrap_error(
+          fmt::format("store: the service at {} is not a ringzero store (malformed reply: {})",
+                      where(), reply.why));
+    const detail::status st = reply.st;
+    std::vector<std::byte> payload(reply.len);
     check_io(detail::recv_all(fd, payload, deadline), o, key);
     if (st == detail::status::retry)
       throw retry_later{std::string(reinterpret_cast<const char*>(payload.data()), payload.size())};

@@ -234,6 +234,15 @@ struct checkpoint_manifest {
         throw checkpoint_error(fmt::format("{} is corrupt: crc32c {:08x}, the file says {:08x}",
                                            where, computed, stored));
     }
+    // A count read from the file sizes a vector: each entry takes at least one byte of text, so
+    // a count larger than the text is a corrupt file, not a reason to allocate.
+    const auto count = [&](std::string_view what) {
+      const auto n = in.integer();
+      if (n > text.size())
+        throw checkpoint_error(
+            fmt::format("{}: {} {} in a {}-byte file", where, n, what, text.size()));
+      return static_cast<std::size_t>(n);
+    };
     checkpoint_manifest m;
     in.expect("ringzero-zero-checkpoint");
     const auto version = in.integer();
@@ -263,9 +272,7 @@ struct checkpoint_manifest {
     while (!in.at_line_end()) m.arrays.emplace_back(in.word());
     if (version >= 2) {
       in.expect("groups");
-      const auto n = in.integer();
-      if (n > text.size()) throw checkpoint_error(fmt::format("{}: {} groups", where, n));
-      m.groups.resize(n);
+      m.groups.resize(count("groups"));
       for (auto& g : m.groups) {
         in.expect("group");
         g.name = in.word();
@@ -273,7 +280,7 @@ struct checkpoint_manifest {
       }
     }
     in.expect("buckets");
-    m.buckets.resize(in.integer());
+    m.buckets.resize(count("buckets"));
     for (auto& b : m.buckets) {
       in.expect("bucket");
       b.offset = in.integer();
@@ -281,7 +288,7 @@ struct checkpoint_manifest {
       b.shard_offset = in.integer();
     }
     in.expect("params");
-    m.params.resize(in.integer());
+    m.params.resize(count("params"));
     for (auto& p : m.params) {
       in.expect("param");
       p.name = in.word();
@@ -289,11 +296,11 @@ struct checkpoint_manifest {
       p.weight_decay = in.integer() != 0;
       p.offset = in.integer();
       p.bucket = static_cast<int>(in.integer());
-      p.shape.resize(in.integer());
+      p.shape.resize(count("dimensions"));
       for (auto& d : p.shape) d = in.integer();
     }
     in.expect("shards");
-    m.shards.resize(in.integer());
+    m.shards.resize(count("shards"));
     for (auto& sh : m.shards) {
       in.expect("shard");
       sh.rank = static_cast<int>(in.integer());
@@ -332,19 +339,32 @@ struct checkpoint_manifest {
     if (world_size < 1) throw bad("world_size < 1");
     if (static_cast<int>(shards.size()) != world_size)
       throw bad(fmt::format("{} shard entries for world size {}", shards.size(), world_size));
+    if (arrays.empty()) throw bad("no arrays");
+    // Every sum and product below is checked: the numbers come from a file, and a wrapped
+    // one would let a parameter pass for lying inside its bucket while it does not.
     std::size_t shard_total = 0;
     for (const auto& b : buckets) {
+      std::size_t end = 0;
+      if (__builtin_add_overflow(b.offset, b.padded, &end)) throw bad("a bucket overflows");
       if (b.padded % static_cast<std::size_t>(world_size) != 0)
         throw bad("a bucket does not split evenly");
       if (b.shard_offset != shard_total) throw bad("bucket slices are not back to back");
-      shard_total += b.padded / static_cast<std::size_t>(world_size);
+      if (__builtin_add_overflow(shard_total, b.padded / static_cast<std::size_t>(world_size),
+                                 &shard_total))
+        throw bad("the buckets overflow");
     }
     if (shard_total != shard_size) throw bad("shard_size does not match the buckets");
     for (const auto& p : params) {
       if (p.bucket < 0 || static_cast<std::size_t>(p.bucket) >= buckets.size())
         throw bad(fmt::format("parameter {} names bucket {}", p.name, p.bucket));
       const auto& b = buckets[static_cast<std::size_t>(p.bucket)];
-      if (p.offset < b.offset || p.offset + p.numel() > b.offset + b.padded)
+      std::size_t numel = 1;
+      for (const std::size_t d : p.shape)
+        if (__builtin_mul_overflow(numel, d, &numel))
+          throw bad(fmt::format("parameter {} has too many elements", p.name));
+      std::size_t end = 0;
+      if (p.offset < b.offset || __builtin_add_overflow(p.offset, numel, &end) ||
+          end > b.offset + b.padded)
         throw bad(fmt::format("parameter {} lies outside its bucket", p.name));
     }
     for (std::size_t r = 0; r < shards.size(); ++r) {
@@ -544,6 +564,29 @@ inline void check_compatible(const checkpoint_manifest& m, const partition_plan&
 }
 
 /// Reads parameter elements out of a checkpoint, whatever layout saved them.
+namespace detail {
+
+/// Whether `data`, read from rank `rank`'s shard file, is that shard of the checkpoint `m`
+/// describes: its header, and a size of exactly the header plus every array. The manifest's
+/// sizes come from a file too, so the expected size is computed without overflow.
+[[nodiscard]] inline bool shard_matches(std::span<const std::byte> data,
+                                        const checkpoint_manifest& m, int rank) noexcept {
+  std::size_t elements = 0;
+  std::size_t want = 0;
+  if (__builtin_mul_overflow(m.arrays.size(), m.shard_size, &elements) ||
+      __builtin_mul_overflow(elements, sizeof(float), &want) ||
+      __builtin_add_overflow(want, shard_header_bytes, &want) || data.size() != want)
+    return false;
+  shard_header h{};
+  std::memcpy(&h, data.data(), sizeof h);
+  return std::memcmp(h.magic, shard_magic, sizeof h.magic) == 0 &&
+         h.rank == static_cast<std::uint32_t>(rank) &&
+         h.world == static_cast<std::uint32_t>(m.world_size) && h.shard_size == m.shard_size &&
+         h.arrays == m.arrays.size() && h.step == m.step;
+}
+
+}  // namespace detail
+
 class checkpoint_reader {
  public:
   explicit checkpoint_reader(std::filesystem::path dir)
@@ -639,15 +682,7 @@ class checkpoint_reader {
           "checkpoint {}: shard file {} is corrupt: crc32c {:08x} over {} bytes, the manifest "
           "says {:08x} over {} bytes",
           dir_.string(), path.string(), crc, data.size(), sh.crc, sh.bytes));
-    detail::shard_header h{};
-    const std::size_t want =
-        detail::shard_header_bytes + manifest_.arrays.size() * manifest_.shard_size * sizeof(float);
-    if (data.size() >= sizeof h) std::memcpy(&h, data.data(), sizeof h);
-    if (data.size() != want || std::memcmp(h.magic, detail::shard_magic, sizeof h.magic) != 0 ||
-        h.rank != static_cast<std::uint32_t>(rank) ||
-        h.world != static_cast<std::uint32_t>(manifest_.world_size) ||
-        h.shard_size != manifest_.shard_size || h.arrays != manifest_.arrays.size() ||
-        h.step != manifest_.step)
+    if (!detail::shard_matches(data, manifest_, rank))
       throw checkpoint_error(
           fmt::format("checkpoint {}: shard file {} does not belong to this checkpoint (its "
                       "header or size disagrees with the manifest)",

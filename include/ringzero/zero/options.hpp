@@ -143,9 +143,9 @@ inline void check_collectives(const collective_options& c, bool hierarchical) {
     if (!tuning::applies(kind, a, true))
       throw invalid_argument(fmt::format(
           "zero: config::collectives.{}: algorithm '{}' does not implement {} (choose one of {})",
-          collective_name(kind), algorithm_name(a), collective_name(kind), [&] {
+          collective_name(kind), algorithm_name(a), collective_name(kind), [k = kind] {
             std::string names = "auto";
-            for (algorithm x : tuning::candidates(kind, true))
+            for (algorithm x : tuning::candidates(k, true))
               names += fmt::format(", {}", algorithm_name(x));
             return names;
           }()));

@@ -147,14 +147,98 @@ struct request_header {
   return b;
 }
 
-/// Constant-time comparison, so response timing does not leak how much of a token matched.
+/// Compares a presented token with the job's in time that depends only on the job token's
+/// length, so response timing does not leak how much of a guess matched, nor how long it was.
 [[nodiscard]] inline bool same_token(std::span<const std::byte> a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    diff |= static_cast<unsigned char>(static_cast<unsigned char>(a[i]) ^
-                                       static_cast<unsigned char>(b[i]));
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    const auto x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ static_cast<unsigned char>(b[i]));
+  }
   return diff == 0;
+}
+
+inline constexpr const char* wrong_token_text =
+    "wrong job token (this rank's RINGZERO_TOKEN differs from rank 0's: is another job using "
+    "this port?)";
+
+/// A whole request, as views into the buffer it was parsed from.
+struct request {
+  op o = op::hello;
+  std::string_view key;
+  std::span<const std::byte> value;
+};
+
+enum class parse_status { need_more, ok, refused };
+
+struct parse_result {
+  parse_status status = parse_status::need_more;
+  std::size_t consumed = 0;   ///< the frame's bytes, when ok
+  const char* why = nullptr;  ///< when refused
+  request req;
+};
+
+/// Parses the request at the start of `bytes` with the server's checks, in the server's order
+/// (header limits, then the token, then the body), for callers holding a buffer rather than a
+/// socket: the fuzz target, and tests. Nothing in the frame is trusted before it is checked.
+[[nodiscard]] inline parse_result parse_request(std::span<const std::byte> bytes,
+                                                std::string_view token) noexcept {
+  parse_result r;
+  if (bytes.size() < request_header_bytes) return r;
+  const request_header h = decode_request(bytes.first(request_header_bytes));
+  if (const char* why = check_header(h)) {
+    r.status = parse_status::refused;
+    r.why = why;
+    return r;
+  }
+  const std::span<const std::byte> rest = bytes.subspan(request_header_bytes);
+  if (rest.size() < h.token_len) return r;
+  if (!same_token(rest.first(h.token_len), token)) {
+    r.status = parse_status::refused;
+    r.why = wrong_token_text;
+    return r;
+  }
+  // check_header bounded every length, so this sum cannot overflow.
+  const std::size_t body = std::size_t{h.key_len} + static_cast<std::size_t>(h.value_len);
+  if (rest.size() - h.token_len < body) return r;
+  const std::span<const std::byte> b = rest.subspan(h.token_len, body);
+  r.status = parse_status::ok;
+  r.consumed = request_header_bytes + h.token_len + body;
+  r.req.o = static_cast<op>(h.op);
+  r.req.key = std::string_view(reinterpret_cast<const char*>(b.data()), h.key_len);
+  r.req.value = b.subspan(h.key_len);
+  return r;
+}
+
+/// hello's arguments; check_header guarantees the 16 bytes.
+struct hello_args {
+  std::int64_t world_size = 0;
+  std::uint64_t generation = 0;
+};
+[[nodiscard]] inline hello_args decode_hello(std::span<const std::byte, 16> v) noexcept {
+  return {static_cast<std::int64_t>(get_u64(v.data())), get_u64(v.data() + 8)};
+}
+
+/// A reply header, checked: its status and payload length, or why it is not a store's reply.
+struct reply_header {
+  status st = status::ok;
+  std::uint64_t len = 0;
+  const char* why = nullptr;
+};
+[[nodiscard]] inline reply_header decode_reply(
+    std::span<const std::byte, reply_header_bytes> b) noexcept {
+  reply_header r;
+  r.len = get_u64(b.data() + 8);
+  const auto raw = static_cast<std::uint8_t>(b[4]);
+  if (get_u32(b.data()) != reply_magic)
+    r.why = "bad magic";
+  else if (raw > static_cast<std::uint8_t>(status::retry))
+    r.why = "unknown status";
+  else if (r.len > max_value_bytes)
+    r.why = "payload larger than 64 MiB";
+  else
+    r.st = static_cast<status>(raw);
+  return r;
 }
 
 /// The integer a counter key holds: add() keeps it as decimal text.

@@ -1,7 +1,9 @@
 // The TCP store's server: one thread inside rank 0's process serving every rank's requests
 // from a poll() loop. Nothing a client sends can stop it serving the others: a bad frame, a
-// wrong token or a connection that never authenticates costs that client its connection and
-// nothing else. get/wait requests for missing keys are parked and answered when the key is set.
+// wrong token, a connection that never authenticates, a request sent a byte at a time or a
+// reply never read costs that client its connection and nothing else, and what all clients
+// together can make it hold is capped (store_limits.hpp). get/wait requests for missing keys are
+// parked and answered when the key is set.
 #pragma once
 
 #include <fcntl.h>
@@ -31,6 +33,7 @@
 
 #include "ringzero/bootstrap/detail/protocol.hpp"
 #include "ringzero/bootstrap/detail/socket.hpp"
+#include "ringzero/bootstrap/store_limits.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 
@@ -40,15 +43,14 @@ using value_ptr = std::shared_ptr<const std::vector<std::byte>>;
 
 class tcp_server {
  public:
-  /// Listens on `bind_address` (empty: every interface) at `port` (0: any free port).
-  /// A connection that has not presented the token within `auth_timeout` is dropped.
+  /// Listens on `bind_address` (empty: every interface) at `port` (0: any free port), within
+  /// `limits` (already resolved: see tcp_store_limits::resolved).
   tcp_server(const std::string& bind_address, int port, int world_size, std::string token,
-             std::uint64_t generation, std::chrono::nanoseconds auth_timeout)
+             std::uint64_t generation, const tcp_store_limits& limits)
       : world_size_(world_size),
         token_(std::move(token)),
         generation_(generation),
-        auth_timeout_(auth_timeout),
-        max_connections_(std::max(1024, 2 * world_size + 64)) {
+        limits_(limits) {
     endpoint where = bind_endpoint(bind_address, port);
     listen_ = open_listener(where, bind_address.empty());
     sockaddr_storage bound{};
@@ -105,13 +107,27 @@ class tcp_server {
     }
   };
 
+  static constexpr auto never = clock::time_point::max();
+  // Connections refused at the cap are answered before they close; at most this many at once.
+  static constexpr std::size_t refusals_in_flight = 64;
+  // A refused client's unread input is discarded for this long (and up to max_drain_bytes)
+  // before the close, so the kernel does not reset the connection over the refusal.
+  static constexpr std::chrono::seconds drain_time{1};
+  static constexpr std::size_t max_drain_bytes = std::size_t{1} << 20;
+  // Slack reserved beyond an add's key for the counter's decimal text.
+  static constexpr std::size_t counter_reserve = 24;
+
   struct connection {
     unique_fd fd;
     std::string peer;
-    clock::time_point deadline;  ///< authenticate (or, once refused, be gone) by then
+    clock::time_point auth_by = never;     ///< present the token by then
+    clock::time_point request_by = never;  ///< finish the request under way by then
+    clock::time_point reply_by = never;    ///< take the queued reply by then
+    clock::time_point close_by = never;    ///< refused: be gone by then
+    std::size_t reserved = 0;              ///< memory reserved for the request's body
     bool authenticated = false;
     bool parked = false;   ///< a get/wait is waiting for its key
-    bool closing = false;  ///< refused: reply, drain, close (by `deadline` at the latest)
+    bool closing = false;  ///< refused: reply, drain, close (by `close_by` at the latest)
     bool dead = false;
     phase ph = phase::header;
     std::array<std::byte, request_header_bytes> head{};
@@ -167,18 +183,19 @@ class tcp_server {
       fds.clear();
       ids.clear();
       fds.push_back({wake_read_.get(), POLLIN, 0});
-      const bool accepting =
-          conns_.size() < static_cast<std::size_t>(max_connections_) && now >= accept_paused_until_;
+      const bool accepting = conns_.size() < limits_.max_connections + refusals_in_flight &&
+                             now >= accept_paused_until_;
       if (accepting) fds.push_back({listen_.get(), POLLIN, 0});
       auto next_deadline = clock::time_point::max();
       if (!accepting && now < accept_paused_until_) next_deadline = accept_paused_until_;
       for (auto& [id, c] : conns_) {
-        short ev = POLLIN;
-        if (!c.out.empty()) ev |= POLLOUT;
+        // A client gets one reply at a time: while one is queued, nothing more is read from
+        // it, so a client that sends requests but never reads cannot pile up replies.
+        short ev = c.out.empty() ? POLLIN : POLLOUT;
         if (c.closing && c.ph != phase::draining) ev = static_cast<short>(ev & ~POLLIN);
         fds.push_back({c.fd.get(), ev, 0});
         ids.push_back(id);
-        if (!c.authenticated || c.closing) next_deadline = std::min(next_deadline, c.deadline);
+        next_deadline = std::min({next_deadline, c.auth_by, c.request_by, c.reply_by, c.close_by});
       }
       const int timeout_ms = next_deadline == clock::time_point::max()
                                  ? -1
@@ -211,7 +228,7 @@ class tcp_server {
   }
 
   void accept_all() {
-    while (conns_.size() < static_cast<std::size_t>(max_connections_)) {
+    while (conns_.size() < limits_.max_connections + refusals_in_flight) {
       sockaddr_storage from{};
       socklen_t len = sizeof from;
       unique_fd fd(::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len,
@@ -229,9 +246,38 @@ class tcp_server {
       c.fd = std::move(fd);
       const endpoint peer = make_endpoint(reinterpret_cast<const sockaddr*>(&from), len);
       c.peer = fmt::format("{}:{}", peer.host(), peer.port());
-      c.deadline = clock::now() + auth_timeout_;
-      conns_.emplace(next_id_++, std::move(c));
+      c.auth_by = clock::now() + limits_.idle_timeout;
+      const std::uint64_t id = next_id_++;
+      const bool room = make_room();
+      auto& added = conns_.emplace(id, std::move(c)).first->second;
+      if (!room)
+        refuse(added, fmt::format("the store serves at most {} connections, all in use by this "
+                                  "job's ranks (RINGZERO_STORE_MAX_CONNECTIONS raises it)",
+                                  limits_.max_connections));
     }
+  }
+
+  // Whether one more connection fits under the cap, after dropping the oldest connection that
+  // has not presented the token if need be: a flood of idle connections then displaces only
+  // itself, never a rank that has authenticated.
+  bool make_room() {
+    std::size_t live = 0;
+    connection* oldest = nullptr;
+    std::uint64_t oldest_id = 0;
+    for (auto& [id, c] : conns_) {
+      if (c.dead || c.closing) continue;
+      ++live;
+      if (!c.authenticated && (oldest == nullptr || id < oldest_id)) {
+        oldest = &c;
+        oldest_id = id;
+      }
+    }
+    if (live < limits_.max_connections) return true;
+    if (oldest == nullptr) return false;
+    log::info("store: dropped {} to make room: {} connections and it had not authenticated",
+              oldest->peer, limits_.max_connections);
+    abort(*oldest);
+    return true;
   }
 
   void service(std::uint64_t id, connection& c, short rev) {
@@ -258,7 +304,7 @@ class tcp_server {
 
   void read_requests(std::uint64_t id, connection& c) {
     std::size_t budget = std::size_t{4} << 20;  // fairness: no client monopolises a pass
-    while (!c.dead && !c.parked && !c.closing && budget > 0) {
+    while (!c.dead && !c.parked && !c.closing && c.out.empty() && budget > 0) {
       std::span<std::byte> dst;
       if (c.ph == phase::header)
         dst = std::span(c.head).subspan(c.have);
@@ -275,6 +321,8 @@ class tcp_server {
           if (errno != EAGAIN && errno != EWOULDBLOCK) c.dead = true;
           return;
         }
+        if (c.ph == phase::header && c.have == 0)
+          c.request_by = clock::now() + limits_.request_timeout;
         c.have += static_cast<std::size_t>(n);
         budget -= static_cast<std::size_t>(n);
         if (static_cast<std::size_t>(n) < dst.size()) continue;
@@ -293,19 +341,31 @@ class tcp_server {
         c.buf.assign(c.req.token_len, std::byte{});
         c.have = 0;
         return;
-      case phase::token:
-        if (!same_token(c.buf, token_))
-          return refuse(c,
-                        "wrong job token (this rank's RINGZERO_TOKEN differs from rank 0's: "
-                        "is another job using this port?)");
+      case phase::token: {
+        if (!same_token(c.buf, token_)) return refuse(c, wrong_token_text);
         c.authenticated = true;
+        c.auth_by = never;
+        // check_header bounded both lengths, so neither the sum nor the reservation overflows.
+        const std::size_t body = std::size_t{c.req.key_len} + c.req.value_len;
+        const std::size_t need =
+            body + (static_cast<op>(c.req.op) == op::add ? counter_reserve : 0);
+        if (need > limits_.max_memory_bytes - std::min(limits_.max_memory_bytes, memory_used_))
+          return refuse(c, fmt::format("the store's memory limit of {} bytes would be passed "
+                                       "({} in use, this request needs {}; "
+                                       "RINGZERO_STORE_MAX_MEMORY raises it)",
+                                       limits_.max_memory_bytes, memory_used_, need));
+        memory_used_ += need;
+        c.reserved = need;
         c.ph = phase::body;
-        c.buf.assign(c.req.key_len + c.req.value_len, std::byte{});
+        c.buf.assign(body, std::byte{});
         c.have = 0;
         return;
+      }
       case phase::body: {
         c.ph = phase::header;
         c.have = 0;
+        c.request_by = never;
+        memory_used_ -= std::exchange(c.reserved, 0);
         std::vector<std::byte> body = std::move(c.buf);
         c.buf = {};
         handle(id, c, std::move(body));
@@ -322,15 +382,14 @@ class tcp_server {
     const std::span<const std::byte> value = std::span(body).subspan(c.req.key_len);
     switch (o) {
       case op::hello: {
-        const auto world = static_cast<std::int64_t>(get_u64(value.data()));
-        const std::uint64_t generation = get_u64(value.data() + 8);
+        const auto [world, generation] = decode_hello(value.first<16>());
         if (world != world_size_)
           return refuse(c, fmt::format("world size mismatch: rank 0 serves {} ranks, this rank "
                                        "was started for {}",
                                        world_size_, world));
         if (generation > generation_) {
           c.closing = true;
-          c.deadline = clock::now() + std::chrono::seconds(1);
+          c.close_by = clock::now() + drain_time;
           return reply(c, status::retry, fmt::format("this is store generation {}", generation_));
         }
         if (generation < generation_)
@@ -343,7 +402,7 @@ class tcp_server {
       case op::set: {
         body.erase(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(c.req.key_len));
         auto v = std::make_shared<const std::vector<std::byte>>(std::move(body));
-        data_[key] = v;
+        store(key, v);
         reply_ok(c, nullptr);
         return wake(key, v);
       }
@@ -366,7 +425,7 @@ class tcp_server {
         if (__builtin_add_overflow(now, delta, &next))
           return reply_error(c, fmt::format("add: the counter '{}' would overflow", key));
         auto v = std::make_shared<const std::vector<std::byte>>(counter_bytes(next));
-        data_[key] = v;
+        store(key, v);
         std::vector<std::byte> r(8);
         put_u64(r.data(), static_cast<std::uint64_t>(next));
         reply_ok(c, std::make_shared<const std::vector<std::byte>>(std::move(r)));
@@ -381,6 +440,17 @@ class tcp_server {
         return reply_ok(c, nullptr);
       }
     }
+  }
+
+  // Keeps `v` under `key`, counting the bytes held against the memory limit.
+  void store(const std::string& key, value_ptr v) {
+    auto [it, added] = data_.try_emplace(key);
+    if (added)
+      memory_used_ += key.size();
+    else
+      memory_used_ -= it->second->size();
+    memory_used_ += v->size();
+    it->second = std::move(v);
   }
 
   void wake(const std::string& key, const value_ptr& v) {
@@ -401,6 +471,11 @@ class tcp_server {
     out_chunk ch;
     ch.head = encode_reply(status::ok, payload ? payload->size() : 0);
     ch.body = std::move(payload);
+    queue(c, std::move(ch));
+  }
+
+  void queue(connection& c, out_chunk ch) {
+    if (c.out.empty()) c.reply_by = clock::now() + limits_.request_timeout;
     c.out.push_back(std::move(ch));
     flush(c);
   }
@@ -412,14 +487,13 @@ class tcp_server {
     ch.head = encode_reply(st, msg.size());
     const auto* b = reinterpret_cast<const std::byte*>(msg.data());
     ch.body = std::make_shared<const std::vector<std::byte>>(b, b + msg.size());
-    c.out.push_back(std::move(ch));
-    flush(c);
+    queue(c, std::move(ch));
   }
 
   void refuse(connection& c, const std::string& why) {
     log::info("store: refused a request from {}: {}", c.peer, why);
     c.closing = true;
-    c.deadline = clock::now() + std::chrono::seconds(1);
+    c.close_by = clock::now() + drain_time;
     reply_error(c, why);
   }
 
@@ -440,6 +514,7 @@ class tcp_server {
       ch.sent += static_cast<std::size_t>(n);
       if (ch.sent == ch.size()) c.out.pop_front();
     }
+    if (c.out.empty()) c.reply_by = never;
     if (c.out.empty() && c.closing && c.ph != phase::draining) start_draining(c);
   }
 
@@ -449,7 +524,7 @@ class tcp_server {
   void start_draining(connection& c) {
     ::shutdown(c.fd.get(), SHUT_WR);
     c.ph = phase::draining;
-    c.deadline = clock::now() + std::chrono::seconds(1);
+    c.close_by = clock::now() + drain_time;
     drain(c);
   }
 
@@ -459,7 +534,7 @@ class tcp_server {
       const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, 0);
       if (n > 0) {
         c.drained += static_cast<std::size_t>(n);
-        if (c.drained > (std::size_t{1} << 20)) c.dead = true;
+        if (c.drained > max_drain_bytes) c.dead = true;
         if (c.dead) return;
         continue;
       }
@@ -472,14 +547,34 @@ class tcp_server {
   void expire(clock::time_point now) {
     for (auto& [id, c] : conns_) {
       if (c.dead) continue;
-      if (c.closing && now >= c.deadline)
-        c.dead = true;
-      else if (!c.authenticated && !c.closing && now >= c.deadline) {
-        log::info("store: dropped {}: no valid request within {}", c.peer,
-                  seconds_text(auth_timeout_));
-        c.dead = true;
+      if (c.closing) {
+        c.dead = now >= c.close_by;
+        continue;
       }
+      const char* why = nullptr;
+      std::chrono::nanoseconds limit{};
+      if (now >= c.auth_by) {
+        why = "did not present the job token";
+        limit = limits_.idle_timeout;
+      } else if (now >= c.request_by) {
+        why = "did not finish its request";
+        limit = limits_.request_timeout;
+      } else if (now >= c.reply_by) {
+        why = "did not take its reply";
+        limit = limits_.request_timeout;
+      }
+      if (why == nullptr) continue;
+      log::info("store: dropped {}: it {} within {}", c.peer, why, seconds_text(limit));
+      abort(c);
     }
+  }
+
+  // Drops a connection with a reset: the kernel discards what is still queued for it instead
+  // of trickling it to a peer that reads slowly on purpose.
+  static void abort(connection& c) noexcept {
+    const linger now{1, 0};
+    ::setsockopt(c.fd.get(), SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    c.dead = true;
   }
 
   void reap() {
@@ -495,6 +590,7 @@ class tcp_server {
           if (w->second.empty()) waiters_.erase(w);
         }
       }
+      memory_used_ -= it->second.reserved;
       it = conns_.erase(it);
     }
   }
@@ -502,8 +598,7 @@ class tcp_server {
   const int world_size_;
   const std::string token_;
   const std::uint64_t generation_;
-  const std::chrono::nanoseconds auth_timeout_;
-  const int max_connections_;
+  const tcp_store_limits limits_;
   unique_fd listen_;
   endpoint local_;
   unique_fd wake_read_, wake_write_;
@@ -513,6 +608,7 @@ class tcp_server {
   std::unordered_map<std::string, value_ptr> data_;
   std::unordered_map<std::string, std::vector<waiter>> waiters_;
   std::uint64_t next_id_ = 1;
+  std::size_t memory_used_ = 0;  ///< keys and values in data_, plus reservations
   clock::time_point accept_paused_until_{};
 
   std::mutex done_mutex_;

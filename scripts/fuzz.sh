@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/) with clang in build/fuzz and runs each for a fixed time,
+# starting from its seed corpus in fuzz/corpus/<target>/. Fails on any crash, sanitizer report,
+# leak, timeout or out-of-memory; the input that did it is left in build/fuzz/artifacts/.
+#
+#   RINGZERO_FUZZ_SECONDS   seconds per target (default 20, what CI spends: 100 s in all);
+#                           for a real hunt give it hours, e.g. RINGZERO_FUZZ_SECONDS=3600
+#   RINGZERO_FUZZ_TARGETS   which targets (default: all five)
+#
+# New inputs the fuzzer finds go to build/fuzz/corpus/, not into the repository; copy the few
+# that add coverage into fuzz/corpus/ by hand (libFuzzer's -merge=1 picks them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${RINGZERO_FUZZ_SECONDS:-20}
+[[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_SECONDS='$seconds' is not a positive integer" >&2; exit 2; }
+targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol store_server checkpoint_manifest checkpoint_shard perf_cli})
+
+cxx=$(command -v clang++-14 || command -v clang++ || true)
+[[ -n $cxx ]] || { echo "fuzz: clang++ not found (scripts/deps.sh installs clang-14)" >&2; exit 2; }
+
+dir=build/fuzz
+cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DRINGZERO_WERROR=ON -DRINGZERO_BUILD_FUZZERS=ON \
+  -DRINGZERO_BUILD_TESTS=OFF -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF \
+  -DRINGZERO_BUILD_TOOLS=OFF -DRINGZERO_INSTALL=OFF -DRINGZERO_WITH_LIBFABRIC=OFF \
+  -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF >/dev/null
+cmake --build "$dir" -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+
+mkdir -p "$dir/artifacts"
+failed=()
+for t in "${targets[@]}"; do
+  work="$dir/corpus/$t"
+  mkdir -p "$work"
+  log="$dir/$t.log"
+  echo "fuzz: $t for ${seconds} s"
+  # The first corpus directory receives new inputs; the repository's seeds are only read.
+  if "$dir/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
+    "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
+    execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")
+    rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log")
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -n 1)
+    echo "fuzz: $t ok: $execs runs, $rate exec/s, $cov"
+  else
+    echo "fuzz: $t FAILED; the report:" >&2
+    grep -vE '^#[0-9]+' "$log" | tail -n 60 >&2
+    failed+=("$t")
+  fi
+done
+if ((${#failed[@]})); then
+  echo "fuzz: failed: ${failed[*]} (inputs in $dir/artifacts/)" >&2
+  exit 1
+fi
+echo "fuzz: all ${#targets[@]} targets ran ${seconds} s each without a crash or sanitizer report"
