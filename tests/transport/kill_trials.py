@@ -218,7 +218,8 @@ def trial(perf, run, rng, tmp, idx):
             result["why"].append("ringzero-run exited 0")
         if not re.search(rf"ringzero-run: rank {victim} \(pid \d+\) was killed by signal 9", text):
             result["ok"] = False
-            result["why"].append("ringzero-run did not name the killed rank")
+            said = [l for l in text.splitlines() if l.startswith("ringzero-run:")]
+            result["why"].append(f"ringzero-run did not name the killed rank: {said[:2]}")
         survivors = {r: "\n".join(l for l in text.splitlines() if l.startswith(f"[{r}] "))
                      for r in range(world) if r != victim}
     else:
