@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -410,6 +411,23 @@ TEST_CASE("rank 0's destructor gives up on ranks that never finish") {
   // The other rank never connects; destruction must still end (after the 200 ms timeout).
   rb::tcp_store server("127.0.0.1", 0, true, 2, token, 200ms);
   server.set_string("k", "v");
+}
+
+TEST_CASE("ranks excused as dead are not waited for, and calls within a limit give up in time") {
+  const auto start = std::chrono::steady_clock::now();
+  {
+    rb::tcp_store server("127.0.0.1", 0, true, 3, token, generous);
+    rb::tcp_store other = client(server.port(), 3);
+    CHECK(server.add_within("n", 2, 1s) == 2);
+    other.set_within("k", std::as_bytes(std::span<const char>("v", 1)), 1s);
+    CHECK(server.get_within("k", 1s).size() == 1);
+    // Nobody sets it: gives up after the limit, not the store's generous timeout.
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(static_cast<void>(other.get_within("never", 100ms)), ringzero::timeout_error);
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+    server.excuse(1);  // the third rank died: rank 0 waits for `other` only
+  }
+  CHECK(std::chrono::steady_clock::now() - start < generous / 2);
 }
 
 TEST_CASE("a rank done with one store waits for the next instead of joining the old one") {

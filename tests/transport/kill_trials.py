@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""A rank SIGKILLed in the middle of a collective: randomized trials over libfabric.
+"""A rank SIGKILLed in the middle of a collective: randomized trials over libfabric and shm.
 
-Each trial starts WORLD ranks of ringzero-perf running one collective in a long loop, either
+Each trial starts WORLD ranks of ringzero-perf running one collective in a long loop (over
+libfabric's shm or tcp;ofi_rxm provider, or the native shm transport, one picked at random, so
+the fixed budget is split across them), either
 as a cluster user would (torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, nobody to
 stop the others) or under ringzero-run, waits until the timed loop runs, sleeps a random
 moment, and SIGKILLs a random rank. It then asserts:
   - every survivor exits (no hang) with a non-zero status within RINGZERO_TIMEOUT plus a
-    margin, and its error names the killed rank as the one that failed (with --culprit strict;
-    by default a wrong or missing name is counted and printed, see below);
+    margin, and its error names the killed rank as the one that failed (--culprit strict, the
+    default; with report, a wrong or missing name is only counted and printed);
   - ringzero-run (when used) exits non-zero and names the killed rank;
   - no rank process is left, and no /dev/shm region of any rank is left.
 
@@ -15,11 +17,9 @@ usage: kill_trials.py RINGZERO_PERF RINGZERO_RUN [--trials N] [--budget S] [--se
                      [--culprit strict|report]
 Environment: RINGZERO_KILL_TRIALS (trials, default 50), RINGZERO_KILL_BUDGET (seconds, default
 170: the trials stop early, as a failure, if they would run past it), RINGZERO_KILL_SEED,
-RINGZERO_KILL_CULPRIT (strict or report). Without a launcher, a survivor that the watchdog ends
-can be blamed by the others before they see the victim's death (a few trials in 50 on a loaded
-machine); until that is fixed, CI runs with report.
-Prints one line per trial and a summary: trials, hangs, wrong culprit, time to error (median,
-max) by provider and launcher.
+RINGZERO_KILL_CULPRIT (strict or report).
+Prints one line per trial and a summary: trials, hangs, wrong culprit, time from the kill until
+every rank is gone (median, max) by transport and launcher.
 """
 import argparse
 import os
@@ -34,12 +34,13 @@ import tempfile
 import time
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
-PROVIDERS = ["shm", "tcp;ofi_rxm"]
+# libfabric providers by name; "native shm" is ringzero-perf -T shm.
+TRANSPORTS = ["shm", "tcp;ofi_rxm", "native shm"]
 TIMEOUT_S = 10  # RINGZERO_TIMEOUT for the ranks
 MARGIN_S = 8  # beyond the timeout: the watchdog's grace and process teardown
 
 
-STRICT_CULPRIT = False
+STRICT_CULPRIT = True
 
 
 def free_port():
@@ -48,12 +49,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def shm_entries(pids):
+def shm_names():
     try:
-        names = os.listdir("/dev/shm")
+        return set(os.listdir("/dev/shm"))
     except OSError:
-        return []
-    return [n for n in names for p in pids if n.startswith(f"{p}:")]
+        return set()
+
+
+def shm_entries(pids, before=frozenset()):
+    # Names there before the trial are not its own: pids wrap (pid_max is often 32768), and a
+    # name that another program left behind may carry the pid a rank of this trial got.
+    names = shm_names() - before
+    # libfabric's providers name theirs <pid>:...; the native shm transport /ringzero-<pid>-...
+    return [n for n in names for p in pids
+            if n.startswith(f"{p}:") or n.startswith(f"ringzero-{p}-")]
 
 
 def alive(pid):
@@ -88,14 +97,16 @@ def culprit_named(text, victim):
         rf"rank {v} is unreachable",
         rf"(to|from) rank {v} failed",
         rf"rank {v} \(pid \d+\) was killed by signal 9",
+        rf"rank {v} \(pid \d+\) is gone",
     ]
     return any(re.search(p, text) for p in pats)
 
 
-def wait_started(paths, world, deadline):
-    # Each rank logs "libfabric: rank R of N" (RINGZERO_DEBUG=INFO, unbuffered stderr) once its
-    # communicator is up; the collective loop starts right after.
-    want = {f"libfabric: rank {r} of {world} " for r in range(world)}
+def wait_started(paths, world, deadline, transport):
+    # Each rank logs "libfabric: rank R of N" or "shm: rank R of N" (RINGZERO_DEBUG=INFO,
+    # unbuffered stderr) once its communicator is up; the collective loop starts right after.
+    what = "shm" if transport == "native shm" else "libfabric"
+    want = [re.compile(rf"{what}: rank {r} of {world}\b") for r in range(world)]
     while time.monotonic() < deadline:
         text = ""
         for path in paths:
@@ -104,14 +115,14 @@ def wait_started(paths, world, deadline):
                     text += f.read()
             except OSError:
                 pass
-        if all(w in text for w in want):
+        if all(w.search(text) for w in want):
             return True
         time.sleep(0.02)
     return False
 
 
 def trial(perf, run, rng, tmp, idx):
-    provider = rng.choice(PROVIDERS)
+    provider = rng.choice(TRANSPORTS)
     coll = rng.choice(COLLECTIVES)
     launcher = rng.random() < 0.5
     world = rng.choice([3, 4])
@@ -120,18 +131,19 @@ def trial(perf, run, rng, tmp, idx):
     delay = rng.uniform(0.05, 0.8)
     env = dict(os.environ)
     env.update(RINGZERO_TIMEOUT=str(TIMEOUT_S), RINGZERO_DEBUG="INFO")
-    args = [perf, coll, "-b", size, "-e", size, "-n", "100000000", "-w", "0", "-c", "0",
-            "-p", provider, "-T", "libfabric"]
+    args = [perf, coll, "-b", size, "-e", size, "-n", "100000000", "-w", "0", "-c", "0"]
+    args += ["-T", "shm"] if provider == "native shm" else ["-p", provider, "-T", "libfabric"]
     logs = [os.path.join(tmp, f"t{idx}_r{r}.txt") for r in range(world)]
     procs = []
     launcher_proc = None
     launcher_log = os.path.join(tmp, f"t{idx}_run.txt")
+    shm_before = shm_names()
     started = time.monotonic()
     if launcher:
         with open(launcher_log, "w") as out:
             launcher_proc = subprocess.Popen([run, "-n", str(world), "--grace", "2", "--"] + args,
                                              env=env, stdout=out, stderr=subprocess.STDOUT)
-        ok = wait_started([launcher_log], world, started + 30)
+        ok = wait_started([launcher_log], world, started + 30, provider)
         pids = []
         deadline = time.monotonic() + 5
         while len(pids) < world and time.monotonic() < deadline:
@@ -155,7 +167,7 @@ def trial(perf, run, rng, tmp, idx):
                      MASTER_PORT=str(port), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world))
             with open(logs[r], "w") as out:
                 procs.append(subprocess.Popen(args, env=e, stdout=out, stderr=subprocess.STDOUT))
-        ok = wait_started(logs, world, started + 30)
+        ok = wait_started(logs, world, started + 30, provider)
         pids = [p.pid for p in procs]
     result = {"provider": provider, "coll": coll, "launcher": launcher, "world": world,
               "victim": victim, "ok": True, "why": [], "secs": 0.0}
@@ -206,7 +218,8 @@ def trial(perf, run, rng, tmp, idx):
             result["why"].append("ringzero-run exited 0")
         if not re.search(rf"ringzero-run: rank {victim} \(pid \d+\) was killed by signal 9", text):
             result["ok"] = False
-            result["why"].append("ringzero-run did not name the killed rank")
+            said = [l for l in text.splitlines() if l.startswith("ringzero-run:")]
+            result["why"].append(f"ringzero-run did not name the killed rank: {said[:2]}")
         survivors = {r: "\n".join(l for l in text.splitlines() if l.startswith(f"[{r}] "))
                      for r in range(world) if r != victim}
     else:
@@ -224,9 +237,6 @@ def trial(perf, run, rng, tmp, idx):
         # victim. Without it, every survivor must find the culprit itself.
         for r, text in survivors.items():
             if not culprit_named(text, victim):
-                # A survivor the watchdog ended first can be blamed by the rest instead of the
-                # victim (a known cascade on loaded machines): counted always, a failure only
-                # with --culprit strict until it is fixed.
                 if STRICT_CULPRIT:
                     result["ok"] = False
                 last = [l for l in text.splitlines() if "ringzero" in l and "INFO" not in l]
@@ -237,7 +247,7 @@ def trial(perf, run, rng, tmp, idx):
     if left:
         result["ok"] = False
         result["why"].append(f"processes left: {left}")
-    regions = shm_entries([p for p in pids if p > 0])
+    regions = shm_entries([p for p in pids if p > 0], shm_before)
     if regions:
         result["ok"] = False
         result["why"].append(f"/dev/shm regions left: {regions}")
@@ -259,9 +269,9 @@ def main():
     ap.add_argument("--seed", type=int,
                     default=int(os.environ.get("RINGZERO_KILL_SEED", time.time_ns() % 100000)))
     ap.add_argument("--culprit", choices=("strict", "report"),
-                    default=os.environ.get("RINGZERO_KILL_CULPRIT", "report"),
-                    help="strict: a survivor that names another rank fails the trial; report "
-                         "(default): such trials are counted and printed")
+                    default=os.environ.get("RINGZERO_KILL_CULPRIT", "strict"),
+                    help="strict (default): a survivor that names another rank fails the trial; "
+                         "report: such trials are counted and printed")
     a = ap.parse_args()
     global STRICT_CULPRIT
     STRICT_CULPRIT = a.culprit == "strict"
@@ -277,7 +287,7 @@ def main():
                 break
             r = trial(a.perf, a.run, rng, tmp, i)
             results.append(r)
-            print(f"trial {i:3d}: {r['provider']:12s} {r['coll']:14s} "
+            print(f"trial {i:3d}: {r['provider']:11s} {r['coll']:14s} "
                   f"{'ringzero-run' if r['launcher'] else 'torchrun-env':12s} world {r['world']} "
                   f"victim {r['victim']}: {'ok' if r['ok'] else 'FAILED'} in {r['secs']:.2f} s"
                   + ("" if r["ok"] and not r.get("wrong") else " — " + "; ".join(r["why"])),
@@ -287,11 +297,11 @@ def main():
     wrong = sum(1 for r in results if r.get("wrong"))
     print(f"summary: {len(results)} trials, {len(failed)} failed, {hangs} hangs, "
           f"{wrong} wrong or missing culprit, {time.monotonic() - begin:.0f} s")
-    for prov in PROVIDERS:
+    for prov in TRANSPORTS:
         for launcher in (False, True):
             ts = [r["secs"] for r in results if r["provider"] == prov and r["launcher"] == launcher]
             if ts:
-                print(f"  {prov:12s} {'ringzero-run' if launcher else 'torchrun-env':12s} "
+                print(f"  {prov:11s} {'ringzero-run' if launcher else 'torchrun-env':12s} "
                       f"{len(ts):3d} trials, time from kill to every rank gone: median "
                       f"{statistics.median(ts):.2f} s, max {max(ts):.2f} s")
     minimum = min(a.trials, 50)

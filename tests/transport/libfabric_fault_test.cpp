@@ -11,8 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -175,6 +178,109 @@ TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank()
       check.expect(culprit == 2 && contains(what, "rank 2 died"),
                    fmt::format("a peer_error naming rank 2, got rank {}: '{}'", culprit, what));
       check.expect(std::chrono::steady_clock::now() - start < 10s, "the error within seconds");
+      return check.code();
+    });
+    INFO(out.describe());
+    CHECK(out.status[0] == 0);
+    CHECK(out.status[1] == 0);
+    CHECK_FALSE(out.timed_out);
+  }
+}
+
+TEST_CASE("failure board: the first failure on record is every rank's verdict") {
+  namespace rfd = ringzero::libfabric::detail;
+  auto store = std::make_shared<ringzero::bootstrap::tcp_store>("127.0.0.1", 0, true, 1, "t", 5s);
+  rfd::failure_board b0(store, "job/", 0, true);
+  rfd::failure_board b1(store, "job/", 1, true);
+  rfd::failure_board b3(store, "job/", 3, true);
+  // Rank 1 sees rank 2 die first; rank 0 later finds rank 1 gone (it raised and exited):
+  // both name rank 2.
+  const auto first = b1.settle(2, "its process (pid 42) is gone");
+  CHECK(first.rank == 2);
+  CHECK(contains(first.why, "pid 42"));
+  CHECK(contains(first.why, "found by rank 1"));
+  const auto later = b0.settle(1, "its connection failed");
+  CHECK(later.rank == 2);
+  CHECK(later.why == first.why);
+  // On a board with no failure, a rank that marked its exit is not blamed.
+  rfd::failure_board c0(store, "other/", 0, true);
+  rfd::failure_board c3(store, "other/", 3, true);
+  c3.leaving();
+  CHECK(c0.settle(3, "its process (pid 7) is gone").rank == -1);
+  CHECK(c0.settle(2, "its process (pid 8) is gone").rank == 2);
+  CHECK(b3.settle(1, "x").rank == 2);
+}
+
+namespace {
+// A store whose server is gone, as when rank 0, which serves it, was killed.
+class gone_store final : public ringzero::bootstrap::store {
+ public:
+  void set(std::string_view, std::span<const std::byte>) override { fail(); }
+  std::vector<std::byte> get(std::string_view) override { fail(); }
+  std::int64_t add(std::string_view, std::int64_t) override { fail(); }
+  void wait(std::span<const std::string>) override { fail(); }
+
+ private:
+  [[noreturn]] static void fail() {
+    throw ringzero::peer_error("store: rank 0's store closed the connection", 0);
+  }
+};
+}  // namespace
+
+TEST_CASE("failure board: an unreachable store falls back to what the rank saw, and says so") {
+  namespace rfd = ringzero::libfabric::detail;
+  auto store = std::make_shared<gone_store>();
+  // Served by rank 0: its store going away names rank 0.
+  const auto v = rfd::failure_board(store, "job/", 2, true).settle(1, "its connection failed");
+  CHECK(v.rank == 0);
+  CHECK(contains(v.why, "unreachable"));
+  CHECK(contains(v.why, "rank 1 fail"));
+  // Served elsewhere: the rank's own finding, marked as unchecked.
+  const auto w = rfd::failure_board(store, "job/", 2, false).settle(1, "its connection failed");
+  CHECK(w.rank == 1);
+  CHECK(contains(w.why, "not checked against the other ranks"));
+}
+
+TEST_CASE("a survivor that exits after the first death is not named by a rank that looks late") {
+  // Rank 0 is stopped while rank 2 dies and rank 1, having seen it, exits; rank 0 then finds
+  // both gone at once. Its own view cannot order them; the store's record does.
+  for (const char* provider : providers) {
+    CAPTURE(provider);
+    auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      const std::shared_ptr<ringzero::bootstrap::store> kept(&s, [](auto*) {});
+      fabric::communicator comm(
+          fabric::transport(kept, r, n, {.provider = provider, .timeout = 20s}));
+      std::vector<float> v(1000, 1.0f);
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      if (r == 0) s.set_string("test/pid0", std::to_string(::getpid()));
+      if (r == 1) {
+        const pid_t pid0 = static_cast<pid_t>(std::stol(s.get_string("test/pid0")));
+        ::kill(pid0, SIGSTOP);
+        s.set_string("test/stopped", "1");
+        const auto start = std::chrono::steady_clock::now();
+        while (comm.failed_rank() < 0 && std::chrono::steady_clock::now() - start < 10s)
+          std::this_thread::sleep_for(5ms);
+        // Rank 0 resumes only once this rank is gone too, from a helper process.
+        const pid_t self = ::getpid();
+        if (::fork() == 0) {
+          while (::getppid() == self) std::this_thread::sleep_for(5ms);
+          std::this_thread::sleep_for(50ms);
+          ::kill(pid0, SIGCONT);
+          std::_Exit(0);
+        }
+        std::_Exit(comm.failed_rank() == 2 ? 0 : 3);  // gone at once, as a survivor that raised
+      }
+      if (r == 2) {
+        static_cast<void>(s.get_string("test/stopped"));
+        std::_Exit(0);  // the first death
+      }
+      // Rank 0, resumed with ranks 1 and 2 both gone.
+      const auto start = std::chrono::steady_clock::now();
+      while (comm.failed_rank() < 0 && std::chrono::steady_clock::now() - start < 10s)
+        std::this_thread::sleep_for(5ms);
+      check.expect(comm.failed_rank() == 2,
+                   fmt::format("failed_rank() == 2, got {}", comm.failed_rank()));
       return check.code();
     });
     INFO(out.describe());

@@ -24,7 +24,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/file_store.hpp"
@@ -47,10 +51,10 @@ namespace detail {
 
 }  // namespace detail
 
-/// Opens this rank's store as RINGZERO_STORE says (see above). Blocks until the store is
-/// reachable (at most `timeout`); rank 0 starts the TCP server.
-[[nodiscard]] inline std::unique_ptr<store> make_store(
-    const launch_info& info, std::chrono::nanoseconds timeout = ringzero::detail::env_timeout()) {
+namespace detail {
+
+[[nodiscard]] inline std::unique_ptr<store> open_store(const launch_info& info,
+                                                       std::chrono::nanoseconds timeout) {
   const std::string kind = ringzero::detail::getenv_str("RINGZERO_STORE").value_or("tcp");
   if (kind == "tcp") {
     const std::string bind = ringzero::detail::getenv_str("RINGZERO_SOCKET_IFNAME").value_or("");
@@ -65,6 +69,82 @@ namespace detail {
   }
   throw invalid_argument(
       fmt::format("RINGZERO_STORE='{}' is neither 'tcp' nor 'file:DIRECTORY'", kind));
+}
+
+// Stores that communicators keep open for their lifetime (shared_store), by job and address.
+struct shared_stores {
+  std::mutex mutex;
+  std::map<std::string, std::weak_ptr<store>> open;
+
+  [[nodiscard]] static shared_stores& get() {
+    static shared_stores s;
+    return s;
+  }
+  [[nodiscard]] static std::string key(const launch_info& info) {
+    return fmt::format("{}|{}|{}|{}",
+                       ringzero::detail::getenv_str("RINGZERO_STORE").value_or("tcp"),
+                       info.master_addr, info.master_port, info.token);
+  }
+};
+
+// Forwards to a store that a communicator keeps open.
+class borrowed_store final : public store {
+ public:
+  explicit borrowed_store(std::shared_ptr<store> s) : s_(std::move(s)) {}
+  void set(std::string_view key, std::span<const std::byte> value) override { s_->set(key, value); }
+  [[nodiscard]] std::vector<std::byte> get(std::string_view key) override { return s_->get(key); }
+  std::int64_t add(std::string_view key, std::int64_t delta) override {
+    return s_->add(key, delta);
+  }
+  void wait(std::span<const std::string> keys) override { s_->wait(keys); }
+  std::int64_t add_within(std::string_view key, std::int64_t delta,
+                          std::chrono::nanoseconds limit) override {
+    return s_->add_within(key, delta, limit);
+  }
+  void set_within(std::string_view key, std::span<const std::byte> value,
+                  std::chrono::nanoseconds limit) override {
+    s_->set_within(key, value, limit);
+  }
+  [[nodiscard]] std::vector<std::byte> get_within(std::string_view key,
+                                                  std::chrono::nanoseconds limit) override {
+    return s_->get_within(key, limit);
+  }
+  void excuse(int ranks) override { s_->excuse(ranks); }
+  void farewell(std::chrono::nanoseconds limit) noexcept override { s_->farewell(limit); }
+
+ private:
+  std::shared_ptr<store> s_;
+};
+
+}  // namespace detail
+
+/// Opens this rank's store as RINGZERO_STORE says (see above). Blocks until the store is
+/// reachable (at most `timeout`); rank 0 starts the TCP server. While a communicator keeps
+/// the job's store open (shared_store), this returns a handle to that one: rank 0 could not
+/// serve a second store on the same port.
+[[nodiscard]] inline std::unique_ptr<store> make_store(
+    const launch_info& info, std::chrono::nanoseconds timeout = ringzero::detail::env_timeout()) {
+  {
+    auto& reg = detail::shared_stores::get();
+    std::lock_guard lock(reg.mutex);
+    if (auto it = reg.open.find(detail::shared_stores::key(info)); it != reg.open.end())
+      if (auto live = it->second.lock()) return std::make_unique<detail::borrowed_store>(live);
+  }
+  return detail::open_store(info, timeout);
+}
+
+/// The job's store for a communicator that keeps it open for its lifetime (the libfabric
+/// transport does, so that ranks can agree on which rank failed first): one store per job
+/// and address while any holder lives, so every rank must keep its holders alive alike.
+[[nodiscard]] inline std::shared_ptr<store> shared_store(
+    const launch_info& info, std::chrono::nanoseconds timeout = ringzero::detail::env_timeout()) {
+  auto& reg = detail::shared_stores::get();
+  std::lock_guard lock(reg.mutex);
+  auto& slot = reg.open[detail::shared_stores::key(info)];
+  if (auto live = slot.lock()) return live;
+  std::shared_ptr<store> s = detail::open_store(info, timeout);
+  slot = s;
+  return s;
 }
 
 }  // namespace ringzero::bootstrap

@@ -5,6 +5,7 @@
 // (rendezvous.hpp) picks one from the environment.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,6 +31,29 @@ class store {
   virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
   /// Waits until every key exists.
   virtual void wait(std::span<const std::string> keys) = 0;
+
+  /// add(), set() and get() that give up after `limit` where the store's own deadline is
+  /// later: for calls made once something failed, which must not wait long on a store that
+  /// may be gone with the failed rank. A store whose calls never wait long keeps the defaults.
+  virtual std::int64_t add_within(std::string_view key, std::int64_t delta,
+                                  std::chrono::nanoseconds /*limit*/) {
+    return add(key, delta);
+  }
+  virtual void set_within(std::string_view key, std::span<const std::byte> value,
+                          std::chrono::nanoseconds /*limit*/) {
+    set(key, value);
+  }
+  [[nodiscard]] virtual std::vector<std::byte> get_within(std::string_view key,
+                                                          std::chrono::nanoseconds /*limit*/) {
+    return get(key);
+  }
+  /// `ranks` more ranks are known dead and will never close their store: a store that waits
+  /// at close for every rank (tcp_store's server) stops waiting for them.
+  virtual void excuse(int /*ranks*/) {}
+  /// This process ends now without running destructors: what the store's destructor would tell
+  /// the others is told now (within `limit`), and a store served here waits for the other
+  /// ranks to finish with it for at most `limit`.
+  virtual void farewell(std::chrono::nanoseconds /*limit*/) noexcept {}
 
   void set_string(std::string_view key, std::string_view value) {
     set(key, std::as_bytes(std::span<const char>(value.data(), value.size())));

@@ -27,6 +27,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -105,16 +106,17 @@ class tcp_store final : public store {
   tcp_store& operator=(const tcp_store&) = delete;
 
   ~tcp_store() override {
-    say_done();
+    if (!said_done_.exchange(true)) say_done();
     {
       std::lock_guard lock(pool_mutex_);
       idle_.clear();
     }
     if (!server_) return;
-    const int done = server_->wait_done(world_size_, detail::clock::now() + timeout_);
-    if (done < world_size_)
+    const int expected = expected_done();
+    const int done = server_->wait_done(expected, detail::clock::now() + timeout_);
+    if (done < expected)
       log::warn("store: shutting down after {}: only {} of {} ranks closed their store",
-                detail::seconds_text(timeout_), done, world_size_);
+                detail::seconds_text(timeout_), done, expected);
   }
 
   void set(std::string_view key, std::span<const std::byte> value) override {
@@ -142,6 +144,41 @@ class tcp_store final : public store {
     return static_cast<std::int64_t>(detail::get_u64(r.data()));
   }
 
+  std::int64_t add_within(std::string_view key, std::int64_t delta,
+                          std::chrono::nanoseconds limit) override {
+    check_key(key);
+    std::byte arg[8];
+    detail::put_u64(arg, static_cast<std::uint64_t>(delta));
+    const auto r = call(detail::op::add, key, arg, deadline_within(limit));
+    if (r.size() != 8)
+      throw bootstrap_error(fmt::format("store at {}: malformed reply to add '{}'", where(), key));
+    return static_cast<std::int64_t>(detail::get_u64(r.data()));
+  }
+
+  void set_within(std::string_view key, std::span<const std::byte> value,
+                  std::chrono::nanoseconds limit) override {
+    check_key(key);
+    if (value.size() > detail::max_value_bytes)
+      throw invalid_argument(fmt::format(
+          "tcp_store: the value for '{}' is {} bytes; at most 64 MiB allowed", key, value.size()));
+    call(detail::op::set, key, value, deadline_within(limit));
+  }
+
+  [[nodiscard]] std::vector<std::byte> get_within(std::string_view key,
+                                                  std::chrono::nanoseconds limit) override {
+    check_key(key);
+    return call(detail::op::get, key, {}, deadline_within(limit));
+  }
+
+  void farewell(std::chrono::nanoseconds limit) noexcept override {
+    if (!said_done_.exchange(true)) say_done();
+    if (server_) static_cast<void>(server_->wait_done(expected_done(), deadline_within(limit)));
+  }
+
+  void excuse(int ranks) override {
+    if (ranks > 0) excused_.fetch_add(ranks, std::memory_order_relaxed);
+  }
+
   void wait(std::span<const std::string> keys) override {
     const auto deadline = detail::clock::now() + timeout_;
     for (const auto& k : keys) check_key(k);
@@ -160,6 +197,15 @@ class tcp_store final : public store {
   };
 
   [[nodiscard]] std::string where() const { return fmt::format("{}:{}", host_, port_); }
+
+  // Ranks known dead never say done; waiting for them would hold rank 0 for the timeout.
+  [[nodiscard]] int expected_done() const noexcept {
+    return std::max(1, world_size_ - excused_.load(std::memory_order_relaxed));
+  }
+
+  [[nodiscard]] detail::clock::time_point deadline_within(std::chrono::nanoseconds limit) const {
+    return detail::clock::now() + std::min(limit, timeout_);
+  }
 
   static void check_key(std::string_view key) {
     if (key.empty()) throw invalid_argument("tcp_store: keys must not be empty");
@@ -227,10 +273,19 @@ class tcp_store final : public store {
 
   std::vector<std::byte> call(detail::op o, std::string_view key, std::span<const std::byte> value,
                               detail::clock::time_point deadline) {
-    detail::unique_fd fd = acquire(deadline);
-    auto r = exchange(fd.get(), o, key, value, deadline);
-    release(std::move(fd));
-    return r;
+    try {
+      detail::unique_fd fd = acquire(deadline);
+      auto r = exchange(fd.get(), o, key, value, deadline);
+      release(std::move(fd));
+      return r;
+    } catch (const peer_error&) {
+      lost_.store(true, std::memory_order_relaxed);
+      throw;
+    } catch (const timeout_error&) {
+      if (o != detail::op::get && o != detail::op::wait)
+        lost_.store(true, std::memory_order_relaxed);
+      throw;
+    }
   }
 
   // One request and its reply on `fd`. On any failure the caller drops the connection (its
@@ -307,7 +362,12 @@ class tcp_store final : public store {
           idle_.pop_back();
         }
       }
-      if (!fd) fd = connect(deadline);
+      if (!fd) {
+        // The server went away during a call (rank 0 died): retrying until the deadline
+        // would only hold this rank up.
+        if (lost_.load(std::memory_order_relaxed)) return;
+        fd = connect(deadline);
+      }
       exchange(fd.get(), detail::op::done, {}, {}, deadline);
     } catch (const std::exception& e) {
       log::info("store: could not tell {} this rank is done: {}", where(), e.what());
@@ -323,6 +383,9 @@ class tcp_store final : public store {
   std::vector<detail::endpoint> targets_;
   std::mutex pool_mutex_;
   std::vector<detail::unique_fd> idle_;
+  std::atomic<int> excused_{0};
+  std::atomic<bool> said_done_{false};
+  std::atomic<bool> lost_{false};  ///< a call found the server gone
   // Last member: destroyed first, after the destructor body waited for the other ranks.
   std::unique_ptr<detail::tcp_server> server_;
 };

@@ -32,6 +32,7 @@
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
+#include "ringzero/bootstrap/tcp_store.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
@@ -98,32 +99,29 @@ class transport {
   /// Joins the job the environment describes (torchrun, Slurm, Open MPI or ringzero-run
   /// variables, see bootstrap/environment.hpp): opens the store (rank 0 serves the TCP store),
   /// picks the provider, opens the endpoint, exchanges addresses, and tags this process's log
-  /// lines with its rank. The store is closed again before this returns.
+  /// lines with its rank. The store stays open while the transport lives (bootstrap::
+  /// shared_store): when a rank dies, the survivors agree through it on which one died first,
+  /// so that every error names the same culprit. Rank 0's transport, which serves it, closes
+  /// once every other rank closed theirs (or the timeout passed; ranks known dead excepted).
   [[nodiscard]] static transport from_env(const from_env_options& opt = {}) {
     const bootstrap::launch_info info = bootstrap::detect_launch();
     log::detail::process_rank().store(info.rank);
     const auto timeout = opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout();
-    const std::unique_ptr<bootstrap::store> store = bootstrap::make_store(info, timeout);
-    return transport(*store, info.rank, info.world_size, opt);
+    return transport(bootstrap::shared_store(info, timeout), info.rank, info.world_size, opt);
   }
 
   /// Collective over `size` processes that share `store`: rank r of size. The store is only
   /// used while constructing; it must be the same logical store on every rank.
   transport(bootstrap::store& store, int rank, int size, const options& opt = {})
-      : rank_(rank),
-        timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()) {
-    if (size < 1 || rank < 0 || rank >= size)
-      throw invalid_argument(
-          fmt::format("libfabric communicator: rank {} is not in [0, {})", rank, size));
-    auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory, timeout_);
-    ep_ = std::move(world.ep);
-    hosts_ = std::move(world.hosts);
-    cost_ = opt.cost ? *opt.cost : detail::provider_cost(ep_->provider());
-    log::info("libfabric: rank {} of {} on {} ({})", rank, size, ep_->provider(),
-              hosts_[static_cast<std::size_t>(rank)]);
-  }
+      : transport(store, nullptr, rank, size, opt) {}
+
+  /// As above, and the transport keeps `store` open for the ranks to agree on which rank failed
+  /// first (see from_env()).
+  transport(std::shared_ptr<bootstrap::store> store, int rank, int size, const options& opt = {})
+      : transport(*store, store, rank, size, opt) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
+
   [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
   [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
@@ -181,6 +179,23 @@ class transport {
   void abort(const std::string& why) { ep_->abort(why); }
 
  private:
+  transport(bootstrap::store& store, std::shared_ptr<bootstrap::store> kept, int rank, int size,
+            const options& opt)
+      : rank_(rank),
+        timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw invalid_argument(
+          fmt::format("libfabric communicator: rank {} is not in [0, {})", rank, size));
+    const bool served_by_rank0 = dynamic_cast<const bootstrap::tcp_store*>(kept.get()) != nullptr;
+    auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory, timeout_,
+                                    std::move(kept), served_by_rank0);
+    ep_ = std::move(world.ep);
+    hosts_ = std::move(world.hosts);
+    cost_ = opt.cost ? *opt.cost : detail::provider_cost(ep_->provider());
+    log::info("libfabric: rank {} of {} on {} ({})", rank, size, ep_->provider(),
+              hosts_[static_cast<std::size_t>(rank)]);
+  }
+
   std::shared_ptr<detail::endpoint> ep_;
   std::vector<std::string> hosts_;  ///< host name of every rank
   int rank_ = 0;

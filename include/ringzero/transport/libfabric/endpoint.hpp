@@ -311,12 +311,15 @@ class endpoint {
     }
   }
 
-  /// Starts the watchdog (watchdog.hpp) over the ranks in `peers` (index = world rank).
-  void watch(int rank, std::vector<process_id> peers) {
+  /// Starts the watchdog (watchdog.hpp) over the ranks in `peers` (index = world rank); with
+  /// a `board`, the ranks agree through it on which rank failed first.
+  void watch(int rank, std::vector<process_id> peers,
+             std::shared_ptr<failure_board> board = nullptr) {
     watchdog::config cfg;
     cfg.rank = rank;
     cfg.peers = std::move(peers);
     cfg.timeout = timeout_;
+    cfg.board = std::move(board);
     dog_ = std::make_unique<watchdog>(std::move(cfg));
   }
 
@@ -445,6 +448,15 @@ class endpoint {
           throw peer_error(what, peer);
         }
         const int peer = c->peer;
+        // The ranks' verdict (failure_board) names who failed first; this peer may only have
+        // gone down after it.
+        if (const int first = failed_rank(); first >= 0 && first != c->world_peer) {
+          std::string what = fmt::format(
+              "rank {} died ({}); then this rank's {} rank {} failed over {}: {}", first,
+              dog_->failure(), c->is_send ? "send to" : "receive from", peer, provider_, dead);
+          abandon_locked(c);
+          throw peer_error(what, first);
+        }
         std::string what = fmt::format("rank {} is unreachable over {}: {}", peer, provider_, dead);
         abandon_locked(c);
         throw peer_error(what, peer);
@@ -776,7 +788,7 @@ class endpoint {
                            c->peer, provider_, text);
     if (is_peer_loss(code)) {
       failures_[static_cast<std::size_t>(c->world_peer)] = text;
-      if (dog_) dog_->report(c->world_peer, fmt::format("its connection failed: {}", text));
+      if (dog_) dog_->suspect(c->world_peer, fmt::format("its connection failed: {}", text));
     }
   }
 

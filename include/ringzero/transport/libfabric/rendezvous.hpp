@@ -63,9 +63,14 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
 
 }  // namespace keys
 
+/// `kept`: the same store as `s`, when the caller keeps it open for the endpoint's lifetime:
+/// the ranks then agree through it on which rank failed first (failure_board);
+/// `served_by_rank0`: it goes away with rank 0's process (tcp_store).
 [[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
                                       std::string_view requested, bool register_memory,
-                                      std::chrono::nanoseconds timeout) {
+                                      std::chrono::nanoseconds timeout,
+                                      std::shared_ptr<bootstrap::store> kept = nullptr,
+                                      bool served_by_rank0 = false) {
   // Several communicators may be built on one store; each rank counts its own, and the
   // counts agree because every rank builds them in the same order.
   const auto generation = s.add(fmt::format("libfabric/rank/{}/communicators", rank), 1);
@@ -115,7 +120,9 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
   w.ep->connect(names);
-  w.ep->watch(rank, std::move(processes));
+  w.ep->watch(rank, std::move(processes),
+              kept ? std::make_shared<failure_board>(std::move(kept), prefix, rank, served_by_rank0)
+                   : nullptr);
 
   keys::set_text(s, key("ready", rank), "1");
   std::vector<std::string> ready;

@@ -17,6 +17,8 @@
 // process down when a collective outlives its timeout), because a thread stuck in someone
 // else's lock cannot be unwound, and ending the process is the only way its caller and its
 // launcher learn of it. RINGZERO_WATCHDOG=0 turns the termination off (the probing stays).
+// Which rank a survivor names is settled job-wide first (failure_board below), so that a
+// survivor that raised or was ended after the first death is never blamed for it.
 #pragma once
 
 #include <dirent.h>
@@ -25,6 +27,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -32,8 +35,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -41,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/log.hpp"
 
@@ -127,6 +133,122 @@ inline void remove_shm_regions(long pid) {
   ::closedir(d);
 }
 
+/// The job's record of its first failure, in the rendezvous store, so that every rank names
+/// the same culprit. A rank's own view can mislead: once a rank dies, a survivor that sees it
+/// raises and exits, and a slower survivor may then find that survivor gone, or its
+/// connection reset, before it notices the rank that died first. So a rank that finds a peer
+/// dead asks the board first: the first failure on record wins (claimed with an atomic add,
+/// then written down), and every rank records its verdict before it raises, so a survivor is
+/// only ever found gone after the culprit is on record. A rank that leaves in an orderly way
+/// marks that too, so that peers that find it gone do not blame it. Every store call here is
+/// bounded (`limit`); when the store cannot be reached, a rank falls back to what it saw
+/// itself and says so, naming rank 0 when rank 0 serves the store (its store going away is
+/// the sign that its process did).
+class failure_board {
+ public:
+  struct verdict {
+    int rank = -1;  ///< -1: the suspect left in an orderly way, nothing failed before
+    std::string why;
+  };
+
+  /// How long one store call may take once something failed.
+  static constexpr std::chrono::milliseconds limit{1000};
+
+  failure_board(std::shared_ptr<bootstrap::store> store, std::string prefix, int rank,
+                bool served_by_rank0)
+      : store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        served_by_rank0_(served_by_rank0) {}
+
+  /// `suspect` looks dead for `why`: returns the failure every rank names.
+  [[nodiscard]] verdict settle(int suspect, const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (!unreachable_.empty()) return fallback(suspect, why);
+    try {
+      if (auto v = recorded()) return *v;
+      if (store_->add_within(key(fmt::format("exit/{}", suspect)), 0, limit) > 0) return {};
+      if (store_->add_within(key("failure/claims"), 1, limit) == 1) {
+        const std::string text = fmt::format("{}, found by rank {}", why, rank_);
+        store_->set_within(key("failure/why"),
+                           std::as_bytes(std::span<const char>(text.data(), text.size())), limit);
+        store_->add_within(key("failure/rank"), suspect + 1, limit);
+        return {suspect, text};
+      }
+      // Another rank claimed the first failure and is writing it down.
+      const auto until = std::chrono::steady_clock::now() + limit;
+      while (std::chrono::steady_clock::now() < until) {
+        if (auto v = recorded()) return *v;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return {suspect, fmt::format("{}; another rank claimed an earlier failure but did not "
+                                   "record it within {} ms",
+                                   why, limit.count())};
+    } catch (const std::exception& e) {
+      unreachable_ = e.what();
+      return fallback(suspect, why);
+    }
+  }
+
+  /// Marks this rank's orderly exit. Best effort.
+  void leaving(std::chrono::nanoseconds within = limit) noexcept {
+    std::lock_guard lock(mutex_);
+    if (!unreachable_.empty()) return;
+    try {
+      store_->add_within(key(fmt::format("exit/{}", rank_)), 1, within);
+    } catch (const std::exception& e) {
+      unreachable_ = e.what();
+    }
+  }
+
+  /// This process ends now, on purpose, without destructors: marks it as leaving, and lets a
+  /// store served here serve the others a little longer (their verdicts may still need it).
+  void ending(std::chrono::nanoseconds within, bool failure_known) noexcept {
+    leaving(within);
+    if (failure_known) excuse_one();
+    store_->farewell(within);
+  }
+
+  /// One rank is known dead: a store that waits at close for every rank stops waiting for it.
+  void excuse_one() noexcept {
+    try {
+      store_->excuse(1);
+    } catch (...) {
+      // Only shortens a wait.
+    }
+  }
+
+ private:
+  [[nodiscard]] std::string key(std::string_view what) const {
+    return fmt::format("{}{}", prefix_, what);
+  }
+
+  [[nodiscard]] std::optional<verdict> recorded() {
+    const std::int64_t r = store_->add_within(key("failure/rank"), 0, limit);
+    if (r <= 0) return std::nullopt;
+    const auto v = store_->get_within(key("failure/why"), limit);
+    return verdict{static_cast<int>(r - 1),
+                   std::string(reinterpret_cast<const char*>(v.data()), v.size())};
+  }
+
+  [[nodiscard]] verdict fallback(int suspect, const std::string& why) const {
+    if (served_by_rank0_ && rank_ != 0)
+      return {0, fmt::format("the store it serves is unreachable: {}; this rank first saw rank "
+                             "{} fail: {}",
+                             unreachable_, suspect, why)};
+    return {suspect, fmt::format("{}; not checked against the other ranks, the store is "
+                                 "unreachable: {}",
+                                 why, unreachable_)};
+  }
+
+  std::shared_ptr<bootstrap::store> store_;
+  std::string prefix_;
+  int rank_;
+  bool served_by_rank0_;
+  std::mutex mutex_;
+  std::string unreachable_;  ///< why the store failed once: not asked again
+};
+
 class watchdog {
  public:
   struct config {
@@ -136,12 +258,15 @@ class watchdog {
     /// How long a provider call may run once a rank is known dead.
     std::chrono::nanoseconds grace{std::chrono::seconds(2)};
     std::chrono::milliseconds interval{20};
+    /// Where the ranks agree on the first failure; null: each rank names what it saw.
+    std::shared_ptr<failure_board> board;
   };
 
   explicit watchdog(config cfg)
       : cfg_(std::move(cfg)),
         self_(self_process()),
-        terminate_(ringzero::detail::getenv_str("RINGZERO_WATCHDOG").value_or("1") != "0") {
+        terminate_(ringzero::detail::getenv_str("RINGZERO_WATCHDOG").value_or("1") != "0"),
+        removed_(cfg_.peers.size(), false) {
     thread_ = std::thread([this] { run(); });
   }
   watchdog(const watchdog&) = delete;
@@ -153,6 +278,10 @@ class watchdog {
     }
     cv_.notify_all();
     thread_.join();
+    if (cfg_.board) {
+      cfg_.board->leaving();
+      if (failed_rank() >= 0) cfg_.board->excuse_one();
+    }
   }
 
   /// The world rank known to have died, or -1.
@@ -173,7 +302,18 @@ class watchdog {
     return stopped_;
   }
 
-  /// Records that some rank other than this one failed (a reset connection, say).
+  /// `world_rank` looks dead (its process is gone, its connection reset): records the failure
+  /// the ranks agree on (failure_board), which need not be this one.
+  void suspect(int world_rank, const std::string& why) {
+    if (world_rank < 0 || world_rank == cfg_.rank || failed_rank() >= 0) return;
+    if (!cfg_.board) return report(world_rank, why);
+    const failure_board::verdict v = cfg_.board->settle(world_rank, why);
+    if (v.rank >= 0) return report(v.rank, v.why);
+    std::lock_guard lock(mutex_);
+    departed_.push_back(world_rank);
+  }
+
+  /// Records that some rank other than this one failed.
   void report(int world_rank, std::string why) {
     if (world_rank < 0 || world_rank == cfg_.rank) return;
     int expected = -1;
@@ -214,12 +354,15 @@ class watchdog {
       const process_id& p = cfg_.peers[r];
       switch (probe(p, self_)) {
         case process_state::gone:
-          if (failed_rank() < 0) {
-            report(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
-            // A process killed outright leaves its shm regions behind; every survivor removes
-            // them (removing a name that is already gone is harmless).
+          // A process killed outright, or ended without running its destructors, leaves its
+          // shm regions behind; every survivor removes them, once per rank (removing a name
+          // that is already gone is harmless).
+          if (!removed_[r]) {
+            removed_[r] = true;
             remove_shm_regions(p.pid);
           }
+          if (failed_rank() < 0 && !departed(static_cast<int>(r)))
+            suspect(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
           break;
         case process_state::stopped:
           stopped.push_back(static_cast<int>(r));
@@ -231,6 +374,11 @@ class watchdog {
     }
     std::lock_guard lock(mutex_);
     stopped_ = std::move(stopped);
+  }
+
+  [[nodiscard]] bool departed(int r) const {
+    std::lock_guard lock(mutex_);
+    return std::find(departed_.begin(), departed_.end(), r) != departed_.end();
   }
 
   void check_call() {
@@ -253,6 +401,8 @@ class watchdog {
                     "the deadline; RINGZERO_WATCHDOG=0 keeps the process instead)",
                     cfg_.rank, static_cast<double>(ran) / 1000.0, cause, watchdog_exit_status));
     std::fflush(stderr);
+    // Ending on purpose is no new failure: peers that find this process gone must not blame it.
+    if (cfg_.board) cfg_.board->ending(cfg_.grace, dead >= 0);
     remove_shm_regions(self_.pid);
     std::_Exit(watchdog_exit_status);
   }
@@ -267,6 +417,8 @@ class watchdog {
   std::condition_variable cv_;
   std::string reason_;
   std::vector<int> stopped_;
+  std::vector<int> departed_;  ///< ranks that left in an orderly way (failure_board)
+  std::vector<bool> removed_;  ///< by world rank: its shm regions were removed (watchdog thread)
   bool stop_ = false;
   std::thread thread_;
 };

@@ -222,8 +222,12 @@ class engine {
     const auto& rec = record(peer);
     const process_id want{rec.pid.load(std::memory_order_acquire),
                           rec.start.load(std::memory_order_acquire)};
-    if (rec.state.load(std::memory_order_acquire) == rank_left || read_process(want.pid) != want)
+    if (rec.state.load(std::memory_order_acquire) == rank_left) {
       ps.dead = true;
+    } else if (read_process(want.pid) != want) {
+      ps.dead = true;
+      remove_names_of(want.pid);
+    }
     return ps.dead;
   }
 
