@@ -262,9 +262,13 @@ template <class T, element E>
     nc.out = c.out.data();
     nc.count = count;
     nc.root = c.root;
+    nc.sequence = comm.state().collective_seq;
     options resolved = opt;
     if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
-    return comm.transport().try_native(nc, resolved);
+    // A call the transport ran takes a sequence number, as one over messages does.
+    if (!comm.transport().try_native(nc, resolved)) return false;
+    ++comm.state().collective_seq;
+    return true;
   } else {
     return false;
   }

@@ -1,10 +1,11 @@
 // The shm transport with ranks as processes: the conformance matrix for 1 to 4 ranks,
 // sub-communicators, cancellation, many messages in flight, size mismatches, symmetric memory,
-// the segment's removal, and a peer killed with SIGKILL.
+// the segment's removal, a peer killed with SIGKILL, abort() and a stalled rank.
 //
 // CTest runs each "conformance" case as a test of its own (see CMakeLists.txt).
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -43,6 +47,10 @@ struct rank_checks {
   }
   [[nodiscard]] int code() const { return failures ? 1 : 0; }
 };
+
+[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 void require_all_passed(const multiprocess::outcome& out) {
   INFO(out.describe());
@@ -430,4 +438,150 @@ TEST_CASE("all_reduce on symmetric buffers reads peers in place, every rank bitw
     return check.code();
   });
   require_all_passed(out);
+}
+
+TEST_CASE("abort() from another thread unblocks waits in the segment, on messages and on a split") {
+  // The modes: an automatic call of the world (in the segment), a forced ring of the world and an
+  // automatic call of a sub-communicator (both over messages); abort() is always the world's.
+  enum class mode { segment, ring, split };
+  for (const mode m : {mode::segment, mode::ring, mode::split}) {
+    CAPTURE(static_cast<int>(m));
+    auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      ::unsetenv("RINGZERO_ALGO");
+      rank_checks check{r};
+      shm::communicator comm(shm::transport(s, r, n, {.timeout = 30s}));
+      auto sub = comm.split(0, r);
+      std::vector<float> v(100000, 1.0f);
+      // The segment's workspace exists: rank 0's next call waits in a phase, not in its setup.
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      if (r == 1) {
+        // Never joins: rank 0's collective can only end through abort().
+        s.barrier("rank 0 done", 2);
+        return 0;
+      }
+      auto& target = m == mode::split ? *sub : comm;
+      const ringzero::options opt{.algorithm = m == mode::ring ? ringzero::algorithm::ring
+                                                               : ringzero::algorithm::automatic};
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(300ms);
+        comm.abort("stopped by the test");
+      });
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        ringzero::all_reduce(target, std::span<float>(v), op::sum, opt);
+      } catch (const ringzero::peer_error& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      aborter.join();
+      check.expect(contains(what, "aborted") && contains(what, "stopped by the test"),
+                   fmt::format("an error saying the communicator was aborted, got '{}'", what));
+      check.expect(took < 10s, "the waiter to be released well before the 30 s deadline");
+      check.expect(m != mode::segment || contains(what, "shm segment"),
+                   fmt::format("the wait in the segment to be the one aborted, got '{}'", what));
+      for (auto* c : {&comm, &*sub}) {
+        std::string again;
+        const auto at = std::chrono::steady_clock::now();
+        try {
+          ringzero::all_reduce(*c, std::span<float>(v), op::sum, opt);
+        } catch (const ringzero::peer_error& e) {
+          again = e.what();
+        }
+        check.expect(
+            contains(again, "aborted") && std::chrono::steady_clock::now() - at < 1s,
+            fmt::format("a call after abort() to fail at once as aborted, got '{}'", again));
+      }
+      std::string sent;
+      try {
+        (void)comm.isend(1, 0, {});
+      } catch (const ringzero::peer_error& e) {
+        sent = e.what();
+      }
+      check.expect(contains(sent, "aborted"),
+                   fmt::format("isend after abort() to fail as aborted, got '{}'", sent));
+      s.barrier("rank 0 done", 2);
+      return check.code();
+    });
+    require_all_passed(out);
+  }
+}
+
+TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequence, step, peer") {
+  // In the segment (automatic, 800 KB: every rank waits for rank 1's post) and over messages
+  // (ring, 12 MB: chunks larger than a ring of slots). On the ring, rank 2 waits for rank 1 to
+  // send; rank 0 for rank 1 to take its data, or for rank 2, held up by rank 1 in turn: each
+  // names the peer it waits for (a stalled process is alive; only a dead one is named as such).
+  struct stall_case {
+    ringzero::algorithm algo;
+    std::size_t count;
+    const char* names;     // in the timeout's message
+    const char* log_says;  // in the RINGZERO_DEBUG=INFO log
+  };
+  const stall_case cases[] = {
+      {ringzero::algorithm::automatic, 200000, "all_reduce (shm segment)", "rank 1 at phase"},
+      {ringzero::algorithm::ring, 3000000, "all_reduce (ring)", "pending messages"}};
+  for (const auto& c : cases) {
+    const std::string name = c.names;
+    CAPTURE(name);
+    auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      ::unsetenv("RINGZERO_ALGO");
+      rank_checks check{r};
+      shm::communicator comm(shm::transport(s, r, n, {.timeout = 2s}));
+      std::vector<float> v(c.count, 1.0f);
+      const ringzero::options opt{.algorithm = c.algo};
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, opt);
+      if (r == 1) {
+        s.set_string("pid/1", std::to_string(::getpid()));
+        ::raise(SIGSTOP);
+        return 0;  // continued once the others are done
+      }
+      // RINGZERO_DEBUG=INFO: what this rank waits for goes to the log, which it reads back.
+      const std::string log_path = fmt::format("ringzero-shm-stall-{}-{}.log", ::getpid(), r);
+      std::fflush(stderr);
+      const int saved = ::dup(2);
+      if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr)) return 2;
+      const auto quiet =
+          static_cast<ringzero::log::level>(ringzero::log::detail::current_level().load());
+      ringzero::log::set_level(ringzero::log::level::info);
+      std::string what;
+      int peer = -2;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        ringzero::all_reduce(comm, std::span<float>(v), op::sum, opt);
+      } catch (const ringzero::timeout_error& e) {
+        what = e.what();
+        peer = e.peer();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      ringzero::log::set_level(quiet);
+      std::fflush(stderr);
+      std::ifstream f(log_path);
+      std::stringstream log;
+      log << f.rdbuf();
+      std::remove(log_path.c_str());
+      ::dup2(saved, 2);
+      ::close(saved);
+      const bool segment = c.algo == ringzero::algorithm::automatic;
+      check.expect(peer == 1 || (!segment && r == 0 && peer == 2),
+                   fmt::format("timeout_error::peer() == 1{}, got {}",
+                               !segment && r == 0 ? " or 2" : "", peer));
+      check.expect(contains(what, c.names) && contains(what, "sequence 1") &&
+                       contains(what, "step ") &&
+                       contains(what, fmt::format("waiting for rank {}", peer)),
+                   fmt::format("a timeout naming {}, sequence 1, a step and rank {}, got '{}'",
+                               c.names, peer, what));
+      check.expect(took >= 1900ms && took < 6s,
+                   fmt::format("the error at the 2 s deadline, got {:.2f} s",
+                               std::chrono::duration<double>(took).count()));
+      check.expect(contains(log.str(), "gave up waiting") && contains(log.str(), c.log_says) &&
+                       contains(log.str(), "sequence 1") &&
+                       contains(log.str(), fmt::format("rank {}", peer)),
+                   fmt::format("the log to say what the rank waited for, got '{}'", log.str()));
+      s.barrier("survivors done", 2);
+      if (r == 0) ::kill(std::stoi(s.get_string("pid/1")), SIGCONT);
+      return check.code();
+    });
+    require_all_passed(out);
+  }
 }

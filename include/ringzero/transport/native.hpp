@@ -29,6 +29,8 @@ struct native_call {
   int peer = -1;  ///< send_recv: destination of `in` (-1: nothing to send)
   int from = -1;  ///< send_recv: source of `out` (-1: nothing to receive)
   std::size_t recv_count = 0;
+  /// The communicator's collective sequence number, for the transport's diagnostics.
+  std::uint32_t sequence = 0;
   /// all_to_allv: per-rank counts and displacements in elements (send_* index `in`, recv_*
   /// `out`); all_to_all, gather and scatter use `count` as the block each rank sends or receives.
   std::span<const std::size_t> send_counts{};

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -128,6 +129,15 @@ class transport {
     void abandon() noexcept {
       if (!op_) return;
       std::lock_guard lock(eng_->mutex());
+      // Dropped while pending: a wait gave up (a deadline, a failure, abort()).
+      if (op_->state == detail::op::status::pending && log::enabled(log::level::info) &&
+          eng_->first_give_up()) {
+        try {
+          log::info("shm: rank {} gave up waiting; {}", eng_->rank(), eng_->pending_list());
+        } catch (...) {
+          // Only a diagnostic: the cancellation below matters more.
+        }
+      }
       eng_->cancel(op_);
       op_ = nullptr;
     }
@@ -243,6 +253,7 @@ class transport {
 
   [[nodiscard]] request isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
+    eng_->check_aborted("shm isend");
     request r;
     r.eng_ = eng_;
     std::lock_guard lock(eng_->mutex());
@@ -253,6 +264,7 @@ class transport {
 
   [[nodiscard]] request irecv(int peer, std::uint64_t tag, std::span<std::byte> data) {
     check_peer(peer, "irecv");
+    eng_->check_aborted("shm irecv");
     request r;
     r.eng_ = eng_;
     std::lock_guard lock(eng_->mutex());
@@ -266,6 +278,7 @@ class transport {
   [[nodiscard]] bool test(request& r) {
     if (r.done_) return true;
     if (!r.op_) throw invalid_argument("shm: test() on an empty request");
+    eng_->check_aborted("shm test");
     std::lock_guard lock(eng_->mutex());
     if (r.op_->state == detail::op::status::pending) eng_->progress();
     switch (r.op_->state) {
@@ -309,6 +322,16 @@ class transport {
   void progress() {
     std::lock_guard lock(eng_->mutex());
     eng_->progress();
+  }
+
+  /// Fails every wait of this transport, in any thread, and every call after with peer_error
+  /// carrying `why` (communicator::abort()). Thread-safe; the waits read a flag of this process
+  /// where they already poll their deadline.
+  void abort(const std::string& why) { eng_->abort(why); }
+  /// Why abort() was called, or nullopt if it was not.
+  [[nodiscard]] std::optional<std::string> abort_reason() const {
+    if (!eng_->aborted()) return std::nullopt;
+    return eng_->abort_reason();
   }
 
   /// Throws peer_error naming `peer` if its process is gone or it closed its transport (a /proc
@@ -387,6 +410,7 @@ class transport {
 
   /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
   void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what) {
+    eng_->check_aborted(what);
     ringzero::detail::backoff b;
     while (!test(q)) {
       if (std::chrono::steady_clock::now() > deadline)
@@ -405,17 +429,19 @@ class transport {
   /// symmetric), so all ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
-    const std::chrono::nanoseconds timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    detail::segment_call call{.what = collective_name(c.kind),
+                              .sequence = c.sequence,
+                              .timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_};
     if (c.kind == collective::barrier) {
-      detail::barrier(workspace(), timeout);
+      detail::barrier(workspace(), call);
       return true;
     }
-    return visit_dtype(c.type, [&]<class E>(E) { return run_segment<E>(c, timeout); });
+    return visit_dtype(c.type, [&]<class E>(E) { return run_segment<E>(c, call); });
   }
 
  private:
   template <element E>
-  [[nodiscard]] bool run_segment(const native_call& c, std::chrono::nanoseconds timeout) {
+  [[nodiscard]] bool run_segment(const native_call& c, detail::segment_call& call) {
     const auto n = static_cast<std::size_t>(size_);
     const auto* in = static_cast<const E*>(c.in);
     auto* out = static_cast<E*>(c.out);
@@ -426,29 +452,29 @@ class transport {
           detail::all_reduce_symmetric<E>(
               workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
               [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count,
-              c.reduction, timeout);
+              c.reduction, call);
           return true;
         }
         if (c.count * sizeof(E) > tune_.segment_bytes) return false;
         detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
-                              std::span<E>(out, c.count), c.reduction, timeout);
+                              std::span<E>(out, c.count), c.reduction, call);
         return true;
       case collective::broadcast:
         if (c.count * sizeof(E) > tune_.segment_bytes) return false;
         detail::broadcast<E>(
             workspace(),
             std::span<const E>(rank_ == c.root ? in : nullptr, rank_ == c.root ? c.count : 0),
-            std::span<E>(out, c.count), c.root, timeout);
+            std::span<E>(out, c.count), c.root, call);
         return true;
       case collective::all_gather:
         if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
         detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
-                              std::span<E>(out, c.count * n), timeout);
+                              std::span<E>(out, c.count * n), call);
         return true;
       case collective::reduce_scatter:
         if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
-                                  std::span<E>(out, c.count), c.reduction, timeout);
+                                  std::span<E>(out, c.count), c.reduction, call);
         return true;
       default:
         return false;

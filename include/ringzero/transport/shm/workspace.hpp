@@ -16,11 +16,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <utility>
 
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/shm/detail/collectives.hpp"
 #include "ringzero/transport/shm/detail/engine.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
 #include "ringzero/transport/shm/symmetric.hpp"
@@ -58,10 +61,11 @@ class workspace {
     return mem_.peer(r).data() + header_bytes + (p % 2) * buffer_bytes_;
   }
 
-  /// Posts the next phase and waits until every rank posted it, within the deadline; returns the
-  /// phase number.
-  std::uint64_t phase(std::chrono::steady_clock::time_point deadline, std::string_view what) {
+  /// Posts the next phase and waits until every rank posted it, within call's deadline; returns
+  /// the phase number. abort() and a peer found gone end the wait too.
+  std::uint64_t phase(detail::segment_call& call) {
     const std::uint64_t p = ++phase_;
+    ++call.step;
     counter(rank()).store(p, std::memory_order_release);
     for (int q = 0; q < size(); ++q) {
       if (q == rank()) continue;
@@ -76,12 +80,9 @@ class workspace {
         }
         b.pause();
         if ((++polls & 255u) != 0) continue;
+        if (eng_->aborted()) eng_->check_aborted(fmt::format("{} (shm segment)", call.what));
         const auto now = std::chrono::steady_clock::now();
-        if (now > deadline)
-          throw timeout_error(fmt::format("{} (shm segment) on rank {} of {}: phase {} timed out "
-                                          "waiting for rank {} (RINGZERO_TIMEOUT sets the limit)",
-                                          what, rank(), size(), p, q),
-                              q);
+        if (now > call.deadline) throw timed_out(call, p, q);
         if (now - last_check > std::chrono::milliseconds(5)) {
           last_check = now;
           std::lock_guard lock(eng_->mutex());
@@ -95,6 +96,28 @@ class workspace {
   }
 
  private:
+  [[nodiscard]] timeout_error timed_out(const detail::segment_call& call, std::uint64_t p,
+                                        int q) const {
+    if (log::enabled(log::level::info)) {
+      // What every rank reached: the ranks behind are the ones the others wait for.
+      std::string posted;
+      for (int r = 0; r < size(); ++r)
+        posted += fmt::format("{} rank {} at phase {}", r == 0 ? "" : ",", r,
+                              counter(r).load(std::memory_order_acquire));
+      std::lock_guard lock(eng_->mutex());
+      log::info(
+          "shm: rank {} gave up waiting in {} (shm segment), sequence {}, step {}, phase {}:{}; "
+          "{}",
+          rank(), call.what, call.sequence, call.step, p, posted, eng_->pending_list());
+    }
+    return {fmt::format("{} (shm segment) on rank {} of {}: step {} (phase {}) timed out after "
+                        "{:g} s waiting for rank {} to reach it (sequence {}; RINGZERO_TIMEOUT "
+                        "sets the limit)",
+                        call.what, rank(), size(), call.step, p,
+                        std::chrono::duration<double>(call.timeout).count(), q, call.sequence),
+            q};
+  }
+
   [[nodiscard]] std::atomic<std::uint64_t>& counter(int r) const noexcept {
     return *reinterpret_cast<std::atomic<std::uint64_t>*>(mem_.peer(r).data());
   }

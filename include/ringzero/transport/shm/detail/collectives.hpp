@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
@@ -60,6 +61,17 @@ inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noe
 #endif
 }
 
+/// One collective run in the segment, as its waits report it.
+struct segment_call {
+  std::string_view what;
+  /// The communicator's collective sequence number.
+  std::uint32_t sequence = 0;
+  std::chrono::nanoseconds timeout{0};
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() + timeout;
+  /// Phases this call posted so far.
+  int step = 0;
+};
+
 /// out = in[0] (op) in[1] (op) ... in rank order, over n elements; out may be one of the inputs
 /// only if it is in[0].
 template <element E, class In>
@@ -73,15 +85,9 @@ void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
   if (o == op::avg) reduction::finish_avg(out, n, ranks);
 }
 
-[[nodiscard]] inline std::chrono::steady_clock::time_point deadline_of(std::chrono::nanoseconds t) {
-  return std::chrono::steady_clock::now() + t;
-}
-
 /// all_reduce through the workspace; in may equal out.
 template <element E, class W>
-void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
-                std::chrono::nanoseconds timeout) {
-  const auto deadline = deadline_of(timeout);
+void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_call& call) {
   const int n = ws.size();
   const int me = ws.rank();
   const std::size_t piece = ws.capacity() / sizeof(E);
@@ -90,7 +96,7 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
     const std::size_t count = std::min(piece, in.size() - first);
     const std::uint64_t p = ws.next_phase();
     std::memcpy(ws.buffer(me, p), in.data() + first, count * sizeof(E));
-    ws.phase(deadline, "all_reduce");
+    ws.phase(call);
     auto input = [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)); };
     if (one_shot) {
       reduce_in_order<E>(o, n, input, out.data() + first, count);
@@ -106,7 +112,7 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
     E* mine = reinterpret_cast<E*>(ws.buffer(me, p + 1)) + lo;
     reduce_in_order<E>(
         o, n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
-    ws.phase(deadline, "all_reduce");
+    ws.phase(call);
     for (int q = 0; q < n; ++q) {
       const auto [a, b] = block(q);
       std::memcpy(out.data() + first + a, reinterpret_cast<const E*>(ws.buffer(q, p + 1)) + a,
@@ -119,11 +125,10 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o,
 /// process addresses them (equal for in place).
 template <element E, class W, class In, class Out>
 void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
-                          std::chrono::nanoseconds timeout) {
-  const auto deadline = deadline_of(timeout);
+                          segment_call& call) {
   const int n = ws.size();
   const int me = ws.rank();
-  ws.phase(deadline, "all_reduce");  // every input is written
+  ws.phase(call);  // every input is written
   const std::size_t lo = count * static_cast<std::size_t>(me) / static_cast<std::size_t>(n);
   const std::size_t hi = count * static_cast<std::size_t>(me + 1) / static_cast<std::size_t>(n);
   const bool streaming = count * sizeof(E) >= ws.streaming_bytes();
@@ -145,21 +150,19 @@ void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
         std::memcpy(dst, tmp, len * sizeof(E));
     }
   }
-  ws.phase(deadline, "all_reduce");  // every output is complete, no input is read any more
+  ws.phase(call);  // every output is complete, no input is read any more
 }
 
 /// Copies root's in (read on root only) into every rank's out, through root's buffer.
 template <element E, class W>
-void broadcast(W& ws, std::span<const E> in, std::span<E> out, int root,
-               std::chrono::nanoseconds timeout) {
-  const auto deadline = deadline_of(timeout);
+void broadcast(W& ws, std::span<const E> in, std::span<E> out, int root, segment_call& call) {
   const std::size_t piece = ws.capacity() / sizeof(E);
   const bool is_root = ws.rank() == root;
   for (std::size_t first = 0; first < out.size(); first += piece) {
     const std::size_t count = std::min(piece, out.size() - first);
     const std::uint64_t p = ws.next_phase();
     if (is_root) std::memcpy(ws.buffer(root, p), in.data() + first, count * sizeof(E));
-    ws.phase(deadline, "broadcast");
+    ws.phase(call);
     if (!is_root) std::memcpy(out.data() + first, ws.buffer(root, p), count * sizeof(E));
   }
   if (is_root && in.data() != out.data()) std::memcpy(out.data(), in.data(), out.size_bytes());
@@ -167,15 +170,14 @@ void broadcast(W& ws, std::span<const E> in, std::span<E> out, int root,
 
 /// out (n * in.size() elements) receives every rank's in, block r from rank r.
 template <element E, class W>
-void all_gather(W& ws, std::span<const E> in, std::span<E> out, std::chrono::nanoseconds timeout) {
-  const auto deadline = deadline_of(timeout);
+void all_gather(W& ws, std::span<const E> in, std::span<E> out, segment_call& call) {
   const std::size_t piece = ws.capacity() / sizeof(E);
   const int n = ws.size();
   for (std::size_t first = 0; first < in.size(); first += piece) {
     const std::size_t count = std::min(piece, in.size() - first);
     const std::uint64_t p = ws.next_phase();
     std::memcpy(ws.buffer(ws.rank(), p), in.data() + first, count * sizeof(E));
-    ws.phase(deadline, "all_gather");
+    ws.phase(call);
     for (int q = 0; q < n; ++q)
       std::memcpy(out.data() + static_cast<std::size_t>(q) * in.size() + first, ws.buffer(q, p),
                   count * sizeof(E));
@@ -185,9 +187,7 @@ void all_gather(W& ws, std::span<const E> in, std::span<E> out, std::chrono::nan
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
 /// order.
 template <element E, class W>
-void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o,
-                    std::chrono::nanoseconds timeout) {
-  const auto deadline = deadline_of(timeout);
+void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o, segment_call& call) {
   const int n = ws.size();
   const std::size_t block = out.size();
   // Each piece holds the same slice of every block: n slices of `piece` elements.
@@ -199,7 +199,7 @@ void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o,
       std::memcpy(
           reinterpret_cast<E*>(ws.buffer(ws.rank(), p)) + static_cast<std::size_t>(b) * count,
           in.data() + static_cast<std::size_t>(b) * block + first, count * sizeof(E));
-    ws.phase(deadline, "reduce_scatter");
+    ws.phase(call);
     const std::size_t at = static_cast<std::size_t>(ws.rank()) * count;
     E* dst = out.data() + first;
     // In place, dst is this rank's block of in, already copied to the workspace.
@@ -209,8 +209,8 @@ void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o,
 }
 
 template <class W>
-void barrier(W& ws, std::chrono::nanoseconds timeout) {
-  ws.phase(deadline_of(timeout), "barrier");
+void barrier(W& ws, segment_call& call) {
+  ws.phase(call);
 }
 
 }  // namespace ringzero::shm::detail

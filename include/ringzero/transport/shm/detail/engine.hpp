@@ -29,9 +29,12 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ringzero/error.hpp"
+#include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
 
 namespace ringzero::shm::detail {
@@ -142,6 +145,51 @@ class engine {
   void unlink_segment() noexcept { seg_.unlink(); }
   [[nodiscard]] std::size_t eager_limit() const noexcept { return payload_; }
   [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+
+  /// abort(): every wait of the transport reads the flag where it already polls its deadline (a
+  /// load, no syscall); it is this process's, not in the segment, so a peer cannot set or hold it.
+  void abort(const std::string& why) {
+    std::lock_guard lock(abort_mutex_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = why;
+    aborted_.store(true, std::memory_order_release);
+  }
+  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  [[nodiscard]] std::string abort_reason() const {
+    std::lock_guard lock(abort_mutex_);
+    return abort_reason_;
+  }
+  /// Throws peer_error once abort() was called.
+  void check_aborted(std::string_view where) const {
+    if (aborted())
+      throw peer_error(fmt::format("{} on rank {}: the communicator was aborted: {}", where, rank_,
+                                   abort_reason()),
+                       -1);
+  }
+
+  /// True the first time only: one RINGZERO_DEBUG=INFO listing per transport, not one per
+  /// request a failed collective drops.
+  [[nodiscard]] bool first_give_up() noexcept { return !std::exchange(gave_up_, true); }
+
+  /// The messages posted and not finished, one line each (RINGZERO_DEBUG=INFO when a wait gives
+  /// up). Call with mutex() held.
+  [[nodiscard]] std::string pending_list() const {
+    std::string list;
+    std::size_t n = 0;
+    for (const op* o : all_ops_) {
+      if (o->state != op::status::pending || o->orphan ||
+          std::find(free_.begin(), free_.end(), o) != free_.end())
+        continue;
+      if (++n > 64) continue;
+      list += fmt::format("\n  {} rank {}, {} bytes, sequence {}, step {}, chunk {}",
+                          o->is_send ? "send to" : "receive from", o->peer, o->size,
+                          (o->tag >> tag_layout::sequence_shift) & tag_layout::sequence_mask,
+                          tag_layout::step_of(o->tag), tag_layout::chunk_of(o->tag));
+    }
+    if (n > 64) list += fmt::format("\n  ... and {} more", n - 64);
+    return fmt::format("{} pending messages{}", n, list);
+  }
 
   /// Sends as much as the ring takes now; returns the op still to finish, or nullptr.
   [[nodiscard]] op* send(int peer, std::uint64_t tag, std::span<const std::byte> data) {
@@ -461,6 +509,10 @@ class engine {
   std::vector<op*> all_ops_;
   std::vector<op*> free_;
   std::mutex mutex_;
+  bool gave_up_ = false;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;  // written once, under abort_mutex_, before aborted_
 };
 
 }  // namespace ringzero::shm::detail
