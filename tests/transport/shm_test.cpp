@@ -478,6 +478,8 @@ TEST_CASE("abort() from another thread unblocks waits in the segment, on message
       check.expect(contains(what, "aborted") && contains(what, "stopped by the test"),
                    fmt::format("an error saying the communicator was aborted, got '{}'", what));
       check.expect(took < 10s, "the waiter to be released well before the 30 s deadline");
+      std::fprintf(stderr, "shm abort(), mode %d: released %.3f s after the call began (300 ms)\n",
+                   static_cast<int>(m), std::chrono::duration<double>(took).count());
       check.expect(m != mode::segment || contains(what, "shm segment"),
                    fmt::format("the wait in the segment to be the one aborted, got '{}'", what));
       for (auto* c : {&comm, &*sub}) {
@@ -571,6 +573,8 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
                        contains(what, fmt::format("waiting for rank {}", peer)),
                    fmt::format("a timeout naming {}, sequence 1, a step and rank {}, got '{}'",
                                c.names, peer, what));
+      std::fprintf(stderr, "shm stall, rank %d: timeout_error after %.3f s (2 s): %s\n", r,
+                   std::chrono::duration<double>(took).count(), what.c_str());
       check.expect(took >= 1900ms && took < 6s,
                    fmt::format("the error at the 2 s deadline, got {:.2f} s",
                                std::chrono::duration<double>(took).count()));
