@@ -278,7 +278,12 @@ class transport {
   [[nodiscard]] bool test(request& r) {
     if (r.done_) return true;
     if (!r.op_) throw invalid_argument("shm: test() on an empty request");
-    eng_->check_aborted("shm test");
+    if (eng_->aborted())
+      throw peer_error(fmt::format("shm: rank {}: the communicator was aborted ({}) while a {} "
+                                   "rank {} was pending",
+                                   rank_, eng_->abort_reason(),
+                                   r.op_->is_send ? "send to" : "receive from", r.op_->peer),
+                       -1);
     std::lock_guard lock(eng_->mutex());
     if (r.op_->state == detail::op::status::pending) eng_->progress();
     switch (r.op_->state) {
