@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -48,19 +49,26 @@ void exchange_blocks(T& comm, std::string_view what, const E* in, E* out, const 
   const std::size_t chunk_bytes = ad::chunk_bytes_of(comm, opt);
   if (m.recv_counts[ur] > 0)
     std::memcpy(out + m.recv_displs[ur], in + m.send_displs[ur], m.recv_counts[ur] * sizeof(E));
-  std::vector<std::vector<pending>> rounds(static_cast<std::size_t>(n));
+  // Round k reuses the slot of round k - window, which it waits for first: only `window` rounds
+  // are ever in flight, so only that many lists are kept, whatever the world size.
+  std::array<std::vector<pending>, window> rounds;
+  auto slot = [&](int k) -> std::vector<pending>& {
+    return rounds[static_cast<std::size_t>(k % window)];
+  };
   for (int k = 1; k < n; ++k) {
-    if (k > window) ex.wait_all(rounds[static_cast<std::size_t>(k - window)]);
+    auto& ps = slot(k);
+    if (k > window) {
+      ex.wait_all(ps);
+      ps.clear();
+    }
     const auto to = static_cast<std::size_t>(mod(r + k, n));
     const auto from = static_cast<std::size_t>(mod(r - k, n));
-    auto& ps = rounds[static_cast<std::size_t>(k)];
     ad::post_recvs(ex, static_cast<int>(from), k,
                    std::span<E>(out + m.recv_displs[from], m.recv_counts[from]), chunk_bytes, ps);
     ad::post_sends(ex, static_cast<int>(to), k,
                    std::span<const E>(in + m.send_displs[to], m.send_counts[to]), chunk_bytes, ps);
   }
-  for (int k = std::max(1, n - window); k < n; ++k)
-    ex.wait_all(rounds[static_cast<std::size_t>(k)]);
+  for (int k = std::max(1, n - window); k < n; ++k) ex.wait_all(slot(k));
 }
 
 }  // namespace detail

@@ -79,6 +79,16 @@ inline void check_options(std::string_view what, const options& opt) {
   return x < y + bn && y < x + an;
 }
 
+/// Throws invalid_argument with `message` and how the buffers lie when in and out overlap,
+/// unless `in_place` (the call's in-place form, where they may).
+template <element E>
+void check_overlap(bool in_place, std::span<const E> in, std::span<E> out,
+                   std::string_view message) {
+  if (!in_place && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+    throw invalid_argument(fmt::format(
+        "{} {}", message, overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+}
+
 inline void check_op(op o, std::string_view what) {
   if (!is_valid(o))
     throw invalid_argument(
@@ -107,10 +117,8 @@ void check_all_reduce(std::span<const E> in, std::span<E> out, op o) {
   if (in.size() != out.size())
     throw invalid_argument(
         fmt::format("all_reduce: input has {} elements but output has {}", in.size(), out.size()));
-  if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("all_reduce: input and output overlap without being the same buffer {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == out.data(), in, out,
+                "all_reduce: input and output overlap without being the same buffer");
 }
 
 template <element E>
@@ -124,10 +132,8 @@ void check_reduce_scatter(int rank, int size, std::span<const E> in, std::span<E
         fmt::format("reduce_scatter: input must hold size() * output elements ({}), got {}",
                     product_text(n, out.size()), in.size()));
   const E* own_block = in.data() + out.size() * static_cast<std::size_t>(rank);
-  if (out.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(fmt::format(
-        "reduce_scatter: output overlaps the input but is not this rank's block of it {}",
-        overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(out.data() == own_block, in, out,
+                "reduce_scatter: output overlaps the input but is not this rank's block of it");
 }
 
 template <element E>
@@ -140,10 +146,8 @@ void check_all_gather(int rank, int size, std::span<const E> in, std::span<E> ou
         fmt::format("all_gather: output must hold size() * input elements ({}), got {}",
                     product_text(n, in.size()), out.size()));
   const E* own_block = out.data() + in.size() * static_cast<std::size_t>(rank);
-  if (in.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("all_gather: input overlaps the output but is not this rank's block {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == own_block, in, out,
+                "all_gather: input overlaps the output but is not this rank's block");
 }
 
 template <element E>
@@ -155,10 +159,8 @@ void check_broadcast(int rank, int size, std::span<const E> in, std::span<E> out
   if (in.size() != out.size())
     throw invalid_argument(fmt::format("broadcast: root's input has {} elements but output has {}",
                                        in.size(), out.size()));
-  if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("broadcast: input and output overlap without being the same buffer {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == out.data(), in, out,
+                "broadcast: input and output overlap without being the same buffer");
 }
 
 template <element E>
@@ -171,10 +173,8 @@ void check_reduce(int rank, int size, std::span<const E> in, std::span<E> out, o
   if (in.size() != out.size())
     throw invalid_argument(fmt::format("reduce: root's input has {} elements but output has {}",
                                        in.size(), out.size()));
-  if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("reduce: input and output overlap without being the same buffer {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == out.data(), in, out,
+                "reduce: input and output overlap without being the same buffer");
 }
 
 template <element E>
@@ -188,10 +188,8 @@ void check_all_to_all(int size, std::span<const E> in, std::span<E> out) {
   if (in.size() % n != 0)
     throw invalid_argument(fmt::format(
         "all_to_all: {} elements do not split into {} equal blocks, one per rank", in.size(), n));
-  if (in.data() != out.data() && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("all_to_all: input and output overlap without being the same buffer {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == out.data(), in, out,
+                "all_to_all: input and output overlap without being the same buffer");
 }
 
 /// One side (send or receive) of an all_to_allv: a count and a displacement per rank, every
@@ -232,10 +230,8 @@ void check_all_to_allv(int rank, int size, std::span<const E> in,
     throw invalid_argument(
         fmt::format("all_to_allv: rank {} sends itself {} elements but receives {} from itself",
                     rank, send_counts[me], recv_counts[me]));
-  if (overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("all_to_allv: input and output overlap (all_to_allv has no in-place form) {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(false, in, out,
+                "all_to_allv: input and output overlap (all_to_allv has no in-place form)");
   // Receive blocks must not overlap: sorted by displacement, each ends before the next begins.
   std::vector<std::size_t> order;
   for (std::size_t r = 0; r < recv_counts.size(); ++r)
@@ -264,10 +260,8 @@ void check_gather(int rank, int size, std::span<const E> in, std::span<E> out, i
         fmt::format("gather: root's output must hold size() * input elements ({}), got {}",
                     product_text(n, in.size()), out.size()));
   const E* own_block = out.data() + in.size() * static_cast<std::size_t>(root);
-  if (in.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("gather: input overlaps the root's output but is not the root's block {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(in.data() == own_block, in, out,
+                "gather: input overlaps the root's output but is not the root's block");
 }
 
 template <element E>
@@ -282,10 +276,8 @@ void check_scatter(int rank, int size, std::span<const E> in, std::span<E> out, 
         fmt::format("scatter: root's input must hold size() * output elements ({}), got {}",
                     product_text(n, out.size()), in.size()));
   const E* own_block = in.data() + out.size() * static_cast<std::size_t>(root);
-  if (out.data() != own_block && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
-    throw invalid_argument(
-        fmt::format("scatter: output overlaps the root's input but is not the root's block {}",
-                    overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes())));
+  check_overlap(out.data() == own_block, in, out,
+                "scatter: output overlaps the root's input but is not the root's block");
 }
 
 }  // namespace ringzero::detail

@@ -177,6 +177,12 @@ class transport {
   /// those split from it), with peer_error carrying `why`: now, including waits blocked in
   /// another thread, and every call after. Thread-safe.
   void abort(const std::string& why) { ep_->abort(why); }
+  /// Why abort() was called, once it was: communicator::check_usable refuses every call then,
+  /// even one with nothing to send, which never reaches a wait.
+  [[nodiscard]] std::optional<std::string> abort_reason() const {
+    if (!ep_->aborted()) return std::nullopt;
+    return ep_->abort_reason();
+  }
 
  private:
   transport(bootstrap::store& store, std::shared_ptr<bootstrap::store> kept, int rank, int size,

@@ -65,12 +65,34 @@ struct element_state {
 /// to G first, so handing over fp32 or G gradients gives the same bits (scale 1 is exact).
 template <class G, class S>
 void accumulate(G* dst, const S* src, std::size_t n, bool first, float scale = 1.0f) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    // A multiply by 1 is exact, except that it quiets a signalling NaN: skipping it keeps the bits
-    // a plain copy (and the kernels) would give, whatever the optimizer does.
-    const float x = static_cast<float>(src[i]);
-    const G v = to_param<G>(scale == 1.0f ? x : x * scale);
-    dst[i] = first ? v : to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
+  // Both choices are made once per call, not per element: GCC unswitches loops only at -O3.
+  auto run = [&](auto first_c, auto scaled_c) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = static_cast<float>(src[i]);
+      G v;
+      if constexpr (decltype(scaled_c)::value)
+        v = to_param<G>(x * scale);
+      else
+        v = to_param<G>(x);
+      if constexpr (decltype(first_c)::value)
+        dst[i] = v;
+      else
+        dst[i] = to_param<G>(static_cast<float>(dst[i]) + static_cast<float>(v));
+    }
+  };
+  // A multiply by 1 is exact, except that it quiets a signalling NaN: skipping it keeps the bits
+  // a plain copy (and the kernels) would give, whatever the optimizer does.
+  const bool scaled = scale != 1.0f;
+  if (first) {
+    if (scaled)
+      run(std::true_type{}, std::true_type{});
+    else
+      run(std::true_type{}, std::false_type{});
+  } else {
+    if (scaled)
+      run(std::false_type{}, std::true_type{});
+    else
+      run(std::false_type{}, std::false_type{});
   }
 }
 
