@@ -406,6 +406,54 @@ TEST_CASE("segment collectives in pieces: a workspace far smaller than the messa
   require_all_passed(out);
 }
 
+TEST_CASE("segment collectives whose ranks disagree on count, op or kind raise on every rank") {
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    ::unsetenv("RINGZERO_ALGO");
+    ::unsetenv("RINGZERO_CHECK");
+    rank_checks check{r};
+    shm::communicator comm(shm::transport(s, r, n));
+    const ringzero::options opt{.timeout = 20s};
+    // Each call, its guards on both sides, and what every rank's error must name.
+    const auto expect_mismatch = [&](const std::string& name, std::size_t count, op o, bool barrier,
+                                     const std::string& a, const std::string& b) {
+      std::vector<float> guard_before(64, 7.0f), v(count, 1.0f), guard_after(64, 7.0f);
+      std::string what;
+      try {
+        if (barrier)
+          ringzero::barrier(comm, opt);
+        else
+          ringzero::all_reduce(comm, std::span<float>(v), o, opt);
+      } catch (const ringzero::mismatch_error& e) {
+        what = e.what();
+      }
+      check.expect(
+          contains(what, a) && contains(what, b),
+          fmt::format("{}: a mismatch_error naming '{}' and '{}', got '{}'", name, a, b, what));
+      const auto intact = [](const std::vector<float>& g) {
+        return std::all_of(g.begin(), g.end(), [](float x) { return x == 7.0f; });
+      };
+      check.expect(intact(guard_before) && intact(guard_after), name + ": guards intact");
+    };
+    // One shot (a single phase) and two-shot sizes.
+    expect_mismatch("1000 vs 2000 floats", r == 1 ? 2000 : 1000, op::sum, false, "count 1000",
+                    "count 2000");
+    expect_mismatch("100000 vs 200000 floats", r == 2 ? 200000 : 100000, op::sum, false,
+                    "count 100000", "count 200000");
+    expect_mismatch("sum vs max", 1000, r == 2 ? op::max : op::sum, false, "op sum", "op max");
+    expect_mismatch("all_reduce vs barrier", 1000, op::sum, r == 0, "called all_reduce",
+                    "called barrier");
+    // Every rank stopped at the same phase: a matching call still runs in the segment.
+    std::vector<float> v(1000, static_cast<float>(r));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum, opt);
+    const auto sum_of_ranks = static_cast<float>(n * (n - 1) / 2);
+    check.expect(std::all_of(v.begin(), v.end(), [&](float x) { return x == sum_of_ranks; }),
+                 "a matching call after the mismatches sums correctly");
+    check.expect(comm.transport().segment_used(), "that call in the segment");
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
 TEST_CASE("all_reduce on symmetric buffers reads peers in place, every rank bitwise equal") {
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};

@@ -434,10 +434,20 @@ class transport {
   /// symmetric), so all ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
-    detail::segment_call call{.what = collective_name(c.kind),
-                              .sequence = c.sequence,
-                              .timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_};
-    if (c.kind == collective::barrier) {
+    // Only what the kind uses: the fields it ignores may differ across ranks harmlessly.
+    const bool reduces = c.kind == collective::all_reduce || c.kind == collective::reduce_scatter;
+    const bool barrier = c.kind == collective::barrier;
+    detail::segment_call call{
+        .what = collective_name(c.kind),
+        .desc = {.kind = static_cast<std::uint8_t>(c.kind),
+                 .type = barrier ? std::uint8_t{0} : static_cast<std::uint8_t>(c.type),
+                 .reduction = reduces ? static_cast<std::uint8_t>(c.reduction) : std::uint8_t{0},
+                 .symmetric = 0,
+                 .root = c.kind == collective::broadcast ? c.root : 0,
+                 .count = barrier ? 0 : c.count},
+        .sequence = c.sequence,
+        .timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_};
+    if (barrier) {
       detail::barrier(workspace(), call);
       return true;
     }
@@ -454,6 +464,7 @@ class transport {
       case collective::all_reduce:
         if (peer_address(in, 0) && peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
             peer_address(out + c.count - 1, 0)) {
+          call.desc.symmetric = 1;
           detail::all_reduce_symmetric<E>(
               workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
               [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count,

@@ -6,6 +6,13 @@
 // to a line only this rank writes, waiting is acquire loads, so no lock exists that a dead rank
 // could hold. Two buffers alternate by phase parity: a rank writes buffer p % 2 in phase p only
 // after every rank posted phase p - 1, which each did after it finished reading phase p - 2.
+//
+// A call's first phase also carries the call's descriptor (kind, type, op, root, count), written
+// next to the counter before the post; once every rank posted, each compares the others' with
+// its own. All see the same descriptors, so all raise alike, and before any reads a peer's
+// buffer. The descriptor of the call that starts at phase p sits in slot p % 2, by the same
+// argument as the buffers: a rank rewrites it only after every rank posted p + 1, that is, after
+// every rank compared.
 #pragma once
 
 #include <fmt/core.h>
@@ -14,19 +21,23 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "ringzero/algorithm.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
 #include "ringzero/transport/shm/detail/collectives.hpp"
 #include "ringzero/transport/shm/detail/engine.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
 #include "ringzero/transport/shm/symmetric.hpp"
+#include "ringzero/types.hpp"
 
 namespace ringzero::shm {
 
@@ -65,7 +76,8 @@ class workspace {
   /// the phase number. abort() and a peer found gone end the wait too.
   std::uint64_t phase(detail::segment_call& call) {
     const std::uint64_t p = ++phase_;
-    ++call.step;
+    const bool first = call.step++ == 0;
+    if (first) std::memcpy(descriptor(rank(), p), &call.desc, sizeof call.desc);
     counter(rank()).store(p, std::memory_order_release);
     for (int q = 0; q < size(); ++q) {
       if (q == rank()) continue;
@@ -92,10 +104,42 @@ class workspace {
         }
       }
     }
+    if (first) check_agreement(call, p);
     return p;
   }
 
  private:
+  /// Raises mismatch_error if some rank's descriptor for the call starting at phase p differs
+  /// from this rank's, naming the lowest such rank and both descriptors.
+  void check_agreement(const detail::segment_call& call, std::uint64_t p) const {
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      detail::call_descriptor theirs;
+      std::memcpy(&theirs, descriptor(q, p), sizeof theirs);
+      if (theirs == call.desc) continue;
+      throw mismatch_error(fmt::format(
+          "{} (shm segment) on rank {} of {}: the ranks disagree on the call (sequence {}): rank "
+          "{} called {} but rank {} called {}",
+          call.what, rank(), size(), call.sequence, rank(), describe(call.desc), q,
+          describe(theirs)));
+    }
+  }
+
+  [[nodiscard]] static std::string describe(const detail::call_descriptor& d) {
+    return fmt::format("{} (count {}, type {}, op {}, root {}{})",
+                       collective_name(static_cast<collective>(d.kind)), d.count,
+                       dtype_name(static_cast<dtype>(d.type)),
+                       op_name(static_cast<op>(d.reduction)), d.root,
+                       d.symmetric ? ", buffers in symmetric memory" : "");
+  }
+
+  /// Rank r's descriptor slot for the call that starts at phase p: in the counter's cache line,
+  /// which the waits load anyway.
+  [[nodiscard]] std::byte* descriptor(int r, std::uint64_t p) const noexcept {
+    static_assert(16 + 2 * sizeof(detail::call_descriptor) <= detail::cache_line);
+    return mem_.peer(r).data() + 16 + (p % 2) * sizeof(detail::call_descriptor);
+  }
+
   [[nodiscard]] timeout_error timed_out(const detail::segment_call& call, std::uint64_t p,
                                         int q) const {
     if (log::enabled(log::level::info)) {

@@ -61,9 +61,25 @@ inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noe
 #endif
 }
 
+/// What a rank is about to run, published in its workspace line before it posts a call's first
+/// phase and compared with every other rank's once all have posted it: ranks that disagree stop
+/// there, before any of them reads a peer's buffer by its own idea of the size.
+struct call_descriptor {
+  std::uint8_t kind = 0;
+  std::uint8_t type = 0;
+  std::uint8_t reduction = 0;
+  /// 1: all_reduce on symmetric buffers (peers' inputs read in place, outputs written there).
+  std::uint8_t symmetric = 0;
+  std::int32_t root = 0;
+  std::uint64_t count = 0;
+  friend bool operator==(const call_descriptor&, const call_descriptor&) = default;
+};
+static_assert(sizeof(call_descriptor) == 16);
+
 /// One collective run in the segment, as its waits report it.
 struct segment_call {
   std::string_view what;
+  call_descriptor desc;
   /// The communicator's collective sequence number.
   std::uint32_t sequence = 0;
   std::chrono::nanoseconds timeout{0};
