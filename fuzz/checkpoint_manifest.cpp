@@ -6,24 +6,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <span>
 #include <string>
-#include <string_view>
 
-#include <fmt/format.h>
-
+#include "manifest_checksum.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/zero/checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
   std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  if ((data[0] & 1) != 0) {
-    if (const auto tail = text.rfind("crc32c "); tail != std::string::npos) text.resize(tail);
-    if (!text.empty() && text.back() != '\n') text += '\n';
-    text += fmt::format("crc32c {:08x}\n",
-                        ringzero::zero::detail::crc32c(std::as_bytes(std::span(text))));
-  }
+  if ((data[0] & 1) != 0) fix_manifest_checksum(text);
   ringzero::zero::checkpoint_manifest m;
   try {
     m = ringzero::zero::checkpoint_manifest::parse(text, "fuzz");

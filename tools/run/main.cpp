@@ -8,7 +8,6 @@
 // Each rank runs in its own process group (so one signal reaches a rank's helpers too), with
 // stdin from /dev/null and the variables detect_launch() reads.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -35,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/detail/shm_names.hpp"
 #include "ringzero/version.hpp"
 
 extern char** environ;
@@ -334,14 +334,7 @@ std::string describe(int status) {
 // libfabric's shm provider keeps each endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>
 // and removes it when the endpoint closes; a rank killed outright cannot, so the launcher does.
 void remove_shm_regions(pid_t pid) {
-  DIR* d = ::opendir("/dev/shm");
-  if (d == nullptr) return;
-  const std::string prefix = fmt::format("{}:", pid);
-  while (const dirent* e = ::readdir(d)) {
-    const std::string_view name(e->d_name);
-    if (name.starts_with(prefix)) ::unlinkat(::dirfd(d), e->d_name, 0);
-  }
-  ::closedir(d);
+  ringzero::detail::remove_shm_names(fmt::format("{}:", pid));
 }
 
 int exit_code_of(int status) {

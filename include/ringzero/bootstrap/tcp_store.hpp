@@ -120,28 +120,15 @@ class tcp_store final : public store {
   }
 
   void set(std::string_view key, std::span<const std::byte> value) override {
-    check_key(key);
-    if (value.size() > detail::max_value_bytes)
-      throw invalid_argument(
-          fmt::format("tcp_store: the value for '{}' is {} bytes; at most 64 "
-                      "MiB allowed",
-                      key, value.size()));
-    call(detail::op::set, key, value, detail::clock::now() + timeout_);
+    set_within(key, value, timeout_);
   }
 
   [[nodiscard]] std::vector<std::byte> get(std::string_view key) override {
-    check_key(key);
-    return call(detail::op::get, key, {}, detail::clock::now() + timeout_);
+    return get_within(key, timeout_);
   }
 
   std::int64_t add(std::string_view key, std::int64_t delta) override {
-    check_key(key);
-    std::byte arg[8];
-    detail::put_u64(arg, static_cast<std::uint64_t>(delta));
-    const auto r = call(detail::op::add, key, arg, detail::clock::now() + timeout_);
-    if (r.size() != 8)
-      throw bootstrap_error(fmt::format("store at {}: malformed reply to add '{}'", where(), key));
-    return static_cast<std::int64_t>(detail::get_u64(r.data()));
+    return add_within(key, delta, timeout_);
   }
 
   std::int64_t add_within(std::string_view key, std::int64_t delta,

@@ -21,7 +21,6 @@
 // survivor that raised or was ended after the first death is never blamed for it.
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -48,6 +47,7 @@
 
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/detail/shm_names.hpp"
 #include "ringzero/log.hpp"
 
 namespace ringzero::libfabric::detail {
@@ -125,12 +125,7 @@ enum class process_state { alive, stopped, gone, unknown };
 /// (tcp;ofi_rxm opens one too) and removes it when the endpoint closes, which a process that
 /// was killed, or that the watchdog ends, never does.
 inline void remove_shm_regions(long pid) {
-  DIR* d = ::opendir("/dev/shm");
-  if (!d) return;
-  const std::string prefix = fmt::format("{}:", pid);
-  while (const dirent* e = ::readdir(d))
-    if (std::string_view(e->d_name).starts_with(prefix)) ::unlinkat(::dirfd(d), e->d_name, 0);
-  ::closedir(d);
+  ringzero::detail::remove_shm_names(fmt::format("{}:", pid));
 }
 
 /// The job's record of its first failure, in the rendezvous store, so that every rank names

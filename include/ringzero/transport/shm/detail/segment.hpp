@@ -6,7 +6,6 @@
 // killed at any instant leaves nothing another rank must wait to be released.
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -25,6 +24,7 @@
 #include <string>
 #include <utility>
 
+#include "ringzero/detail/shm_names.hpp"
 #include "ringzero/error.hpp"
 
 namespace ringzero::shm::detail {
@@ -77,14 +77,9 @@ struct process_id {
 /// remove because it was killed (a segment or symmetric memory it was still handing out): the
 /// memory itself goes once the last mapping does.
 inline void remove_names_of(std::int64_t pid) noexcept {
-  DIR* d = ::opendir("/dev/shm");
-  if (!d) return;
   char prefix[64];
   std::snprintf(prefix, sizeof prefix, "ringzero-%lld-", static_cast<long long>(pid));
-  const std::size_t n = std::strlen(prefix);
-  while (const dirent* e = ::readdir(d))
-    if (std::strncmp(e->d_name, prefix, n) == 0) ::unlinkat(::dirfd(d), e->d_name, 0);
-  ::closedir(d);
+  ringzero::detail::remove_shm_names(prefix);
 }
 
 /// One mapping of a named shared-memory object. The creator picks a fresh name; the name is
