@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "checks.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/tcp_store.hpp"
@@ -37,53 +38,14 @@
 
 using namespace ringzero;
 using namespace std::chrono_literals;
+using test_support::bad_call;
+using test_support::check_still_works;
+using test_support::contains;
+using test_support::error_of;
+using test_support::scoped_env;
+using test_support::try_all;
 
 namespace {
-
-/// Sets (or with nullptr unsets) an environment variable for one scope. Set before a world
-/// starts its threads and restored after they joined, so no rank reads it while it changes.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~scoped_env() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-/// The message of the Error that f throws; a failed check (and "") if it throws nothing or
-/// something else.
-template <class Error, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL_CHECK("threw the wrong type: " << e.what());
-    return "";
-  }
-  FAIL_CHECK("threw nothing");
-  return "";
-}
 
 /// Checks that f throws Error with a message containing every one of `parts`.
 template <class Error, class F>
@@ -92,40 +54,6 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
   for (const auto& part : parts) {
     INFO("message: " << what);
     CHECK_MESSAGE(contains(what, part), "expected the message to name '", part, "'");
-  }
-}
-
-/// A valid all_reduce after a rejected call: it only works if the rejected call posted nothing
-/// (a stray message or a skipped sequence number would make it fail or hang until the timeout).
-void check_still_works(loopback::communicator& c) {
-  std::vector<std::int32_t> v(37, c.rank() + 1);
-  all_reduce(c, std::span<std::int32_t>(v), op::sum);
-  const int n = c.size();
-  for (auto x : v) REQUIRE(x == n * (n + 1) / 2);
-}
-
-/// A case tried on every rank where it `applies` (rooted calls check some arguments on the root
-/// only): `call` must throw Error naming every part of `names`.
-struct bad_call {
-  const char* what;
-  std::function<void()> call;
-  std::vector<std::string> names;
-  bool applies = true;
-};
-
-template <class Error = invalid_argument>
-void try_all(loopback::communicator& c, const std::vector<bad_call>& calls) {
-  for (const auto& bad : calls) {
-    INFO(c.size() << " ranks, rank " << c.rank() << ": " << bad.what);
-    if (bad.applies) {
-      const auto seq = c.state().collective_seq;
-      const std::string what = error_of<Error>(bad.call);
-      INFO("message: " << what);
-      for (const auto& part : bad.names)
-        CHECK_MESSAGE(contains(what, part), "expected the message to name '", part, "'");
-      CHECK(c.state().collective_seq == seq);
-    }
-    check_still_works(c);
   }
 }
 

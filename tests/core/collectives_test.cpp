@@ -9,45 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "checks.hpp"
 #include "recording_transport.hpp"
 #include "ringzero/ringzero.hpp"
 
 using namespace ringzero;
-
-namespace {
-
-/// Sets an environment variable for one scope. Set before a world starts its threads and
-/// restored after they joined, so no rank reads it while it changes.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~scoped_env() {
-    if (old_.empty())
-      ::unsetenv(name_);
-    else
-      ::setenv(name_, old_.c_str(), 1);
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-};
-
-/// A valid all_reduce after a rejected call: it only works if the rejected call posted nothing
-/// (a stray message or a skipped sequence number would make it fail or hang until the timeout).
-void check_still_works(loopback::communicator& c) {
-  std::vector<std::int32_t> v(37, c.rank() + 1);
-  all_reduce(c, std::span<std::int32_t>(v), op::sum);
-  const int n = c.size();
-  for (auto x : v) REQUIRE(x == n * (n + 1) / 2);
-}
-
-}  // namespace
+using test_support::bad_call;
+using test_support::scoped_env;
+using test_support::try_all;
 
 TEST_CASE("send and recv deliver in posting order; send_recv shifts a ring") {
   loopback::world w(3);
@@ -94,88 +63,75 @@ TEST_CASE("every collective rejects bad arguments before sending anything") {
       const auto bad_op = static_cast<op>(7);
       const auto bad_algo = static_cast<algorithm>(42);
       auto forced = [](algorithm a) { return options{.algorithm = a}; };
-      struct bad_call {
-        const char* what;
-        bool applies;
-        std::function<void()> call;
-      };
       const std::vector<bad_call> calls = {
-          {"all_reduce sizes", true, [&] { all_reduce(c, four, s.subspan(8, 3), op::sum); }},
-          {"all_reduce overlap", true, [&] { all_reduce(c, four, s.subspan(1, 4), op::sum); }},
-          {"all_reduce op", true, [&] { all_reduce(c, four, bad_op); }},
-          {"all_reduce unknown algorithm", true,
-           [&] { all_reduce(c, four, op::sum, forced(bad_algo)); }},
-          {"reduce_scatter sizes", true,
-           [&] { reduce_scatter(c, four, s.subspan(8, 3), op::sum); }},
-          {"reduce_scatter overlap", true,
+          {"all_reduce sizes", [&] { all_reduce(c, four, s.subspan(8, 3), op::sum); }},
+          {"all_reduce overlap", [&] { all_reduce(c, four, s.subspan(1, 4), op::sum); }},
+          {"all_reduce op", [&] { all_reduce(c, four, bad_op); }},
+          {"all_reduce unknown algorithm", [&] { all_reduce(c, four, op::sum, forced(bad_algo)); }},
+          {"reduce_scatter sizes", [&] { reduce_scatter(c, four, s.subspan(8, 3), op::sum); }},
+          {"reduce_scatter overlap",
            [&] {
              reduce_scatter(c, s.first(4 * static_cast<std::size_t>(n)),
                             s.subspan(4 * static_cast<std::size_t>(r) + 1, 4), op::sum);
            }},
-          {"reduce_scatter op", true,
+          {"reduce_scatter op",
            [&] { reduce_scatter(c, s.first(4 * static_cast<std::size_t>(n)), s.last(4), bad_op); }},
-          {"reduce_scatter tree", true,
+          {"reduce_scatter tree",
            [&] {
              reduce_scatter(c, std::span<const float>(s.first(4 * static_cast<std::size_t>(n))),
                             std::span<float>(s.last(4)), op::sum, forced(algorithm::tree));
            }},
-          {"reduce_scatter rd", true,
+          {"reduce_scatter rd",
            [&] {
              reduce_scatter(c, std::span<const float>(s.first(4 * static_cast<std::size_t>(n))),
                             std::span<float>(s.last(4)), op::sum,
                             forced(algorithm::recursive_doubling));
            }},
-          {"all_gather sizes", true, [&] { all_gather(c, four, s.subspan(8, 3)); }},
-          {"all_gather overlap", true,
+          {"all_gather sizes", [&] { all_gather(c, four, s.subspan(8, 3)); }},
+          {"all_gather overlap",
            [&] {
              all_gather(c, s.subspan(4 * static_cast<std::size_t>(r) + 1, 4),
                         s.first(4 * static_cast<std::size_t>(n)));
            }},
-          {"all_gather tree", true,
+          {"all_gather tree",
            [&] {
              all_gather(c, std::span<const float>(s.last(4)),
                         s.first(4 * static_cast<std::size_t>(n)), forced(algorithm::tree));
            }},
-          {"all_gather rhd", true,
+          {"all_gather rhd",
            [&] {
              all_gather(c, std::span<const float>(s.last(4)),
                         s.first(4 * static_cast<std::size_t>(n)),
                         forced(algorithm::recursive_halving_doubling));
            }},
-          {"broadcast root -1", true, [&] { broadcast(c, four, -1); }},
-          {"broadcast root n", true, [&] { broadcast(c, four, n); }},
-          {"broadcast rd", true,
-           [&] { broadcast(c, four, 0, forced(algorithm::recursive_doubling)); }},
-          {"broadcast hier", true, [&] { broadcast(c, four, 0, forced(algorithm::hierarchical)); }},
-          {"broadcast root sizes", is_root, [&] { broadcast(c, four, other.first(3), root); }},
-          {"broadcast root overlap", is_root, [&] { broadcast(c, four, s.subspan(2, 4), root); }},
-          {"reduce root -1", true, [&] { reduce(c, four, op::sum, -1); }},
-          {"reduce root n", true, [&] { reduce(c, four, op::sum, n); }},
-          {"reduce op", true, [&] { reduce(c, four, bad_op, 0); }},
-          {"reduce rhd", true,
+          {"broadcast root -1", [&] { broadcast(c, four, -1); }},
+          {"broadcast root n", [&] { broadcast(c, four, n); }},
+          {"broadcast rd", [&] { broadcast(c, four, 0, forced(algorithm::recursive_doubling)); }},
+          {"broadcast hier", [&] { broadcast(c, four, 0, forced(algorithm::hierarchical)); }},
+          {"broadcast root sizes", [&] { broadcast(c, four, other.first(3), root); }, {}, is_root},
+          {"broadcast root overlap",
+           [&] { broadcast(c, four, s.subspan(2, 4), root); },
+           {},
+           is_root},
+          {"reduce root -1", [&] { reduce(c, four, op::sum, -1); }},
+          {"reduce root n", [&] { reduce(c, four, op::sum, n); }},
+          {"reduce op", [&] { reduce(c, four, bad_op, 0); }},
+          {"reduce rhd",
            [&] { reduce(c, four, op::sum, 0, forced(algorithm::recursive_halving_doubling)); }},
-          {"reduce root sizes", is_root, [&] { reduce(c, four, other.first(3), op::sum, root); }},
-          {"reduce root overlap", is_root,
-           [&] { reduce(c, four, s.subspan(3, 4), op::max, root); }},
-          {"barrier ring", true, [&] { barrier(c, forced(algorithm::ring)); }},
-          {"send to self", true, [&] { send(c, four, r); }},
-          {"recv from outside", true, [&] { recv(c, four, n); }},
-          {"send_recv from -1", true,
-           [&] { send_recv(c, std::span<const float>(four), 0, other, -1); }},
+          {"reduce root sizes",
+           [&] { reduce(c, four, other.first(3), op::sum, root); },
+           {},
+           is_root},
+          {"reduce root overlap",
+           [&] { reduce(c, four, s.subspan(3, 4), op::max, root); },
+           {},
+           is_root},
+          {"barrier ring", [&] { barrier(c, forced(algorithm::ring)); }},
+          {"send to self", [&] { send(c, four, r); }},
+          {"recv from outside", [&] { recv(c, four, n); }},
+          {"send_recv from -1", [&] { send_recv(c, std::span<const float>(four), 0, other, -1); }},
       };
-      for (const auto& bad : calls) {
-        INFO(n << " ranks, rank " << r << ": " << std::string(bad.what));
-        if (bad.applies) {
-          const auto seq = c.state().collective_seq;
-          const auto p2p_sends = c.state().p2p_send_seq;
-          const auto p2p_recvs = c.state().p2p_recv_seq;
-          CHECK_THROWS_AS(bad.call(), invalid_argument);
-          CHECK(c.state().collective_seq == seq);
-          CHECK(c.state().p2p_send_seq == p2p_sends);
-          CHECK(c.state().p2p_recv_seq == p2p_recvs);
-        }
-        check_still_works(c);
-      }
+      try_all(c, calls);
     });
   }
 }
@@ -208,60 +164,53 @@ TEST_CASE("all_to_all, all_to_allv, gather and scatter reject bad arguments befo
       big[0] = 2 * un + 1;
       self[ur] = 1;
       if (n > 1) clash[1] = 1;
-      struct bad_call {
-        const char* what;
-        bool applies;
-        std::function<void()> call;
-      };
       const std::vector<bad_call> calls = {
-          {"all_to_all sizes", true, [&] { all_to_all(c, all_in, out.first(2 * un + 1)); }},
-          {"all_to_all blocks", n > 1,
-           [&] { all_to_all(c, in.first(2 * un + 1), out.first(2 * un + 1)); }},
-          {"all_to_all overlap", true, [&] { all_to_all(c, all_in, in.subspan(1, 2 * un)); }},
-          {"all_to_all linear", true,
-           [&] { all_to_all(c, all_in, all_out, forced(algorithm::linear)); }},
-          {"all_to_all ring", true,
-           [&] { all_to_all(c, all_in, all_out, forced(algorithm::ring)); }},
-          {"all_to_allv counts entries", true,
-           [&] { v(short_counts, ds, cs, ds, all_in, all_out); }},
-          {"all_to_allv displacement entries", true,
+          {"all_to_all sizes", [&] { all_to_all(c, all_in, out.first(2 * un + 1)); }},
+          {"all_to_all blocks",
+           [&] { all_to_all(c, in.first(2 * un + 1), out.first(2 * un + 1)); },
+           {},
+           n > 1},
+          {"all_to_all overlap", [&] { all_to_all(c, all_in, in.subspan(1, 2 * un)); }},
+          {"all_to_all linear", [&] { all_to_all(c, all_in, all_out, forced(algorithm::linear)); }},
+          {"all_to_all ring", [&] { all_to_all(c, all_in, all_out, forced(algorithm::ring)); }},
+          {"all_to_allv counts entries", [&] { v(short_counts, ds, cs, ds, all_in, all_out); }},
+          {"all_to_allv displacement entries",
            [&] { v(cs, ds, cs, std::span<const std::size_t>(short_counts), all_in, all_out); }},
-          {"all_to_allv send block past the end", true,
-           [&] { v(cs, far, cs, ds, all_in, all_out); }},
-          {"all_to_allv receive count past the end", true,
-           [&] { v(cs, ds, big, ds, all_in, all_out); }},
-          {"all_to_allv receive blocks overlap", n > 1,
-           [&] { v(cs, ds, cs, clash, all_in, all_out); }},
-          {"all_to_allv own counts differ", true, [&] { v(self, ds, cs, ds, all_in, all_out); }},
-          {"all_to_allv in place", true, [&] { v(cs, ds, cs, ds, all_in, all_in); }},
-          {"all_to_allv bruck", true,
+          {"all_to_allv send block past the end", [&] { v(cs, far, cs, ds, all_in, all_out); }},
+          {"all_to_allv receive count past the end", [&] { v(cs, ds, big, ds, all_in, all_out); }},
+          {"all_to_allv receive blocks overlap",
+           [&] { v(cs, ds, cs, clash, all_in, all_out); },
+           {},
+           n > 1},
+          {"all_to_allv own counts differ", [&] { v(self, ds, cs, ds, all_in, all_out); }},
+          {"all_to_allv in place", [&] { v(cs, ds, cs, ds, all_in, all_in); }},
+          {"all_to_allv bruck",
            [&] { v(cs, ds, cs, ds, all_in, all_out, forced(algorithm::bruck)); }},
-          {"gather root -1", true, [&] { gather(c, in.first(2), all_out, -1); }},
-          {"gather root n", true, [&] { gather(c, in.first(2), all_out, n); }},
-          {"gather root sizes", is_root,
-           [&] { gather(c, in.first(2), out.first(2 * un - 1), root); }},
-          {"gather root overlap", is_root,
-           [&] { gather(c, out.subspan(2 * ur + 1, 2), all_out, root); }},
-          {"gather pairwise", true,
+          {"gather root -1", [&] { gather(c, in.first(2), all_out, -1); }},
+          {"gather root n", [&] { gather(c, in.first(2), all_out, n); }},
+          {"gather root sizes",
+           [&] { gather(c, in.first(2), out.first(2 * un - 1), root); },
+           {},
+           is_root},
+          {"gather root overlap",
+           [&] { gather(c, out.subspan(2 * ur + 1, 2), all_out, root); },
+           {},
+           is_root},
+          {"gather pairwise",
            [&] { gather(c, in.first(2), all_out, 0, forced(algorithm::pairwise)); }},
-          {"scatter root -1", true, [&] { scatter(c, all_in, out.first(2), -1); }},
-          {"scatter root n", true, [&] { scatter(c, all_in, out.first(2), n); }},
-          {"scatter root sizes", is_root,
-           [&] { scatter(c, in.first(2 * un + 1), out.first(2), root); }},
-          {"scatter root overlap", is_root,
-           [&] { scatter(c, all_in, in.subspan(2 * ur + 1, 2), root); }},
-          {"scatter bruck", true,
-           [&] { scatter(c, all_in, out.first(2), 0, forced(algorithm::bruck)); }},
+          {"scatter root -1", [&] { scatter(c, all_in, out.first(2), -1); }},
+          {"scatter root n", [&] { scatter(c, all_in, out.first(2), n); }},
+          {"scatter root sizes",
+           [&] { scatter(c, in.first(2 * un + 1), out.first(2), root); },
+           {},
+           is_root},
+          {"scatter root overlap",
+           [&] { scatter(c, all_in, in.subspan(2 * ur + 1, 2), root); },
+           {},
+           is_root},
+          {"scatter bruck", [&] { scatter(c, all_in, out.first(2), 0, forced(algorithm::bruck)); }},
       };
-      for (const auto& bad : calls) {
-        INFO(n << " ranks, rank " << r << ": " << std::string(bad.what));
-        if (bad.applies) {
-          const auto seq = c.state().collective_seq;
-          CHECK_THROWS_AS(bad.call(), invalid_argument);
-          CHECK(c.state().collective_seq == seq);
-        }
-        check_still_works(c);
-      }
+      try_all(c, calls);
     });
   }
 }

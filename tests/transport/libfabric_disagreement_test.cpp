@@ -20,25 +20,9 @@
 using namespace std::chrono_literals;
 using ringzero::op;
 namespace fabric = ringzero::libfabric;
-
-namespace {
-
-struct rank_checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
-    ++failures;
-  }
-  [[nodiscard]] int code() const { return failures ? 1 : 0; }
-};
-
-[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-}  // namespace
+using multiprocess::contains;
+using multiprocess::rank_checks;
+using multiprocess::require_all_passed;
 
 TEST_CASE("libfabric: RINGZERO_CHECK=1 reports a count that differs on both ranks") {
   // The check runs before any message of the call moves, so it is safe on shm too.
@@ -65,8 +49,7 @@ TEST_CASE("libfabric: RINGZERO_CHECK=1 reports a count that differs on both rank
       check.expect(ok[299] == 2.0f, "the next agreeing all_reduce to sum both ranks");
       return check.code();
     });
-    INFO(out.describe());
-    CHECK(out.all_passed());
+    require_all_passed(out);
   }
 }
 
@@ -104,6 +87,5 @@ TEST_CASE("libfabric: without RINGZERO_CHECK a count that differs errors on both
     check.expect(intact, "nothing written outside the buffer");
     return check.code();
   });
-  INFO(out.describe());
-  CHECK(out.all_passed());
+  require_all_passed(out);
 }

@@ -10,10 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -28,25 +26,13 @@
 using namespace std::chrono_literals;
 using ringzero::op;
 namespace fabric = ringzero::libfabric;
+using multiprocess::contains;
+using multiprocess::rank_checks;
+using multiprocess::require_all_passed;
 
 namespace {
 
 const char* const providers[] = {"shm", "tcp;ofi_rxm"};
-
-struct rank_checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
-    ++failures;
-  }
-  [[nodiscard]] int code() const { return failures ? 1 : 0; }
-};
-
-[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 }  // namespace
 
@@ -88,8 +74,7 @@ TEST_CASE("abort() from another thread unblocks a waiting collective and every l
       s.barrier("rank 0 done", 2);
       return check.code();
     });
-    INFO(out.describe());
-    CHECK(out.all_passed());
+    require_all_passed(out);
   }
 }
 
@@ -108,44 +93,30 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
         return 0;  // continued once the others are done
       }
       // RINGZERO_DEBUG=INFO: the pending operations go to the log, which this rank reads back.
-      const std::string log_path = fmt::format("ringzero-stall-{}-{}.log", ::getpid(), r);
-      std::fflush(stderr);
-      const int saved = ::dup(2);
-      if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr)) return 2;
-      const auto quiet =
-          static_cast<ringzero::log::level>(ringzero::log::detail::current_level().load());
-      ringzero::log::set_level(ringzero::log::level::info);
       std::string what;
       int peer = -2;
-      try {
-        ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-      } catch (const ringzero::timeout_error& e) {
-        what = e.what();
-        peer = e.peer();
-      }
-      ringzero::log::set_level(quiet);
-      std::fflush(stderr);
-      std::ifstream f(log_path);
-      std::stringstream log;
-      log << f.rdbuf();
-      std::remove(log_path.c_str());
-      ::dup2(saved, 2);
-      ::close(saved);
+      const std::string log = multiprocess::capture_info_log("stall", [&] {
+        try {
+          ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
+        } catch (const ringzero::timeout_error& e) {
+          what = e.what();
+          peer = e.peer();
+        }
+      });
       check.expect(contains(what, "all_reduce (ring)") && contains(what, "sequence 1") &&
                        contains(what, "step ") && contains(what, "waiting for rank 1"),
                    fmt::format("a timeout naming all_reduce, sequence 1, a step and rank 1, got "
                                "'{}'",
                                what));
       check.expect(peer == 1, fmt::format("timeout_error::peer() == 1, got {}", peer));
-      check.expect(contains(log.str(), "pending operations when a wait gave up") &&
-                       contains(log.str(), "rank 1") && contains(log.str(), "sequence 1"),
-                   fmt::format("the log to list the pending operations, got '{}'", log.str()));
+      check.expect(contains(log, "pending operations when a wait gave up") &&
+                       contains(log, "rank 1") && contains(log, "sequence 1"),
+                   fmt::format("the log to list the pending operations, got '{}'", log));
       s.barrier("survivors done", 2);
       if (r == 0) ::kill(std::stoi(s.get_string("pid/1")), SIGCONT);
       return check.code();
     });
-    INFO(out.describe());
-    CHECK(out.all_passed());
+    require_all_passed(out);
   }
 }
 
@@ -318,6 +289,5 @@ TEST_CASE("calls on a moved-from communicator fail with invalid_argument") {
     check.expect(v[0] == 1.0f, "the communicator moved to to work");
     return check.code();
   });
-  INFO(out.describe());
-  CHECK(out.all_passed());
+  require_all_passed(out);
 }

@@ -30,27 +30,12 @@
 using namespace std::chrono_literals;
 using ringzero::op;
 namespace fabric = ringzero::libfabric;
+using multiprocess::rank_checks;
+using multiprocess::require_all_passed;
 
 namespace {
 
 const char* const providers[] = {"shm", "tcp;ofi_rxm"};
-
-/// A failed check inside a rank: printed there, and the rank's exit code says so.
-struct rank_checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
-    ++failures;
-  }
-  [[nodiscard]] int code() const { return failures ? 1 : 0; }
-};
-
-void require_all_passed(const multiprocess::outcome& out) {
-  INFO(out.describe());
-  CHECK(out.all_passed());
-}
 
 // The element type matters to a transport only through the message sizes it makes, and the
 // reductions are the same code whatever the transport (tests/algorithms covers every type).

@@ -2,10 +2,11 @@
 // one child per rank before it touches the transport itself, gives them a file_store in a
 // fresh directory, and waits for all of them within a deadline (killing the rest when it
 // passes).
-// A child reports failures on stderr and through its exit code: doctest's checks do not travel
-// back across fork.
+// A child reports failures on stderr and through its exit code (rank_checks): doctest's checks do
+// not travel back across fork; the parent checks the outcome (require_all_passed).
 #pragma once
 
+#include <doctest/doctest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -18,16 +19,21 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "checks.hpp"
 #include "ringzero/bootstrap/file_store.hpp"
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 
 namespace multiprocess {
+
+using test_support::contains;
 
 /// How each rank ended: its exit code, or -signal if a signal killed it.
 struct outcome {
@@ -50,6 +56,49 @@ struct outcome {
     return s;
   }
 };
+
+/// A failed check inside a rank: printed there, and the rank's exit code says so.
+struct rank_checks {
+  int rank;
+  int failures = 0;
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
+    ++failures;
+  }
+  [[nodiscard]] int code() const { return failures ? 1 : 0; }
+};
+
+/// The parent's check that every rank passed, with how each one ended when one did not.
+inline void require_all_passed(const outcome& out) {
+  INFO(out.describe());
+  CHECK(out.all_passed());
+}
+
+/// Runs f() with the log raised to INFO and stderr sent to a file, and returns what was logged
+/// (stderr restored). For a rank that must check what it logs: the log only goes to stderr.
+/// The file is named after `name` and the process, so ranks and tests do not share one.
+template <class F>
+std::string capture_info_log(const std::string& name, F&& f) {
+  const std::string log_path = fmt::format("ringzero-{}-{}.log", name, ::getpid());
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr))
+    throw ringzero::bootstrap_error("could not send stderr to " + log_path);
+  const auto quiet =
+      static_cast<ringzero::log::level>(ringzero::log::detail::current_level().load());
+  ringzero::log::set_level(ringzero::log::level::info);
+  f();
+  ringzero::log::set_level(quiet);
+  std::fflush(stderr);
+  std::ifstream file(log_path);
+  std::stringstream log;
+  log << file.rdbuf();
+  std::remove(log_path.c_str());
+  ::dup2(saved, 2);
+  ::close(saved);
+  return log.str();
+}
 
 /// Forks n ranks running f(rank, n, store) -> exit code (an exception is exit code 1, its
 /// message on stderr) and waits up to `limit` for all of them.

@@ -14,8 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,28 +32,11 @@
 using namespace std::chrono_literals;
 using ringzero::op;
 namespace shm = ringzero::shm;
+using multiprocess::contains;
+using multiprocess::rank_checks;
+using multiprocess::require_all_passed;
 
 namespace {
-
-struct rank_checks {
-  int rank;
-  int failures = 0;
-  void expect(bool ok, const std::string& what) {
-    if (ok) return;
-    std::fprintf(stderr, "rank %d: expected %s\n", rank, what.c_str());
-    ++failures;
-  }
-  [[nodiscard]] int code() const { return failures ? 1 : 0; }
-};
-
-[[nodiscard]] bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-void require_all_passed(const multiprocess::outcome& out) {
-  INFO(out.describe());
-  CHECK(out.all_passed());
-}
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool sanitized = true;
@@ -587,31 +568,19 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
         return 0;  // continued once the others are done
       }
       // RINGZERO_DEBUG=INFO: what this rank waits for goes to the log, which it reads back.
-      const std::string log_path = fmt::format("ringzero-shm-stall-{}-{}.log", ::getpid(), r);
-      std::fflush(stderr);
-      const int saved = ::dup(2);
-      if (saved < 0 || !std::freopen(log_path.c_str(), "w", stderr)) return 2;
-      const auto quiet =
-          static_cast<ringzero::log::level>(ringzero::log::detail::current_level().load());
-      ringzero::log::set_level(ringzero::log::level::info);
       std::string what;
       int peer = -2;
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        ringzero::all_reduce(comm, std::span<float>(v), op::sum, opt);
-      } catch (const ringzero::timeout_error& e) {
-        what = e.what();
-        peer = e.peer();
-      }
-      const auto took = std::chrono::steady_clock::now() - start;
-      ringzero::log::set_level(quiet);
-      std::fflush(stderr);
-      std::ifstream f(log_path);
-      std::stringstream log;
-      log << f.rdbuf();
-      std::remove(log_path.c_str());
-      ::dup2(saved, 2);
-      ::close(saved);
+      std::chrono::steady_clock::duration took{};
+      const std::string log = multiprocess::capture_info_log("shm-stall", [&] {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          ringzero::all_reduce(comm, std::span<float>(v), op::sum, opt);
+        } catch (const ringzero::timeout_error& e) {
+          what = e.what();
+          peer = e.peer();
+        }
+        took = std::chrono::steady_clock::now() - start;
+      });
       const bool segment = c.algo == ringzero::algorithm::automatic;
       check.expect(peer == 1 || (!segment && r == 0 && peer == 2),
                    fmt::format("timeout_error::peer() == 1{}, got {}",
@@ -626,10 +595,9 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
       check.expect(took >= 1900ms && took < 6s,
                    fmt::format("the error at the 2 s deadline, got {:.2f} s",
                                std::chrono::duration<double>(took).count()));
-      check.expect(contains(log.str(), "gave up waiting") && contains(log.str(), c.log_says) &&
-                       contains(log.str(), "sequence 1") &&
-                       contains(log.str(), fmt::format("rank {}", peer)),
-                   fmt::format("the log to say what the rank waited for, got '{}'", log.str()));
+      check.expect(contains(log, "gave up waiting") && contains(log, c.log_says) &&
+                       contains(log, "sequence 1") && contains(log, fmt::format("rank {}", peer)),
+                   fmt::format("the log to say what the rank waited for, got '{}'", log));
       s.barrier("survivors done", 2);
       if (r == 0) ::kill(std::stoi(s.get_string("pid/1")), SIGCONT);
       return check.code();
