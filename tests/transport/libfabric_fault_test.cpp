@@ -71,6 +71,14 @@ TEST_CASE("abort() from another thread unblocks a waiting collective and every l
         again = e.what();
       }
       check.expect(contains(again, "aborted"), "a call after abort() to fail as aborted too");
+      // A call with nothing to send never waits: the communicator itself must refuse it.
+      std::string empty;
+      try {
+        ringzero::all_reduce(comm, std::span<float>(), op::sum);
+      } catch (const ringzero::peer_error& e) {
+        empty = e.what();
+      }
+      check.expect(contains(empty, "aborted"), "an empty call after abort() to fail as aborted");
       s.barrier("rank 0 done", 2);
       return check.code();
     });

@@ -338,6 +338,11 @@ class endpoint {
     aborted_.store(true, std::memory_order_release);
   }
   [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  /// What abort() was given (empty until it was called).
+  [[nodiscard]] std::string abort_reason() const {
+    std::lock_guard lock(abort_mutex_);
+    return abort_reason_;
+  }
 
   [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
   /// Tag bits above the algorithm's that this provider matches: room for communicator ids.
@@ -521,11 +526,6 @@ class endpoint {
       dead = dog_->failed_rank();
     }
     return dead;
-  }
-
-  [[nodiscard]] std::string abort_reason() const {
-    std::lock_guard lock(abort_mutex_);
-    return abort_reason_;
   }
 
   void check_aborted() const {
