@@ -6,6 +6,11 @@
 #   RINGZERO_FUZZ_SECONDS   seconds per target (default 20, what CI spends: 100 s in all);
 #                           for a real hunt give it hours, e.g. RINGZERO_FUZZ_SECONDS=3600
 #   RINGZERO_FUZZ_TARGETS   which targets (default: all five)
+#   RINGZERO_FUZZ_SEED      libFuzzer's seed (default 1, so a CI failure replays with the same
+#                           command; "random" lets libFuzzer pick one, as a hunt should)
+#
+# A failure's report also goes to build/fuzz/failures.txt, which scripts/test.sh prints again in
+# its summary, where a long CI log keeps it in view.
 #
 # New inputs the fuzzer finds go to build/fuzz/corpus/, not into the repository; copy the few
 # that add coverage into fuzz/corpus/ by hand (libFuzzer's -merge=1 picks them).
@@ -15,6 +20,12 @@ cd "$(dirname "$0")/.."
 seconds=${RINGZERO_FUZZ_SECONDS:-20}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_SECONDS='$seconds' is not a positive integer" >&2; exit 2; }
 targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol store_server checkpoint_manifest checkpoint_shard perf_cli})
+seed=${RINGZERO_FUZZ_SEED:-1}
+seed_flag=()
+if [[ $seed != random ]]; then
+  [[ $seed =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_SEED='$seed' is not a positive integer or 'random'" >&2; exit 2; }
+  seed_flag=(-seed="$seed")
+fi
 
 cxx=$(command -v clang++-14 || command -v clang++ || true)
 [[ -n $cxx ]] || { echo "fuzz: clang++ not found (scripts/deps.sh installs clang-14)" >&2; exit 2; }
@@ -28,6 +39,7 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Rel
 cmake --build "$dir" -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
 
 mkdir -p "$dir/artifacts"
+rm -f "$dir/failures.txt"
 failed=()
 for t in "${targets[@]}"; do
   work="$dir/corpus/$t"
@@ -35,16 +47,18 @@ for t in "${targets[@]}"; do
   log="$dir/$t.log"
   echo "fuzz: $t for ${seconds} s"
   # The first corpus directory receives new inputs; the repository's seeds are only read.
-  if "$dir/fuzz/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
+  if "$dir/fuzz/fuzz_$t" "${seed_flag[@]}" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" \
     "$work" "fuzz/corpus/$t" >"$log" 2>&1; then
     execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log")
     rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log")
     cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -n 1)
     echo "fuzz: $t ok: $execs runs, $rate exec/s, $cov"
   else
-    echo "fuzz: $t FAILED; the report:" >&2
-    grep -vE '^#[0-9]+' "$log" | tail -n 60 >&2
+    {
+      echo "fuzz: $t FAILED ($(grep -m1 -oE 'Seed: [0-9]+' "$log"); replay: $dir/fuzz/fuzz_$t <artifact>); the report:"
+      grep -vE '^#[0-9]+' "$log" | tail -n 60
+    } | tee -a "$dir/failures.txt" >&2
     failed+=("$t")
   fi
 done

@@ -79,6 +79,7 @@ else
 fi
 # libFuzzer targets (fuzz/), RINGZERO_FUZZ_SECONDS each (20 s here; set it higher for a hunt).
 # RINGZERO_FUZZ=0 skips them.
+rm -f build/fuzz/failures.txt
 if [[ ${RINGZERO_FUZZ:-1} != 0 ]]; then
   if bash scripts/fuzz.sh; then
     passed=$((passed + 1))
@@ -113,5 +114,7 @@ fi
 
 printf '\n=== summary (%ss)\n' "$SECONDS"
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
+# The fuzz report sits far up the log, under the sanitizer stages: repeat it here.
+[[ -s build/fuzz/failures.txt ]] && cat build/fuzz/failures.txt
 echo "suite: $passed passed, $failed failed"
 ((failed == 0))
