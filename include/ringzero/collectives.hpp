@@ -50,8 +50,9 @@ namespace ringzero {
 
 namespace detail {
 
-// RINGZERO_ALGO and RINGZERO_CHECK are read on every call, not cached: a getenv costs nothing
-// next to a collective, and a program (or a test) may change them between calls.
+// RINGZERO_ALGO and RINGZERO_CHECK are read on every call, not cached, since a program (or a
+// test) may change them between calls. A getenv scans the whole environment (tens of
+// nanoseconds, next to a sub-microsecond shared-memory all_reduce), so each is read once a call.
 template <class Table>
 [[nodiscard]] std::optional<algorithm> env_algorithm() {
   auto s = getenv_str("RINGZERO_ALGO");
@@ -78,11 +79,11 @@ template <class T>
   }
 }
 
-/// options::algorithm wins and must implement the collective; RINGZERO_ALGO applies where it
-/// can (as NCCL_ALGO); otherwise the cost model decides.
+/// options::algorithm wins and must implement the collective; RINGZERO_ALGO (`from_env`, as
+/// env_algorithm read it) applies where it can (as NCCL_ALGO); otherwise the cost model decides.
 template <class Table, class T>
 [[nodiscard]] algorithm choose(communicator<T>& comm, collective c, std::size_t bytes,
-                               const options& opt) {
+                               const options& opt, std::optional<algorithm> from_env) {
   if (opt.algorithm != algorithm::automatic) {
     if (!Table::known(opt.algorithm))
       throw invalid_argument(
@@ -96,10 +97,9 @@ template <class Table, class T>
                                     collective_name(c), Table::name(opt.algorithm)));
     return opt.algorithm;
   }
-  if (auto forced = env_algorithm<Table>(); forced && *forced != algorithm::automatic &&
-                                            Table::implements(c, *forced) &&
-                                            (!Table::needs_nodes(*forced) || spans_nodes(comm)))
-    return *forced;
+  if (from_env && *from_env != algorithm::automatic && Table::implements(c, *from_env) &&
+      (!Table::needs_nodes(*from_env) || spans_nodes(comm)))
+    return *from_env;
   const int nodes = spans_nodes(comm) ? comm.topo().node_count : 1;
   return Table::select(
       tuning::cost_query{c, static_cast<double>(bytes), comm.size(), comm.cost(), nodes});
@@ -247,13 +247,13 @@ void check_v_agreement(communicator<T>& comm, const algorithms::block_map& m, co
 }
 
 /// Offers a validated call (more than one rank, not empty) to a transport that runs some
-/// collectives itself; true if it ran it.
+/// collectives itself; true if it ran it. `algo_env`: whether RINGZERO_ALGO is set (it sends
+/// every call to ringzero's algorithms).
 template <class T, element E>
 [[nodiscard]] bool try_native(communicator<T>& comm, const algorithms::call<E>& c,
-                              std::size_t count, const options& opt) {
+                              std::size_t count, const options& opt, bool algo_env) {
   if constexpr (some_native_collectives<T>) {
-    if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || getenv_str("RINGZERO_ALGO"))
-      return false;
+    if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || algo_env) return false;
     native_call nc;
     nc.kind = c.kind;
     nc.type = dtype_of<E>();
@@ -314,14 +314,15 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
                       "completes every call before returning",
                       collective_name(c.kind)));
     const call_size<E> sz = size_of(c, comm.size());
-    const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt);
+    const std::optional<algorithm> from_env = env_algorithm<Table>();
+    const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
     if (c.kind == collective::all_to_allv) check_v_agreement(comm, c.blocks, opt);
     // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
     collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
                                             c.reduction, opt);
     if (sz.empty) return;
-    if (comm.size() > 1 && try_native(comm, c, sz.count, opt)) return;
+    if (comm.size() > 1 && try_native(comm, c, sz.count, opt, from_env.has_value())) return;
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
       if (root) copy_if_distinct(c.in, c.out);
@@ -545,7 +546,8 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
     if (comm.size() == 1) return;
     algorithms::call<std::uint8_t> c;
     c.kind = collective::barrier;
-    if (detail::try_native(comm, c, 0, opt)) return;
+    if (detail::try_native(comm, c, 0, opt, detail::getenv_str("RINGZERO_ALGO").has_value()))
+      return;
     algorithms::barrier(comm, opt);
   }
 }

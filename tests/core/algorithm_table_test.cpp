@@ -107,6 +107,43 @@ TEST_CASE(
   CHECK(with_everyone::predict(everyone_id, q) == std::numeric_limits<double>::infinity());
 }
 
+TEST_CASE("table: select() picks the first cheapest of candidates() for every query") {
+  // select() walks the descriptors itself (no vector per call): it must agree with the
+  // definition, the first minimum of predict() over candidates().
+  for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+                       collective::broadcast, collective::reduce, collective::all_to_all,
+                       collective::gather, collective::scatter}) {
+    for (int ranks : {1, 2, 3, 8, 64, 1000}) {
+      for (int nodes : {1, 4}) {
+        for (double bytes : {0.0, 8.0, 4096.0, 1e6, 1e9}) {
+          tuning::cost_query q{};
+          q.c = c;
+          q.bytes = bytes;
+          q.ranks = ranks;
+          q.nodes = nodes;
+          algorithm want = algorithm::ring;
+          double best = std::numeric_limits<double>::infinity();
+          for (algorithm a : algorithms::builtin::candidates(c, nodes > 1)) {
+            const double t = algorithms::builtin::predict(a, q);
+            if (t < best) {
+              best = t;
+              want = a;
+            }
+          }
+          INFO(collective_name(c) << " ranks " << ranks << " nodes " << nodes << " bytes "
+                                  << bytes);
+          CHECK(algorithms::builtin::select(q) == want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("backoff: waits among more ranks than CPUs do not spin") {
+  CHECK_FALSE(detail::oversubscribed(1));
+  CHECK(detail::oversubscribed(1 << 20));
+}
+
 TEST_CASE(
     "table: the dispatcher runs a registered algorithm, chosen or forced, on any world size") {
   for (int n : {1, 2, 3, 5}) {

@@ -97,13 +97,18 @@ struct table {
   [[nodiscard]] static algorithm select(const tuning::cost_query& q) {
     algorithm best = algorithm::ring;
     double best_t = std::numeric_limits<double>::infinity();
-    for (algorithm a : candidates(q.c, q.nodes > 1)) {
+    // Over the descriptors directly, not candidates(): this runs on every automatic call, and
+    // the vector would cost an allocation each time.
+    const bool multi_node = q.nodes > 1;
+    const auto weigh = [&](algorithm a, bool eligible) {
+      if (!eligible) return;
       const double t = predict(a, q);
       if (t < best_t) {
         best_t = t;
         best = a;
       }
-    }
+    };
+    (weigh(D::id, D::implements.contains(q.c) && (multi_node || !D::needs_nodes)), ...);
     return best;
   }
 

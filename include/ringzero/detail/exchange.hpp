@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fmt/core.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstddef>
@@ -39,13 +40,19 @@ template <class T>
 
 /// Spin first (a peer on the same node answers in well under a microsecond), then yield, then
 /// sleep briefly: a blocking sleep/wake costs tens of microseconds, so sleeping is the last
-/// resort for long waits, not the first.
+/// resort for long waits, not the first. Where ranks outnumber CPUs, spinning only keeps the
+/// rank being waited for off a CPU: construct with spins = 0 (see oversubscribed()).
 class backoff {
  public:
+  static constexpr unsigned default_spins = 255;
+
+  backoff() = default;
+  explicit backoff(unsigned spins) noexcept : spins_(spins) {}
+
   void pause() {
     ++n_;
-    if (n_ < 256) return;
-    if (n_ < 4096) {
+    if (n_ <= spins_) return;
+    if (n_ <= spins_ + 3840) {
       std::this_thread::yield();
       return;
     }
@@ -54,8 +61,27 @@ class backoff {
   void reset() noexcept { n_ = 0; }
 
  private:
+  unsigned spins_ = default_spins;
   unsigned n_ = 0;
 };
+
+/// Whether `ranks_here` processes on this node outnumber the CPUs this process may run on
+/// (its affinity mask, read once). Open MPI yields at once when oversubscribed for the same
+/// reason: with 4 ranks on 2 CPUs a spinning waiter holds a CPU its peer needs.
+[[nodiscard]] inline bool oversubscribed(int ranks_here) {
+  static const int cpus = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::thread::hardware_concurrency());
+  }();
+  return cpus > 0 && ranks_here > cpus;
+}
+
+/// The backoff for a wait among `ranks_here` ranks of one node.
+[[nodiscard]] inline backoff backoff_for(int ranks_here) {
+  return backoff(oversubscribed(ranks_here) ? 0 : backoff::default_spins);
+}
 
 /// One collective call's messaging context.
 template <collective_comm T>

@@ -416,7 +416,7 @@ class transport {
   /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
   void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what) {
     eng_->check_aborted(what);
-    ringzero::detail::backoff b;
+    ringzero::detail::backoff b = ringzero::detail::backoff_for(size_);
     while (!test(q)) {
       if (std::chrono::steady_clock::now() > deadline)
         throw timeout_error(fmt::format("shm: {} on rank {} timed out after {:g} s", what, rank_,

@@ -81,20 +81,25 @@ class workspace {
     counter(rank()).store(p, std::memory_order_release);
     for (int q = 0; q < size(); ++q) {
       if (q == rank()) continue;
-      ringzero::detail::backoff b;
+      ringzero::detail::backoff b = ringzero::detail::backoff_for(size());
       unsigned polls = 0;
-      auto last_check = std::chrono::steady_clock::now();
+      // Set at the first deadline check: a wait that ends within 256 polls (the common case
+      // for small calls) reads no clock.
+      std::chrono::steady_clock::time_point last_check{};
       while (counter(q).load(std::memory_order_acquire) < p) {
+        ++polls;
         // Messages still move meanwhile: a peer may wait on a send of this rank's to get here.
-        {
+        // Every 8th poll: progress reads every peer's queues, lines the peers are writing.
+        if ((polls & 7u) == 0) {
           std::lock_guard lock(eng_->mutex());
           eng_->progress();
         }
         b.pause();
-        if ((++polls & 255u) != 0) continue;
+        if ((polls & 255u) != 0) continue;
         if (eng_->aborted()) eng_->check_aborted(fmt::format("{} (shm segment)", call.what));
         const auto now = std::chrono::steady_clock::now();
         if (now > call.deadline) throw timed_out(call, p, q);
+        if (last_check == std::chrono::steady_clock::time_point{}) last_check = now;
         if (now - last_check > std::chrono::milliseconds(5)) {
           last_check = now;
           std::lock_guard lock(eng_->mutex());
