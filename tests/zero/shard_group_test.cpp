@@ -118,6 +118,31 @@ TEST_CASE("hybrid stages 0-3 agree bitwise with each other, and with plain runs 
   hybrid_stages_agree(4, 1);
 }
 
+TEST_CASE("one group per node, when every node holds as many ranks") {
+  const auto layout = small_model<float>();
+  auto per_node = hybrid(6, zt::zero::shard_group_per_node, 3);
+  per_node.ranks_per_node = 3;
+  const auto got = zt::train<float>(layout, per_node);
+  const auto reference = zt::train<float>(layout, hybrid(6, 3, 3));
+  for (const auto& p : got.params) CHECK(p == reference.params[0]);
+  CHECK(got.memory[0].optimizer == reference.memory[0].optimizer);
+
+  // One node: no split, the plain run's bits.
+  auto one = hybrid(4, zt::zero::shard_group_per_node, 2);
+  CHECK(zt::train<float>(layout, one).params[0] ==
+        zt::train<float>(layout, hybrid(4, 0, 2)).params[0]);
+
+  // Nodes of 3 and 2 ranks cannot shard alike: every rank refuses.
+  ringzero::loopback::world uneven(5, {.ranks_per_node = 3});
+  uneven.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.shard_group_size = zt::zero::shard_group_per_node;
+    CHECK_THROWS_WITH_AS((zt::zero::sharder<zt::communicator, float>(comm, layout, cfg)),
+                         doctest::Contains("the nodes hold between 2 and 3 ranks"),
+                         ringzero::invalid_argument);
+  });
+}
+
 TEST_CASE("a group as large as the world is plain sharding, bit for bit") {
   const auto layout = small_model<float>();
   for (int stage = 0; stage <= 3; ++stage) {

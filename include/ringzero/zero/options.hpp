@@ -218,7 +218,7 @@ struct config {
   collective_options collectives;
   /// Hybrid sharding (shard_group.hpp): shard the state over groups of this many consecutive
   /// ranks and replicate it across the groups. 0 or the world size: one group of every rank.
-  /// Must divide the world size.
+  /// Must divide the world size. -1 (zero::shard_group_per_node): one group per node.
   int shard_group_size = 0;
 };
 
