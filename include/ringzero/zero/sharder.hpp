@@ -39,7 +39,7 @@
 // parameter cache and its handles (parameter_cache.hpp), the optimizer step (step.hpp, with the
 // loss scaler of loss_scaler.hpp) and checkpoint I/O (state_checkpoint.hpp over checkpoint.hpp).
 // It uses the communicator only through the collectives API (ringzero::all_reduce,
-// reduce_scatter, all_gather) and comm.rank()/size().
+// reduce_scatter, all_gather), comm.rank()/size() and, for hybrid sharding, split().
 //
 // Every element is reduced along the same ring path whether its bucket is all_reduced or
 // reduce_scattered, and the optimizer arithmetic is element-wise and shared, so with one
