@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +142,26 @@ TEST_CASE("one group per node, when every node holds as many ranks") {
                          doctest::Contains("the nodes hold between 2 and 3 ranks"),
                          ringzero::invalid_argument);
   });
+}
+
+TEST_CASE("hybrid with accumulation: stages 0 and 1, 2 and 3 agree bitwise; inline as threaded") {
+  const auto layout = small_model<float>();
+  std::vector<std::vector<float>> w;
+  for (int stage = 0; stage <= 3; ++stage) {
+    auto o = hybrid(6, 3, stage);
+    o.accumulation = 2;
+    w.push_back(zt::train<float>(layout, o).params[5]);
+  }
+  CHECK(w[1] == w[0]);
+  CHECK(w[3] == w[2]);
+  CHECK(zt::max_rel_diff(w[0], w[2]) < plain_tolerance);
+  for (int stage : {1, 3}) {
+    CAPTURE(stage);
+    auto o = hybrid(4, 2, stage);
+    const auto threaded = zt::train<float>(layout, o);
+    o.comm_thread = false;
+    CHECK(zt::train<float>(layout, o).params[2] == threaded.params[0]);
+  }
 }
 
 TEST_CASE("a group as large as the world is plain sharding, bit for bit") {
@@ -343,4 +364,39 @@ TEST_CASE("a failed hybrid save is reported on every rank of every group") {
   });
   for (const auto& e : errors)
     CHECK_MESSAGE(e.find("cannot create the checkpoint directory") != std::string::npos, e);
+}
+
+TEST_CASE("a failed hybrid load is reported on every rank, and changes nothing") {
+  const auto layout = small_model<float>();
+  const auto dir = dirs().fresh("good");
+  const auto missing = dirs().fresh("missing");
+  auto save = hybrid(6, 3, 2, 1);
+  save.save_dir = dir;
+  (void)zt::train<float>(layout, save);
+  std::vector<std::string> errors(6);
+  std::vector<int> unchanged(6, 0);
+  ringzero::loopback::world w(6);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::config cfg;
+    cfg.stage = 2;
+    cfg.shard_group_size = 3;
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, cfg);
+    const std::vector<float> values(37, 0.5f);
+    shd.set_parameter(0, values);
+    // The first group reads a good checkpoint, the second finds none: every rank refuses, and
+    // the first group keeps its state.
+    try {
+      shd.load(comm.rank() < 3 ? dir : missing);
+    } catch (const ringzero::checkpoint_error& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+    const auto p = shd.parameter(0);
+    unchanged[static_cast<std::size_t>(comm.rank())] =
+        std::equal(p.begin(), p.end(), values.begin()) ? 1 : 0;
+  });
+  for (int r = 0; r < 6; ++r) {
+    CAPTURE(r);
+    CHECK(!errors[static_cast<std::size_t>(r)].empty());
+    CHECK(unchanged[static_cast<std::size_t>(r)] == 1);
+  }
 }
