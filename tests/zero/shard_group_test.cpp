@@ -173,21 +173,33 @@ TEST_CASE("a group as large as the world is plain sharding, bit for bit") {
   }
 }
 
-TEST_CASE("hybrid bf16 with fp32 reduction: the stages agree bitwise") {
-  const auto layout = small_model<bfloat16>();
-  auto options = [](int stage) {
+template <class P>
+void hybrid_16_bit_stages_agree(bool reduce_fp32) {
+  CAPTURE(reduce_fp32);
+  const auto layout = small_model<P>();
+  auto options = [reduce_fp32](int stage) {
     auto o = hybrid(4, 2, stage);
-    o.configure = [](zt::zero::config& c) {
+    o.configure = [reduce_fp32](zt::zero::config& c) {
       c.shard_group_size = 2;
-      c.reduce_dtype = ringzero::dtype::float32;
+      if (reduce_fp32) c.reduce_dtype = ringzero::dtype::float32;
     };
     return o;
   };
-  const auto reference = zt::train<bfloat16>(layout, options(0));
+  const auto reference = zt::train<P>(layout, options(0));
   for (int stage = 1; stage <= 3; ++stage) {
     CAPTURE(stage);
-    CHECK(zt::train<bfloat16>(layout, options(stage)).params[3] == reference.params[0]);
+    const auto got = zt::train<P>(layout, options(stage));
+    CHECK(got.params[3] == reference.params[0]);
+    for (std::size_t s = 0; s < got.steps.size(); ++s)
+      CHECK(got.steps[s].loss_scale == reference.steps[s].loss_scale);
   }
+}
+
+TEST_CASE("hybrid bf16 and fp16, reduced in 16 bits or in fp32: the stages agree bitwise") {
+  hybrid_16_bit_stages_agree<bfloat16>(false);
+  hybrid_16_bit_stages_agree<bfloat16>(true);
+  hybrid_16_bit_stages_agree<ringzero::float16>(false);
+  hybrid_16_bit_stages_agree<ringzero::float16>(true);
 }
 
 TEST_CASE("an overflow on one rank of one group skips the step on every rank") {
