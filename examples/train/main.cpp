@@ -4,6 +4,7 @@
 //
 //   ringzero-train -n 4 --stage 3 --precision bf16 --steps 20
 //   ringzero-train -n 4 --steps 10 --save ckpt && ringzero-train -n 2 --steps 20 --resume ckpt
+//   ringzero-train -n 4 --stage 3 --shard-group 2     (hybrid: shard in pairs, replicate across)
 //
 // Ranks are threads of this process over the loopback transport (-n), or, under a launcher
 // (ringzero-run -n 4 ringzero-train ...), processes over libfabric when that backend is built.
@@ -39,6 +40,7 @@ namespace zero = ringzero::zero;
 struct args {
   int ranks = 2;
   int stage = 2;
+  int shard_group = 0;
   int steps = 20;
   int batch = 64;
   int micro_batches = 1;
@@ -62,6 +64,8 @@ struct args {
 constexpr const char* usage = R"(usage: ringzero-train [options]
   -n, --ranks N         ranks as threads of this process (loopback); default 2
   --stage S             ZeRO stage 0 (data parallel), 1, 2 or 3; default 2
+  --shard-group G       hybrid sharding: shard within groups of G consecutive ranks ('node': one
+                        group per node) and replicate across groups; default 0 (all ranks)
   --steps K             train until step K (counting steps restored by --resume); default 20
   --batch B             global batch, split over ranks and micro-batches; default 64
   --micro-batches M     gradient accumulation steps; default 1
@@ -108,6 +112,10 @@ args parse(int argc, char** argv) {
       {"-n", [](args& a, auto f, auto v) { a.ranks = number<int>(f, v); }},
       {"--ranks", [](args& a, auto f, auto v) { a.ranks = number<int>(f, v); }},
       {"--stage", [](args& a, auto f, auto v) { a.stage = number<int>(f, v); }},
+      {"--shard-group",
+       [](args& a, auto f, auto v) {
+         a.shard_group = v == "node" ? zero::shard_group_per_node : number<int>(f, v);
+       }},
       {"--steps", [](args& a, auto f, auto v) { a.steps = number<int>(f, v); }},
       {"--batch", [](args& a, auto f, auto v) { a.batch = number<int>(f, v); }},
       {"--micro-batches", [](args& a, auto f, auto v) { a.micro_batches = number<int>(f, v); }},
@@ -208,6 +216,11 @@ void run(Comm& comm, const args& a) {
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
   if (a.reduce_fp32) cfg.reduce_dtype = ringzero::dtype::float32;
+  // docs-begin: hybrid
+  // Shard within groups of a.shard_group consecutive ranks (a node), replicate across the
+  // groups; 0 shards over every rank, zero::shard_group_per_node groups by node.
+  cfg.shard_group_size = a.shard_group;
+  // docs-end: hybrid
   if (a.warmup > 0) {
     // docs-begin: schedule
     cfg.schedule = zero::warmup_cosine(static_cast<std::uint64_t>(a.warmup),
@@ -218,12 +231,15 @@ void run(Comm& comm, const args& a) {
   cfg.average_gradients = false;
   zero::sharder<Comm, P> shd(comm, layout, cfg);
   const auto& plan = shd.plan();
+  // The ranks the state is sharded over: n, or the shard group's size.
+  const int shards = shd.shard_group_size();
 
   if (lead) {
     fmt::print(
-        "ringzero-train: {} ranks, stage {}, {} parameters{}{}, {} lr {:g}, global batch {} "
+        "ringzero-train: {} ranks{}, stage {}, {} parameters{}{}, {} lr {:g}, global batch {} "
         "({} micro-batch(es) x {} ranks x {}), clip {:g}\n",
-        n, a.stage, a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
+        n, shards == n ? "" : fmt::format(" (sharded in groups of {})", shards), a.stage,
+        a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
         a.reduce_fp32 ? " + fp32 reduce" : "", zero::optimizer_name(a.optimizer), cfg.optimizer.lr,
         a.batch, a.micro_batches, n, per_rank, a.clip);
     fmt::print("model: MLP {}", a.shape.inputs);
@@ -306,13 +322,14 @@ void run(Comm& comm, const args& a) {
                      mib(e[0] + e[1] + e[2] + e[3]));
         }
         const double f =
-            formula_bytes<P>(a.stage, static_cast<double>(plan.numel()), n, a.optimizer);
+            formula_bytes<P>(a.stage, static_cast<double>(plan.numel()), shards, a.optimizer);
         const double measured = static_cast<double>(mem.parameters + mem.gradients + mem.optimizer);
         fmt::print(
-            "  formula (stage {}, Psi = {}): {} MiB; measured without buffers {} MiB "
+            "  formula (stage {}, Psi = {}{}): {} MiB; measured without buffers {} MiB "
             "({:+.2f}%, padding)\n",
-            a.stage, plan.numel(), mib(static_cast<std::size_t>(f)),
-            mib(static_cast<std::size_t>(measured)), 100.0 * (measured - f) / f);
+            a.stage, plan.numel(), shards == n ? "" : fmt::format(", sharded over {}", shards),
+            mib(static_cast<std::size_t>(f)), mib(static_cast<std::size_t>(measured)),
+            100.0 * (measured - f) / f);
       }
     }
   }

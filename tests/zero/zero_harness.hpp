@@ -80,6 +80,7 @@ struct run_options {
   /// would; with hold_across_step the handle lives through step() and its values are recorded.
   bool gather_before_step = false;
   bool hold_across_step = false;
+  int ranks_per_node = 0;  ///< loopback's simulated nodes (0: one node)
 };
 
 struct run_result {
@@ -117,7 +118,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
   res.params.resize(static_cast<std::size_t>(o.world));
   res.memory.resize(static_cast<std::size_t>(o.world));
   res.held.resize(static_cast<std::size_t>(o.world));
-  ringzero::loopback::world w(o.world);
+  ringzero::loopback::world w(o.world, {.ranks_per_node = o.ranks_per_node});
   w.run([&](communicator& comm) {
     zero::sharder<communicator, P> shd(comm, layout, make_config(o));
     const auto& plan = shd.plan();

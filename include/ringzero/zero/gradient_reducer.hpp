@@ -8,6 +8,11 @@
 // every micro-batch; a free buffer is reused, else the one whose reduction finishes first, else
 // (gradients arriving out of order) the pool grows.
 //
+// With hybrid sharding (shard_group.hpp) `comm` is this rank's group and `replicate` the ranks
+// holding the same shard in the other groups: a bucket is reduce_scattered within the group and
+// its slice all_reduced across groups, in every stage; flat gradients are then all_gathered back
+// within the group. Every element is thus summed in the same order in every stage.
+//
 // G is the type gradients are reduced and accumulated in: the parameter type, or float for
 // 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
 // multiplying by 1 / config::gradient_predivide.
@@ -37,16 +42,20 @@ namespace ringzero::zero {
 template <class Comm, class G>
 class gradient_reducer {
  public:
-  /// `comm`, `plan`, `work` and `meter` must outlive the reducer; `work` may be constructed
-  /// after it (only its address is taken here).
+  /// `comm`, `plan`, `work`, `meter` and `replicate` must outlive the reducer; `work` may be
+  /// constructed after it (only its address is taken here). `replicate`: the inter-group
+  /// communicator of hybrid sharding, or null.
   gradient_reducer(Comm& comm, const partition_plan& plan, const stage_layout& stage,
-                   const config& cfg, detail::worker& work, detail::buffer_meter& meter)
+                   const config& cfg, detail::worker& work, detail::buffer_meter& meter,
+                   Comm* replicate = nullptr)
       : comm_(comm),
+        replicate_(replicate),
         plan_(plan),
         sharded_(stage.sharded_gradients),
         accumulation_(cfg.accumulation_steps),
         all_reduce_(cfg.collectives.all_reduce),
         reduce_scatter_(cfg.collectives.reduce_scatter),
+        all_gather_(cfg.collectives.all_gather),
         rank_(comm.rank()),
         inv_predivide_(1.0f / cfg.gradient_predivide),
         work_(work),
@@ -160,10 +169,18 @@ class gradient_reducer {
     if (!sharded_) {
       if (micro_ + 1 < accumulation_) return;
       std::span<G> grads(grads_.data() + bk.offset, bk.padded);
-      work_.submit([this, grads] {
+      const std::size_t slice = bk.slice;
+      work_.submit([this, grads, slice] {
         // On the collectives' thread, so the span encloses its all_reduce on one track.
         const trace::scope phase(comm_, "reduce", grads.size_bytes());
-        ringzero::all_reduce(comm_, grads, op::sum, all_reduce_);
+        if (replicate_ == nullptr) {
+          ringzero::all_reduce(comm_, grads, op::sum, all_reduce_);
+          return;
+        }
+        std::span<G> own = grads.subspan(static_cast<std::size_t>(rank_) * slice, slice);
+        ringzero::reduce_scatter(comm_, grads, own, op::sum, reduce_scatter_);
+        ringzero::all_reduce(*replicate_, own, op::sum, all_reduce_);
+        ringzero::all_gather(comm_, std::span<const G>(own), grads, all_gather_);
       });
       return;
     }
@@ -178,6 +195,7 @@ class gradient_reducer {
       std::span<G> own(buf + static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
       ringzero::reduce_scatter(comm_, std::span<G>(buf, bucket.padded), own, op::sum,
                                reduce_scatter_);
+      if (replicate_ != nullptr) ringzero::all_reduce(*replicate_, own, op::sum, all_reduce_);
       accumulate(grads_.data() + bucket.shard_offset, own.data(), bucket.slice, first);
     });
     entry.bucket = -1;
@@ -211,11 +229,13 @@ class gradient_reducer {
   }
 
   Comm& comm_;
+  Comm* replicate_;
   const partition_plan& plan_;
   bool sharded_;
   int accumulation_;
   ringzero::options all_reduce_;
   ringzero::options reduce_scatter_;
+  ringzero::options all_gather_;
   int rank_;
   float inv_predivide_;
   detail::worker& work_;

@@ -216,6 +216,10 @@ struct config {
   float gradient_predivide = 1.0f;
   /// Options for each kind of collective the sharder issues (see collective_options).
   collective_options collectives;
+  /// Hybrid sharding (shard_group.hpp): shard the state over groups of this many consecutive
+  /// ranks and replicate it across the groups. 0 or the world size: one group of every rank.
+  /// Must divide the world size. -1 (zero::shard_group_per_node): one group per node.
+  int shard_group_size = 0;
 };
 
 /// The config a sharder of `param_type` parameters trains `layout` with, or invalid_argument

@@ -18,6 +18,9 @@
 //   stage 2  parameters 2Ψ, gradient shard 2Ψ/N, optimizer state 12Ψ/N     = 2Ψ + 14Ψ/N
 //   stage 3  parameter shard 2Ψ/N, gradient shard 2Ψ/N, optimizer 12Ψ/N    = 16Ψ/N
 //
+// With hybrid sharding (config::shard_group_size = G, shard_group.hpp) the state is sharded over
+// the G ranks of a group and replicated across the N / G groups: every N above becomes G.
+//
 // plus, in stages 2 and 3, `reduce_buffers` gradient buckets and, in stage 3, at most
 // `max_gathered_bytes` of gathered parameters. fp32 parameters need no separate master copy
 // (the optimizer updates them in place): 4Ψ + 4Ψ + 8Ψ/N in stage 1, and so on.
@@ -36,7 +39,7 @@
 // parameter cache and its handles (parameter_cache.hpp), the optimizer step (step.hpp, with the
 // loss scaler of loss_scaler.hpp) and checkpoint I/O (state_checkpoint.hpp over checkpoint.hpp).
 // It uses the communicator only through the collectives API (ringzero::all_reduce,
-// reduce_scatter, all_gather) and comm.rank()/size().
+// reduce_scatter, all_gather), comm.rank()/size() and, for hybrid sharding, split().
 //
 // Every element is reduced along the same ring path whether its bucket is all_reduced or
 // reduce_scattered, and the optimizer arithmetic is element-wise and shared, so with one
@@ -51,6 +54,7 @@
 #include <filesystem>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -69,6 +73,7 @@
 #include "ringzero/zero/options.hpp"
 #include "ringzero/zero/parameter_cache.hpp"
 #include "ringzero/zero/plan.hpp"
+#include "ringzero/zero/shard_group.hpp"
 #include "ringzero/zero/stage.hpp"
 #include "ringzero/zero/state_checkpoint.hpp"
 #include "ringzero/zero/step.hpp"
@@ -85,25 +90,27 @@ class sharder {
   using param_type = P;
 
   /// Builds the partition plan and allocates this rank's buffers. Every parameter in `layout`
-  /// must have type dtype_of<P>(). Not collective: every rank constructs with the same layout
-  /// and config and computes the same plan. A config that cannot work (an algorithm that does
-  /// not implement the collective it is chosen for, a loss scaling that cannot grow) is an
-  /// invalid_argument here.
+  /// must have type dtype_of<P>(). Every rank constructs with the same layout and config and
+  /// computes the same plan; that is collective only with hybrid sharding, which splits `comm`.
+  /// A config that cannot work (an algorithm that does not implement the collective it is
+  /// chosen for, a loss scaling that cannot grow, a shard_group_size that does not divide the
+  /// world) is an invalid_argument here.
   sharder(Comm& comm, const model_layout& layout, config cfg)
       : comm_(comm),
         cfg_(check_config(std::move(cfg), layout, dtype_of<P>(), ringzero::knows_nodes<Comm>)),
         stage_(stage_of(cfg_.stage)),
         rank_(comm.rank()),
         world_(comm.size()),
-        plan_(layout, world_, bucket_elements(cfg_), cfg_.alignment),
-        state_(plan_, stage_, rank_, cfg_.optimizer),
-        steps_(cfg_, std::is_same_v<P, float16>),
+        groups_(comm, cfg_.shard_group_size),
+        plan_(layout, groups_.size(), bucket_elements(cfg_), cfg_.alignment),
+        state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer),
+        steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
         reducer_(make_reducer()),
-        cache_(comm, plan_, state_.parameters(), cfg_.collectives.all_gather,
+        cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
                cfg_.max_gathered_bytes, worker_, meter_),
         worker_(cfg_.comm_thread) {
-    log::info("zero: stage {}, {} parameters ({}), {}", cfg_.stage, plan_.numel(),
-              dtype_name(dtype_of<P>()), memory());
+    log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
+              plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
   }
 
   sharder(const sharder&) = delete;
@@ -115,6 +122,15 @@ class sharder {
   [[nodiscard]] const stage_layout& layout_of_stage() const noexcept { return stage_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return world_; }
+  /// Ranks the state is sharded over: world_size(), or config::shard_group_size.
+  [[nodiscard]] int shard_group_size() const noexcept { return groups_.size(); }
+  /// The ranks of this rank's shard group (the communicator itself without hybrid sharding):
+  /// every reduce_scatter and all_gather of the sharder runs on it. For inspection (its trace
+  /// counters); the sharder's collectives run on its communication thread.
+  [[nodiscard]] Comm& shard_communicator() noexcept { return groups_.shard(); }
+  /// With hybrid sharding, the ranks holding this rank's shard in every group, over which the
+  /// gradient shards are all_reduced; null otherwise. For inspection, as shard_communicator().
+  [[nodiscard]] Comm* replicate_communicator() noexcept { return groups_.replicate(); }
   /// Steps taken, skipped ones included.
   [[nodiscard]] std::uint64_t step_count() const noexcept { return steps_.step_count(); }
   /// Steps that updated the weights.
@@ -206,7 +222,7 @@ class sharder {
     const trace::scope phase(comm_, "step", state_.optimizer_bytes());
     worker_.drain();
     const step_result res =
-        std::visit([&](auto& r) { return steps_.take(state_, r, collective_runner()); }, reducer_);
+        std::visit([&](auto& r) { return steps_.take(state_, r, shard_runner()); }, reducer_);
     if (!res.skipped && stage_.sharded_parameters) cache_.refresh();
     return res;
   }
@@ -242,19 +258,37 @@ class sharder {
   /// Collective (an all_gather per bucket, except in stage 0).
   [[nodiscard]] std::vector<float> full_parameters() {
     quiesce();
-    return state_.full_parameters(collective_runner(), cfg_.collectives.all_gather);
+    return state_.full_parameters(shard_runner(), cfg_.collectives.all_gather);
   }
 
   /// Writes a checkpoint of the whole training state into `dir` (see checkpoint.hpp).
   /// Collective; call between steps. Raises checkpoint_error on every rank if any rank fails;
-  /// whatever fails, the checkpoint `dir` held before stays loadable.
+  /// whatever fails, the checkpoint `dir` held before stays loadable. With hybrid sharding only
+  /// group 0 writes (a checkpoint of shard_group_size() ranks); the other groups hold the same
+  /// state and learn group 0's outcome.
   void save(const std::filesystem::path& dir) {
     if (micro_batches() != 0)
       throw invalid_argument("save: a step is in progress; call it after step()");
     trace::scope phase(comm_, "checkpoint");
     quiesce();
-    save_state(collective_runner(), cfg_, dir, state_, steps_,
-               [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
+    auto write = [&] {
+      save_state(shard_runner(), cfg_, dir, state_, steps_,
+                 [&](std::uint64_t bytes) { phase.set_bytes(bytes); });
+    };
+    if (!groups_.hybrid()) {
+      write();
+    } else {
+      std::string failure;
+      if (groups_.group() == 0) {
+        try {
+          write();
+        } catch (const checkpoint_error& e) {
+          failure = e.what();
+        }
+      }
+      auto across = replicate_runner();
+      detail::raise_if_any_failed(across, cfg_.collectives.all_gather, failure);
+    }
     log::info("zero: saved step {} to {}", steps_.step_count(), dir.string());
   }
 
@@ -267,7 +301,8 @@ class sharder {
       throw invalid_argument("load: a step is in progress; call it after step()");
     const trace::scope phase(comm_, "checkpoint", state_.optimizer_bytes());
     quiesce();
-    const checkpoint_manifest m = load_state(collective_runner(), cfg_, dir, state_, steps_);
+    const checkpoint_manifest m =
+        load_state(shard_runner(), collective_runner(), cfg_, dir, state_, steps_);
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", steps_.step_count(),
               dir.string(), m.world_size, m.stage);
   }
@@ -278,8 +313,10 @@ class sharder {
 
   [[nodiscard]] reducer_type make_reducer() {
     if (cfg_.reduce_dtype == dtype::float32)
-      return reducer_type(std::in_place_index<1>, comm_, plan_, stage_, cfg_, worker_, meter_);
-    return reducer_type(std::in_place_index<0>, comm_, plan_, stage_, cfg_, worker_, meter_);
+      return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, cfg_, worker_,
+                          meter_, groups_.replicate());
+    return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, cfg_, worker_,
+                        meter_, groups_.replicate());
   }
 
   [[nodiscard]] int micro_batches() const {
@@ -313,6 +350,21 @@ class sharder {
         [this](auto&& f) -> decltype(auto) { return run_collective(std::forward<decltype(f)>(f)); };
   }
 
+  /// The same over the shard group, for everything that is collective over the ranks the state
+  /// is sharded over.
+  [[nodiscard]] auto shard_runner() {
+    return [this](auto&& f) -> decltype(auto) {
+      return run_collective([&](Comm&) -> decltype(auto) { return f(groups_.shard()); });
+    };
+  }
+
+  /// The same over the replicate communicator (hybrid sharding only).
+  [[nodiscard]] auto replicate_runner() {
+    return [this](auto&& f) -> decltype(auto) {
+      return run_collective([&](Comm&) -> decltype(auto) { return f(*groups_.replicate()); });
+    };
+  }
+
   // Construction order matters: the plan before everything sized by it; the worker last, so it
   // is joined (its queued collectives finished or dropped) before the buffers its tasks use go
   // away. The components only take the worker's address before it is constructed.
@@ -321,6 +373,7 @@ class sharder {
   const stage_layout& stage_;
   int rank_;
   int world_;
+  shard_groups<Comm> groups_;
   partition_plan plan_;
   model_state<P> state_;
   stepper steps_;

@@ -44,19 +44,22 @@ void save_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
 }
 
 /// Collective: restores `state` and `steps` from the checkpoint in `dir`, saved at any world size
-/// and stage, and returns its manifest. Raises checkpoint_error on every rank, leaving both as
-/// they were, if any rank finds the checkpoint missing, incomplete, corrupt or incompatible with
-/// this model. `run` as for save_state.
-template <class P, class Run>
-checkpoint_manifest load_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
-                               model_state<P>& state, stepper& steps) {
+/// and stage, and returns its manifest. Raises checkpoint_error on every rank of `agree`'s
+/// communicator, leaving both as they were, if any of them finds the checkpoint missing,
+/// incomplete, corrupt or incompatible with this model. `run` as for save_state, over the ranks
+/// `state` is sharded over; `agree` likewise, over every rank that loads (the world, under hybrid
+/// sharding, where each group reads the checkpoint on its own).
+template <class P, class Run, class Agree>
+checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg,
+                               const std::filesystem::path& dir, model_state<P>& state,
+                               stepper& steps) {
   const auto& plan = state.plan();
   // Read into staging arrays laid out as the optimizer state, so a refused checkpoint leaves
   // the current state untouched.
   const std::size_t local_size = state.optimizer().local_size();
   std::vector<float> master(local_size), m1(local_size), m2(state.optimizer().moment_size(2));
   const checkpoint_manifest m = read_checkpoint(
-      run, cfg.collectives.all_gather, dir, plan, cfg.optimizer.kind,
+      agree, cfg.collectives.all_gather, dir, plan, cfg.optimizer.kind,
       [&](const checkpoint_manifest& saved) {
         std::vector<checkpoint_reader::request> reqs;
         for (const auto& s : state.local()) {
@@ -76,6 +79,13 @@ checkpoint_manifest load_state(Run&& run, const config& cfg, const std::filesyst
   restore_groups(m, cfg, lr);
   for (std::size_t g = 0; g < lr.size(); ++g) steps.set_learning_rate(static_cast<int>(g), lr[g]);
   return m;
+}
+
+/// load_state with one communicator for reading and agreeing.
+template <class P, class Run>
+checkpoint_manifest load_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
+                               model_state<P>& state, stepper& steps) {
+  return load_state(run, run, cfg, dir, state, steps);
 }
 
 }  // namespace ringzero::zero

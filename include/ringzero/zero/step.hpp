@@ -63,9 +63,13 @@ void agree_gradient_stats(Comm& comm, gradient_stats& s, const ringzero::options
 class stepper {
  public:
   /// `cfg` (a checked config) must outlive the stepper. `float16`: the parameters are float16,
-  /// so the loss is scaled dynamically.
-  stepper(const config& cfg, bool float16)
-      : cfg_(cfg), scaler_(cfg.scaling, float16), group_lr_(initial_group_lr(cfg)) {}
+  /// so the loss is scaled dynamically. `replicas`: the groups of hybrid sharding, each as large
+  /// as the plan's world, over which the gradients are summed too.
+  stepper(const config& cfg, bool float16, int replicas = 1)
+      : cfg_(cfg),
+        scaler_(cfg.scaling, float16),
+        group_lr_(initial_group_lr(cfg)),
+        replicas_(replicas) {}
 
   /// Steps taken, skipped ones included.
   [[nodiscard]] std::uint64_t step_count() const noexcept { return step_; }
@@ -98,13 +102,16 @@ class stepper {
 
   /// One step of `state` with the reduced gradients `grads` (what a gradient_reducer offers:
   /// add_stats(), start_step(), gradient(segment)), which every rank takes together. `run(f)`
-  /// calls f(comm) in line with the caller's other collectives. A skipped step changes only the
-  /// counters and the loss scale.
+  /// calls f(comm) in line with the caller's other collectives, comm being the ranks `state` is
+  /// sharded over: with hybrid sharding every group holds the same reduced gradients, so each
+  /// group's norm and overflow check equal the world's. A skipped step changes only the counters
+  /// and the loss scale.
   template <class P, class Grads, class Run>
   step_result take(model_state<P>& state, Grads& grads, Run&& run) {
     step_result res;
     res.loss_scale = scaler_.scale();
-    const float unscale = gradient_unscale(cfg_, state.plan().world_size(), scaler_.scale());
+    const float unscale =
+        gradient_unscale(cfg_, state.plan().world_size() * replicas_, scaler_.scale());
     gradient_stats stats;
     grads.add_stats(state.own(), unscale, stats.sumsq, stats.nonfinite);
     run([&](auto& c) { agree_gradient_stats(c, stats, cfg_.collectives.all_reduce); });
@@ -143,6 +150,7 @@ class stepper {
   const config& cfg_;
   loss_scaler scaler_;
   std::vector<float> group_lr_;
+  int replicas_;
   std::uint64_t step_ = 0;
   std::uint64_t optimizer_steps_ = 0;
 };
