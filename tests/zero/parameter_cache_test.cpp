@@ -176,3 +176,45 @@ TEST_CASE("a gathered_parameters handle holds its bucket while it lives and move
         CHECK_FALSE(cache.any_held());
       });
 }
+
+TEST_CASE("recomputing earlier layers inside backward keeps the bucket backward needs next") {
+  // Backward at layer 5 has room for one more bucket and prefetches 4; recomputing the forward
+  // of layers 0-3 (an activation checkpoint segment) must leave 4 in place, past the bound.
+  for (const auto again : {zero::pass::recompute, zero::pass::backward}) {
+    CAPTURE(static_cast<int>(again));
+    with_cache(2, 2,
+               [again](communicator&, const zero::partition_plan&, std::vector<float>&, auto& cache,
+                       auto&) {
+                 (void)cache.acquire(5, zero::pass::backward);
+                 REQUIRE(cache.resident(4));
+                 (void)cache.acquire(0, again);
+                 cache.release(0);
+                 // The same pass as backward frees every unheld bucket above the one it gathers.
+                 CHECK(cache.resident(4) == (again == zero::pass::recompute));
+                 CHECK(cache.resident(5));
+                 cache.release(5);
+               });
+  }
+}
+
+TEST_CASE("a layer's shared buckets are acquired with it, once, and held by its handle") {
+  using handle = zero::gathered_parameters<communicator, float>;
+  with_cache(
+      2, 2,
+      [](communicator&, const zero::partition_plan& plan, std::vector<float>&, auto& cache, auto&) {
+        const std::vector<int> with{0};
+        {
+          // Forward at 5 would free 0 (behind it); as a shared bucket it is kept and gathered.
+          const float* base = cache.acquire(5, zero::pass::forward, with);
+          const handle h(plan, &cache, 5, base, plan.buckets()[5].offset, with);
+          CHECK(cache.references(0) == 1);
+          CHECK(cache.references(5) == 1);
+          const auto w0 = h.param(0);
+          for (std::size_t k = 0; k < w0.size(); ++k)
+            CHECK(w0[k] == value(plan.params()[0].offset + k, 0));
+          CHECK_THROWS_AS((void)h.param(3), ringzero::invalid_argument);
+        }
+        CHECK_FALSE(cache.any_held());
+        CHECK(cache.resident(0));
+      });
+}

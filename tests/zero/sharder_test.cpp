@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "zero_harness.hpp"
 
 #include <unistd.h>
@@ -997,4 +998,151 @@ TEST_CASE("a tied weight: a gradient per use, no more; the handle of the sharing
     shd.end_micro_batch();
     (void)shd.step();
   });
+}
+
+namespace {
+
+// Four layers of 16 floats, one bucket each, all the same size: an all_gather of one bucket
+// pairs with an all_gather of any other without complaint from the collective itself.
+zt::zero::model_layout four_equal_layers() {
+  return zt::make_layout<float>({{16}, {16}, {16}, {16}});
+}
+
+struct recompute_run {
+  std::vector<float> params;
+  std::uint32_t collectives = 0;  // rank 0's, over the whole run
+};
+
+/// Stage `stage` on 2 ranks with activation recomputation: backward gathers the last layer, then
+/// recomputes the forward of layers 0-2 (gathering them with `again`) before their backward.
+/// Room for two buckets: backward at layer 3 prefetches layer 2.
+recompute_run train_recompute(int stage, zt::zero::pass again) {
+  const auto layout = four_equal_layers();
+  const zt::zero::partition_plan plan(layout, 2, 16);
+  zt::run_options o;
+  o.world = 2;
+  o.stage = stage;
+  o.bucket_bytes = 64;
+  o.configure = [&](zt::zero::config& c) {
+    c.max_gathered_bytes = 2 * plan.max_bucket() * sizeof(float);
+  };
+  recompute_run res;
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, zt::make_config(o));
+    REQUIRE(shd.plan().buckets().size() == 4);
+    for (int p = 0; p < 4; ++p) {
+      std::vector<float> v(16);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = zt::initial_value(p, i);
+      shd.set_parameter(p, v);
+    }
+    const auto backward = [&](int l, int s) {
+      auto h = shd.gather(l, zt::zero::pass::backward);
+      const auto wv = h.param(l);
+      std::vector<float> g(wv.size());
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = wv[i] - zt::initial_value(l + 100, i) +
+               0.1f * zt::noise(4, static_cast<std::uint64_t>(comm.rank()),
+                                static_cast<std::uint64_t>(s), i);
+      shd.add_grad(l, std::span<const float>(g));
+    };
+    const std::uint32_t before = comm.state().collective_seq;
+    for (int s = 0; s < 3; ++s) {
+      for (int l = 0; l < 4; ++l) (void)shd.gather(l);
+      backward(3, s);
+      for (int l = 0; l < 3; ++l) (void)shd.gather(l, again);
+      for (int l = 2; l >= 0; --l) backward(l, s);
+      shd.end_micro_batch();
+      (void)shd.step();
+    }
+    if (comm.rank() == 0) res.collectives = comm.state().collective_seq - before;
+    auto full = shd.full_parameters();
+    if (comm.rank() == 0) res.params = std::move(full);
+  });
+  return res;
+}
+
+/// Runs `body` on every rank of a 3-rank world with RINGZERO_CHECK=1 and a short deadline, and
+/// returns what each rank's mismatch_error said ("" for none).
+template <class F>
+std::vector<std::string> mismatches(F body) {
+  const test_support::scoped_env check("RINGZERO_CHECK", "1");
+  const auto layout = four_equal_layers();
+  zt::run_options o;
+  o.world = 3;
+  o.stage = 3;
+  o.bucket_bytes = 64;
+  std::vector<std::string> said(3);
+  ringzero::loopback::world w(3, {.timeout = std::chrono::seconds(20)});
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, zt::make_config(o));
+    try {
+      body(comm.rank(), shd);
+    } catch (const ringzero::mismatch_error& e) {
+      said[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  return said;
+}
+
+}  // namespace
+
+TEST_CASE("recomputation inside backward keeps what backward prefetched, bitwise as stage 0") {
+  const auto reference = train_recompute(0, zt::zero::pass::recompute);
+  const auto recomputed = train_recompute(3, zt::zero::pass::recompute);
+  CHECK(recomputed.params == reference.params);
+  // Gathering the recomputation as backward frees the prefetched layer 2 and gathers it again:
+  // the same weights, one all_gather more per step.
+  const auto as_backward = train_recompute(3, zt::zero::pass::backward);
+  CHECK(as_backward.params == reference.params);
+  CHECK(recomputed.collectives < as_backward.collectives);
+}
+
+TEST_CASE("RINGZERO_CHECK: a rank gathering another layer fails on every rank, naming both") {
+  const auto said = mismatches([](int rank, auto& shd) {
+    (void)shd.gather(0);
+    (void)shd.gather(rank == 1 ? 2 : 1);
+    (void)shd.gather(3);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(
+        s, "rank 0 gathers layer 1 'layer1' (bucket 1, forward pass, gather #1)"));
+    CHECK(test_support::contains(
+        s, "rank 1 gathers layer 2 'layer2' (bucket 2, forward pass, gather #1)"));
+  }
+}
+
+TEST_CASE("RINGZERO_CHECK: a rank skipping a gather, or in another pass, fails on every rank") {
+  auto said = mismatches([](int rank, auto& shd) {
+    for (int l = 0; l < 4; ++l)
+      if (rank != 2 || l != 1) (void)shd.gather(l);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "rank 2 gathers layer 2 'layer2'"));
+  }
+  said = mismatches([](int rank, auto& shd) {
+    (void)shd.gather(3, rank == 0 ? zt::zero::pass::recompute : zt::zero::pass::backward);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "rank 0 gathers layer 3 'layer3' (bucket 3, recompute pass"));
+    CHECK(test_support::contains(s, "rank 1 gathers layer 3 'layer3' (bucket 3, backward pass"));
+  }
+  // Rank 1 reduces its gradients while the others gather: the collectives' own check sees an
+  // all_gather against a reduce_scatter.
+  said = mismatches([](int rank, auto& shd) {
+    if (rank != 1) (void)shd.gather(3, zt::zero::pass::backward);
+    const std::vector<float> g(16, 1.0f);
+    for (int p = 3; p >= 0; --p) shd.add_grad(p, std::span<const float>(g));
+    shd.end_micro_batch();
+    (void)shd.step();
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "RINGZERO_CHECK"));
+    CHECK(test_support::contains(s, "reduce_scatter"));
+  }
+  CHECK(test_support::contains(said[0], "rank 0 was gathering layer 'layer3'"));
 }
