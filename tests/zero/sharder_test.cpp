@@ -1145,4 +1145,5 @@ TEST_CASE("RINGZERO_CHECK: a rank skipping a gather, or in another pass, fails o
     CHECK(test_support::contains(s, "reduce_scatter"));
   }
   CHECK(test_support::contains(said[0], "rank 0 was gathering layer 'layer3'"));
+  CHECK(said[0].starts_with("ringzero: RINGZERO_CHECK: rank 0 called all_gather"));
 }

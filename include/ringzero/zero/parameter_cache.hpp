@@ -131,7 +131,9 @@ class parameter_cache {
         ringzero::all_gather(comm_, std::span<const std::uint64_t>(mine),
                              std::span<std::uint64_t>(all), opt);
       } catch (const mismatch_error& e) {
-        throw mismatch_error(fmt::format("{} (rank {} was gathering layer '{}')", e.what(),
+        // The collective's message, without the prefix the new error adds again.
+        throw mismatch_error(fmt::format("{} (rank {} was gathering layer '{}')",
+                                         std::string_view(e.what()).substr(sizeof "ringzero: " - 1),
                                          comm_.rank(),
                                          layers[static_cast<std::size_t>(layer)].name));
       }
