@@ -218,3 +218,26 @@ TEST_CASE("a layer's shared buckets are acquired with it, once, and held by its 
         CHECK(cache.resident(0));
       });
 }
+
+TEST_CASE("a shared bucket still present is not gathered again") {
+  with_cache(
+      2, 6,
+      [](communicator& comm, const zero::partition_plan&, std::vector<float>&, auto& cache, auto&) {
+        // Collectives a call issued, counted on the communicator once they are done.
+        const auto issued = [&](auto&& call) {
+          cache.settle();
+          const auto before = comm.state().collective_seq;
+          call();
+          cache.settle();
+          return comm.state().collective_seq - before;
+        };
+        const auto one = issued([&] { (void)cache.acquire(4, zero::pass::recompute); });
+        REQUIRE(one > 0);
+        const std::vector<int> absent{1}, present{4};
+        CHECK(issued([&] { (void)cache.acquire(3, zero::pass::recompute, absent); }) == 2 * one);
+        CHECK(issued([&] { (void)cache.acquire(5, zero::pass::recompute, present); }) == one);
+        CHECK(cache.references(4) == 2);
+        for (int b : {1, 3, 4, 4, 5}) cache.release(b);
+        CHECK_FALSE(cache.any_held());
+      });
+}
