@@ -15,11 +15,11 @@
 //   src.acquire(layer, backward)   make the layer's parameters readable
 //   src.param(id)                  -> const Real*, valid until release(layer)
 //   src.release(layer)
-//   src.grad(id, span<const Real>) the parameter's gradient for this micro-batch, once each
+//   src.grad(id, span<const Real>) the parameter's gradient for this micro-batch, once per use
 //
-// Layers: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = the final LayerNorm. Layer 0 is held
-// from the start of forward to the end of backward, because the head uses wte again; its
-// gradient is the sum of the head's and the lookup's.
+// Layers: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = the final LayerNorm and the head. The
+// head uses wte again: layer L+1 makes it readable too (the sharder's layout share()s it there),
+// and wte gets two gradients, the head's and then the lookup's, which the Source sums.
 #pragma once
 
 #include <ringzero/error.hpp>
@@ -216,11 +216,9 @@ class model {
     shape_batch(tokens, batch);
     if (targets.size() != tokens.size())
       throw ringzero::invalid_argument("gpt: one target per token");
-    src.acquire(0, false);
     forward(src);
     const double loss = cross_entropy(targets, grad_scale);
     backward(src, tokens);
-    src.release(0);
     return loss;
   }
 
@@ -228,9 +226,7 @@ class model {
   template <class Source>
   double loss(Source& src, std::span<const int> tokens, std::span<const int> targets, int batch) {
     shape_batch(tokens, batch);
-    src.acquire(0, false);
     forward(src);
-    src.release(0);
     return cross_entropy(targets, Real(0));
   }
 
@@ -238,9 +234,7 @@ class model {
   template <class Source>
   std::vector<Real> next_logits(Source& src, std::span<const int> tokens) {
     shape_batch(tokens, 1);
-    src.acquire(0, false);
     forward(src);
-    src.release(0);
     const auto v = static_cast<std::size_t>(c_.vocab);
     return {logits_.end() - static_cast<std::ptrdiff_t>(v), logits_.end()};
   }
@@ -328,13 +322,14 @@ class model {
                       hid = static_cast<std::size_t>(c_.hidden());
     // The residual stream, carried through the blocks.
     x_.resize(m * d);
-    const Real* te = src.param(wte);
+    src.acquire(0, false);
     const Real* pe = src.param(wpe);
     for (std::size_t i = 0; i < m; ++i) {
-      const Real* ti = te + static_cast<std::size_t>(tokens_[i]) * d;
+      const Real* ti = src.param(wte) + static_cast<std::size_t>(tokens_[i]) * d;
       const Real* pi = pe + (i % len_) * d;
       for (std::size_t j = 0; j < d; ++j) x_[i * d + j] = ti[j] + pi[j];
     }
+    src.release(0);
     for (int l = 0; l < c_.layers; ++l) {
       src.acquire(1 + l, false);
       auto& a = blocks_[static_cast<std::size_t>(l)];
@@ -376,10 +371,10 @@ class model {
     rstdf_.resize(m);
     layernorm(m, d, x_.data(), src.param(lnf_w(c_)), src.param(lnf_b(c_)), lnf_.data(),
               meanf_.data(), rstdf_.data());
-    src.release(c_.layers + 1);
     const auto v = static_cast<std::size_t>(c_.vocab);
     logits_.assign(m * v, Real(0));
-    kernels::gemm_nt(m, v, d, lnf_.data(), d, te, d, logits_.data(), v, scratch_);
+    kernels::gemm_nt(m, v, d, lnf_.data(), d, src.param(wte), d, logits_.data(), v, scratch_);
+    src.release(c_.layers + 1);
   }
 
   /// Causal softmax attention of one block: a.att holds the probabilities (batch, head, query,
@@ -483,14 +478,13 @@ class model {
     const std::size_t m = rows(), d = static_cast<std::size_t>(c_.dim),
                       hid = static_cast<std::size_t>(c_.hidden()),
                       v = static_cast<std::size_t>(c_.vocab);
-    const Real* te = src.param(wte);
+    src.acquire(c_.layers + 1, true);
     // Head: logits = lnf * wte^T.
     auto& dte = zeroed(wte);
     kernels::gemm_tn(v, d, m, dlogits_.data(), v, lnf_.data(), d, dte.data(), d);
     dln_.assign(m * d, Real(0));
-    kernels::gemm_nn(m, d, v, dlogits_.data(), v, te, d, dln_.data(), d);
-
-    src.acquire(c_.layers + 1, true);
+    kernels::gemm_nn(m, d, v, dlogits_.data(), v, src.param(wte), d, dln_.data(), d);
+    emit(src, wte);  // the head's use; the lookup's follows in layer 0
     dx_.assign(m * d, Real(0));
     layernorm_backward(m, d, x_.data(), meanf_.data(), rstdf_.data(), src.param(lnf_w(c_)),
                        dln_.data(), dx_.data(), zeroed(lnf_w(c_)).data(), zeroed(lnf_b(c_)).data());
@@ -538,6 +532,8 @@ class model {
       src.release(1 + l);
     }
 
+    src.acquire(0, true);
+    zeroed(wte);
     auto& dpe = zeroed(wpe);
     for (std::size_t i = 0; i < m; ++i) {
       Real* dt = dte.data() + static_cast<std::size_t>(tokens[i]) * d;
@@ -549,6 +545,7 @@ class model {
     }
     emit(src, wpe);
     emit(src, wte);
+    src.release(0);
   }
 
   config c_;

@@ -91,8 +91,11 @@ class sharder_source {
     if (h) return;
     h.emplace(shd_.gather(
         layer, backward ? ringzero::zero::pass::backward : ringzero::zero::pass::forward));
+    auto ids = shd_.plan().layers()[static_cast<std::size_t>(layer)].shared;
     for (int id = first_of_layer_[static_cast<std::size_t>(layer)];
-         id < first_of_layer_[static_cast<std::size_t>(layer) + 1]; ++id) {
+         id < first_of_layer_[static_cast<std::size_t>(layer) + 1]; ++id)
+      ids.push_back(id);
+    for (int id : ids) {
       const auto v = h->param(id);
       if constexpr (std::is_same_v<P, float>) {
         ptr_[static_cast<std::size_t>(id)] = v.data();
@@ -120,7 +123,10 @@ class sharder_source {
   ringzero::zero::model_layout layout;
   int open = -1;
   for (const auto& p : parameters(c)) {
-    if (p.layer != open) layout.add_layer(layer_name(c, open = p.layer));
+    if (p.layer != open) {
+      layout.add_layer(layer_name(c, open = p.layer));
+      if (open == c.layers + 1) layout.share(wte);  // the head is the embedding, transposed
+    }
     layout.add({.name = p.name, .shape = p.shape, .type = t, .weight_decay = p.decay});
   }
   return layout;

@@ -152,3 +152,49 @@ TEST_CASE("the gradient statistics see a NaN") {
     CHECK(nonfinite);
   });
 }
+
+TEST_CASE("a shared parameter's bucket waits for every use; the uses' gradients are summed") {
+  zero::model_layout l;
+  l.add_layer("embed");
+  const int wte = l.add({.name = "wte", .shape = {5}});
+  l.add_layer("head");
+  l.share(wte);
+  const int head = l.add({.name = "head.w", .shape = {12}});
+  for (int stage : {0, 2}) {
+    CAPTURE(stage);
+    ringzero::loopback::world w(1);
+    w.run([&](communicator& comm) {
+      const zero::partition_plan plan(l, 1, 16, 4);
+      REQUIRE(plan.buckets().size() == 2);
+      zero::config cfg;
+      zero::detail::buffer_meter meter;
+      // Unthreaded: a queued reduction has run by the time add() returns.
+      zero::detail::worker work(false);
+      zero::gradient_reducer<communicator, float> red(comm, plan, zero::stage_of(stage), cfg, work,
+                                                      meter);
+      const zero::segment* tied = nullptr;
+      const auto segs = plan.all_segments();
+      for (const auto& s : segs)
+        if (s.param == wte) tied = &s;
+      REQUIRE(tied != nullptr);
+      const std::vector<float> from_head{0.5f, 1.0f, 1.5f, 2.0f, 2.5f};
+      const std::vector<float> from_embed{4.0f, 3.0f, 2.0f, 1.0f, -1.0f};
+      const std::vector<float> h(12, 1.0f);
+      red.add(head, std::span<const float>(h));
+      red.add(wte, std::span<const float>(from_head));
+      if (stage == 2) {
+        // One use of two is in: the bucket is not reduced yet (the shard still holds zeros).
+        for (std::size_t k = 0; k < tied->count; ++k) CHECK(red.gradient(*tied)[k] == 0.0f);
+      }
+      red.add(wte, std::span<const float>(from_embed));
+      CHECK_THROWS_WITH_AS(red.add(wte, std::span<const float>(from_embed)),
+                           "ringzero: add_grad: wte was already added 2 times in this "
+                           "micro-batch, once per layer using it",
+                           ringzero::invalid_argument);
+      red.end_micro_batch();
+      work.drain();
+      for (std::size_t k = 0; k < tied->count; ++k)
+        CHECK(red.gradient(*tied)[k] == from_head[k] + from_embed[k]);
+    });
+  }
+}

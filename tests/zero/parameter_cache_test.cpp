@@ -176,3 +176,68 @@ TEST_CASE("a gathered_parameters handle holds its bucket while it lives and move
         CHECK_FALSE(cache.any_held());
       });
 }
+
+TEST_CASE("recomputing earlier layers inside backward keeps the bucket backward needs next") {
+  // Backward at layer 5 has room for one more bucket and prefetches 4; recomputing the forward
+  // of layers 0-3 (an activation checkpoint segment) must leave 4 in place, past the bound.
+  for (const auto again : {zero::pass::recompute, zero::pass::backward}) {
+    CAPTURE(static_cast<int>(again));
+    with_cache(2, 2,
+               [again](communicator&, const zero::partition_plan&, std::vector<float>&, auto& cache,
+                       auto&) {
+                 (void)cache.acquire(5, zero::pass::backward);
+                 REQUIRE(cache.resident(4));
+                 (void)cache.acquire(0, again);
+                 cache.release(0);
+                 // The same pass as backward frees every unheld bucket above the one it gathers.
+                 CHECK(cache.resident(4) == (again == zero::pass::recompute));
+                 CHECK(cache.resident(5));
+                 cache.release(5);
+               });
+  }
+}
+
+TEST_CASE("a layer's shared buckets are acquired with it, once, and held by its handle") {
+  using handle = zero::gathered_parameters<communicator, float>;
+  with_cache(
+      2, 2,
+      [](communicator&, const zero::partition_plan& plan, std::vector<float>&, auto& cache, auto&) {
+        const std::vector<int> with{0};
+        {
+          // Forward at 5 would free 0 (behind it); as a shared bucket it is kept and gathered.
+          const float* base = cache.acquire(5, zero::pass::forward, with);
+          const handle h(plan, &cache, 5, base, plan.buckets()[5].offset, with);
+          CHECK(cache.references(0) == 1);
+          CHECK(cache.references(5) == 1);
+          const auto w0 = h.param(0);
+          for (std::size_t k = 0; k < w0.size(); ++k)
+            CHECK(w0[k] == value(plan.params()[0].offset + k, 0));
+          CHECK_THROWS_AS((void)h.param(3), ringzero::invalid_argument);
+        }
+        CHECK_FALSE(cache.any_held());
+        CHECK(cache.resident(0));
+      });
+}
+
+TEST_CASE("a shared bucket still present is not gathered again") {
+  with_cache(
+      2, 6,
+      [](communicator& comm, const zero::partition_plan&, std::vector<float>&, auto& cache, auto&) {
+        // Collectives a call issued, counted on the communicator once they are done.
+        const auto issued = [&](auto&& call) {
+          cache.settle();
+          const auto before = comm.state().collective_seq;
+          call();
+          cache.settle();
+          return comm.state().collective_seq - before;
+        };
+        const auto one = issued([&] { (void)cache.acquire(4, zero::pass::recompute); });
+        REQUIRE(one > 0);
+        const std::vector<int> absent{1}, present{4};
+        CHECK(issued([&] { (void)cache.acquire(3, zero::pass::recompute, absent); }) == 2 * one);
+        CHECK(issued([&] { (void)cache.acquire(5, zero::pass::recompute, present); }) == one);
+        CHECK(cache.references(4) == 2);
+        for (int b : {1, 3, 4, 4, 5}) cache.release(b);
+        CHECK_FALSE(cache.any_held());
+      });
+}

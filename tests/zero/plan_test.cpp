@@ -187,3 +187,54 @@ TEST_CASE("all_segments lists every element once; unpadded drops the padding") {
   CHECK_THROWS_AS((void)plan.unpadded(std::vector<float>(plan.padded_size() + 1)),
                   ringzero::invalid_argument);
 }
+
+TEST_CASE("a shared parameter stays one parameter; its using layers hold its bucket") {
+  zero::model_layout l;
+  l.add_layer("embed");
+  const int wte = l.add({.name = "wte", .shape = {10, 4}});
+  l.add_layer("block");
+  l.add({.name = "w", .shape = {40}});
+  l.add_layer("head");
+  l.share(wte);
+  const int bias = l.add({.name = "head.bias", .shape = {10}});
+  // 48 elements per bucket: embed, block and head each get their own.
+  const zero::partition_plan plan(l, 3, 48, 16);
+  REQUIRE(plan.params().size() == 3);
+  CHECK(plan.numel() == 40 + 40 + 10);
+  CHECK(plan.params()[static_cast<std::size_t>(wte)].uses == 2);
+  CHECK(plan.params()[static_cast<std::size_t>(bias)].uses == 1);
+  REQUIRE(plan.layers().size() == 3);
+  const auto& head = plan.layers()[2];
+  CHECK(head.param_count == 1);
+  CHECK(head.shared == std::vector<int>{wte});
+  CHECK(head.shared_buckets == std::vector<int>{plan.params()[0].bucket});
+  CHECK(head.bucket != plan.params()[0].bucket);
+  CHECK(plan.layers()[0].shared_buckets.empty());
+  // In one bucket the using layer needs no other.
+  const zero::partition_plan one(l, 3, 0, 16);
+  CHECK(one.layers()[2].shared == std::vector<int>{wte});
+  CHECK(one.layers()[2].shared_buckets.empty());
+}
+
+TEST_CASE("share() refuses an unknown parameter, its own layer's, a repeat, and no open layer") {
+  zero::model_layout l;
+  const int loose = l.add({.name = "loose", .shape = {3}});
+  CHECK_THROWS_WITH_AS(l.share(loose),
+                       "ringzero: share(loose): no open layer; call add_layer() before share()",
+                       ringzero::invalid_argument);
+  l.add_layer("a");
+  const int a = l.add({.name = "a.w", .shape = {3}});
+  CHECK_THROWS_WITH_AS(l.share(a),
+                       "ringzero: share(a.w): the parameter belongs to layer 'a' itself",
+                       ringzero::invalid_argument);
+  CHECK_THROWS_WITH_AS(l.share(7), "ringzero: share: parameter id 7 of 2 registered",
+                       ringzero::invalid_argument);
+  CHECK_THROWS_WITH_AS(l.share(-1), "ringzero: share: parameter id -1 of 2 registered",
+                       ringzero::invalid_argument);
+  l.add_layer("b");
+  l.share(a);
+  l.share(loose);
+  CHECK_THROWS_WITH_AS(l.share(a), "ringzero: share(a.w): already shared into layer 'b'",
+                       ringzero::invalid_argument);
+  CHECK(l.layers().back().shared == std::vector<int>{a, loose});
+}

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "checks.hpp"
 #include "zero_harness.hpp"
 
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -794,4 +796,354 @@ TEST_CASE("each step moves each group by its own learning rate times the schedul
       }
     });
   }
+}
+
+namespace {
+
+// A token embedding reused by the output head (tied weights), with a layer between them. Every
+// gradient is a sum of multiples of 1/256 small enough to be exact in fp32, so no summation
+// order (ranks, stages, the two uses of the tied weight) changes a bit: runs at every stage and
+// world size must end bitwise identical.
+struct tied_model {
+  zt::zero::model_layout layout;
+  int embed = 0, mid = 0, head = 0;
+};
+
+/// `tied`: the head layer share()s the embedding. Otherwise the head layer does not declare it,
+/// and the trainer sums the two uses' gradients itself: the serial reference (stage 0 only,
+/// where every parameter is present in every handle).
+tied_model make_tied(bool tied) {
+  tied_model m;
+  m.layout.add_layer("embed");
+  m.embed = m.layout.add({.name = "wte", .shape = {37}});
+  m.layout.add_layer("mid");
+  m.mid = m.layout.add({.name = "mid.w", .shape = {129}});
+  m.layout.add_layer("head");
+  if (tied) m.layout.share(m.embed);
+  m.head = m.layout.add({.name = "head.b", .shape = {23}, .weight_decay = false});
+  return m;
+}
+
+float quantized(float x) {
+  return std::round(x * 256.0f) / 256.0f;
+}
+
+struct tied_run {
+  zt::run_options o;
+  bool tied = true;
+  std::filesystem::path save_dir, load_dir;
+};
+
+zt::run_result train_tied(const tied_run& t) {
+  const tied_model m = make_tied(t.tied);
+  const auto& o = t.o;
+  zt::run_result res;
+  res.params.resize(static_cast<std::size_t>(o.world));
+  res.memory.resize(static_cast<std::size_t>(o.world));
+  ringzero::loopback::world w(o.world);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, m.layout, zt::make_config(o));
+    for (int p : {m.embed, m.mid, m.head}) {
+      std::vector<float> v(shd.plan().params()[static_cast<std::size_t>(p)].numel);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = zt::initial_value(p, i);
+      shd.set_parameter(p, v);
+    }
+    if (!t.load_dir.empty()) shd.load(t.load_dir);
+    const int per = zt::batch / o.world;
+    const int first_sample = comm.rank() * per;
+    // This rank's share of the batch sum of (scale * quantized(w) - target(sample)).
+    const auto grad = [&](std::span<const float> wv, float scale, int use, int s) {
+      std::vector<float> g(wv.size());
+      for (std::size_t i = 0; i < wv.size(); ++i)
+        for (int k = first_sample; k < first_sample + per; ++k)
+          g[i] += scale * quantized(wv[i]) -
+                  quantized(zt::noise(3, static_cast<std::uint64_t>(use),
+                                      static_cast<std::uint64_t>(k * 100 + s), i));
+      return g;
+    };
+    const int first = static_cast<int>(shd.step_count());
+    for (int s = first; s < first + o.steps; ++s) {
+      for (int l = 0; l < 3; ++l) (void)shd.gather(l);
+      std::vector<float> from_head;
+      {
+        auto h = shd.gather(2, zt::zero::pass::backward);
+        shd.add_grad(m.head, std::span<const float>(grad(h.param(m.head), 1.0f, 0, s)));
+        // The head reads the tied weight through its own handle; untied, stage 3 must gather
+        // the embedding's layer for it.
+        std::optional<zt::zero::sharder<zt::communicator, float>::gathered> e;
+        if (!t.tied) e.emplace(shd.gather(0, zt::zero::pass::recompute));
+        from_head = grad((t.tied ? h : *e).param(m.embed), 2.0f, 1, s);
+        if (t.tied) shd.add_grad(m.embed, std::span<const float>(from_head));
+      }
+      {
+        auto h = shd.gather(1, zt::zero::pass::backward);
+        shd.add_grad(m.mid, std::span<const float>(grad(h.param(m.mid), 0.5f, 2, s)));
+      }
+      {
+        auto h = shd.gather(0, zt::zero::pass::backward);
+        auto from_embed = grad(h.param(m.embed), 1.0f, 3, s);
+        if (!t.tied)
+          for (std::size_t i = 0; i < from_embed.size(); ++i) from_embed[i] += from_head[i];
+        shd.add_grad(m.embed, std::span<const float>(from_embed));
+      }
+      shd.end_micro_batch();
+      const auto r = shd.step();
+      if (comm.rank() == 0) res.steps.push_back(r);
+    }
+    if (!t.save_dir.empty()) shd.save(t.save_dir);
+    res.params[static_cast<std::size_t>(comm.rank())] = shd.full_parameters();
+    res.memory[static_cast<std::size_t>(comm.rank())] = shd.memory();
+  });
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("a tied weight: stages 0-3 on 1, 2, 3 ranks equal the serial sum of its uses") {
+  tied_run ref;
+  ref.tied = false;
+  ref.o.world = 1;
+  ref.o.stage = 0;
+  ref.o.steps = 3;
+  const auto reference = train_tied(ref);
+  for (int world : {1, 2, 3})
+    for (int stage = 0; stage <= 3; ++stage) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      tied_run t;
+      t.o.world = world;
+      t.o.stage = stage;
+      t.o.steps = 3;
+      // Stage 3 with room for one bucket: the head's gather must bring the embedding back.
+      t.o.configure = [](zt::zero::config& c) { c.max_gathered_bytes = 1; };
+      const auto got = train_tied(t);
+      for (int r = 0; r < world; ++r)
+        CHECK_MESSAGE(
+            got.params[static_cast<std::size_t>(r)] == reference.params[0], "rank ", r,
+            ": max rel diff ",
+            zt::max_rel_diff(got.params[static_cast<std::size_t>(r)], reference.params[0]));
+    }
+}
+
+TEST_CASE("a tied weight is one parameter: memory, numel and checkpoints count it once") {
+  const tied_model m = make_tied(true);
+  const zt::zero::partition_plan plan(m.layout, 2, 64);
+  CHECK(plan.params().size() == 3);
+  CHECK(plan.numel() == 37 + 129 + 23);
+  // The same model without the share() declaration holds exactly as much.
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    tied_run t;
+    t.o.world = 2;
+    t.o.stage = stage;
+    t.o.steps = 1;
+    const auto tied = train_tied(t).memory[1];
+    t.tied = false;
+    const auto untied = train_tied(t).memory[1];
+    CHECK(tied.parameters == untied.parameters);
+    CHECK(tied.gradients == untied.gradients);
+    CHECK(tied.optimizer == untied.optimizer);
+  }
+
+  // Saved after 2 steps on 2 ranks at stage 3, resumed on 3 ranks at stage 1: bitwise the
+  // uninterrupted run, with one checkpoint entry for the tied weight.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ringzero-zero-tied-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  tied_run t;
+  t.o.world = 2;
+  t.o.stage = 3;
+  t.o.steps = 3;
+  const auto full = train_tied(t);
+  t.o.steps = 2;
+  t.save_dir = dir;
+  (void)train_tied(t);
+  const auto manifest = zt::zero::checkpoint_manifest::read(dir);
+  CHECK(manifest.params.size() == 3);
+  CHECK(std::count_if(manifest.params.begin(), manifest.params.end(),
+                      [](const auto& p) { return p.name == "wte"; }) == 1);
+  t.save_dir.clear();
+  t.load_dir = dir;
+  t.o.world = 3;
+  t.o.stage = 1;
+  t.o.steps = 1;
+  const auto resumed = train_tied(t);
+  CHECK(resumed.params[2] == full.params[0]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a tied weight: a gradient per use, no more; the handle of the sharing layer reads it") {
+  const tied_model m = make_tied(true);
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::run_options o;
+    o.stage = 3;
+    zt::zero::sharder<zt::communicator, float> shd(comm, m.layout, zt::make_config(o));
+    std::vector<float> v(37);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+    shd.set_parameter(m.embed, v);
+    {
+      const auto h = shd.gather(2);
+      const auto wte = h.param(m.embed);
+      CHECK(std::vector<float>(wte.begin(), wte.end()) == v);
+      CHECK_THROWS_AS((void)h.param(m.mid), ringzero::invalid_argument);
+    }
+    const std::vector<float> g(37, 1.0f);
+    shd.add_grad(m.embed, std::span<const float>(g));
+    shd.add_grad(m.embed, std::span<const float>(g));
+    CHECK_THROWS_WITH_AS(shd.add_grad(m.embed, std::span<const float>(g)),
+                         "ringzero: add_grad: wte was already added 2 times in this micro-batch, "
+                         "once per layer using it",
+                         ringzero::invalid_argument);
+    shd.end_micro_batch();
+    (void)shd.step();
+  });
+}
+
+namespace {
+
+// Four layers of 16 floats, one bucket each, all the same size: an all_gather of one bucket
+// pairs with an all_gather of any other without complaint from the collective itself.
+zt::zero::model_layout four_equal_layers() {
+  return zt::make_layout<float>({{16}, {16}, {16}, {16}});
+}
+
+struct recompute_run {
+  std::vector<float> params;
+  std::uint32_t collectives = 0;  // rank 0's, over the whole run
+};
+
+/// Stage `stage` on 2 ranks with activation recomputation: backward gathers the last layer, then
+/// recomputes the forward of layers 0-2 (gathering them with `again`) before their backward.
+/// Room for two buckets: backward at layer 3 prefetches layer 2.
+recompute_run train_recompute(int stage, zt::zero::pass again) {
+  const auto layout = four_equal_layers();
+  const zt::zero::partition_plan plan(layout, 2, 16);
+  zt::run_options o;
+  o.world = 2;
+  o.stage = stage;
+  o.bucket_bytes = 64;
+  o.configure = [&](zt::zero::config& c) {
+    c.max_gathered_bytes = 2 * plan.max_bucket() * sizeof(float);
+  };
+  recompute_run res;
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, zt::make_config(o));
+    REQUIRE(shd.plan().buckets().size() == 4);
+    for (int p = 0; p < 4; ++p) {
+      std::vector<float> v(16);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = zt::initial_value(p, i);
+      shd.set_parameter(p, v);
+    }
+    const auto backward = [&](int l, int s) {
+      auto h = shd.gather(l, zt::zero::pass::backward);
+      const auto wv = h.param(l);
+      std::vector<float> g(wv.size());
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = wv[i] - zt::initial_value(l + 100, i) +
+               0.1f * zt::noise(4, static_cast<std::uint64_t>(comm.rank()),
+                                static_cast<std::uint64_t>(s), i);
+      shd.add_grad(l, std::span<const float>(g));
+    };
+    const std::uint32_t before = comm.state().collective_seq;
+    for (int s = 0; s < 3; ++s) {
+      for (int l = 0; l < 4; ++l) (void)shd.gather(l);
+      backward(3, s);
+      for (int l = 0; l < 3; ++l) (void)shd.gather(l, again);
+      for (int l = 2; l >= 0; --l) backward(l, s);
+      shd.end_micro_batch();
+      (void)shd.step();
+    }
+    if (comm.rank() == 0) res.collectives = comm.state().collective_seq - before;
+    auto full = shd.full_parameters();
+    if (comm.rank() == 0) res.params = std::move(full);
+  });
+  return res;
+}
+
+/// Runs `body` on every rank of a 3-rank world with RINGZERO_CHECK=1 and a short deadline, and
+/// returns what each rank's mismatch_error said ("" for none).
+template <class F>
+std::vector<std::string> mismatches(F body) {
+  const test_support::scoped_env check("RINGZERO_CHECK", "1");
+  const auto layout = four_equal_layers();
+  zt::run_options o;
+  o.world = 3;
+  o.stage = 3;
+  o.bucket_bytes = 64;
+  std::vector<std::string> said(3);
+  ringzero::loopback::world w(3, {.timeout = std::chrono::seconds(20)});
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, zt::make_config(o));
+    try {
+      body(comm.rank(), shd);
+    } catch (const ringzero::mismatch_error& e) {
+      said[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  return said;
+}
+
+}  // namespace
+
+TEST_CASE("recomputation inside backward keeps what backward prefetched, bitwise as stage 0") {
+  const auto reference = train_recompute(0, zt::zero::pass::recompute);
+  const auto recomputed = train_recompute(3, zt::zero::pass::recompute);
+  CHECK(recomputed.params == reference.params);
+  // Gathering the recomputation as backward frees the prefetched layer 2 and gathers it again:
+  // the same weights, one all_gather more per step.
+  const auto as_backward = train_recompute(3, zt::zero::pass::backward);
+  CHECK(as_backward.params == reference.params);
+  CHECK(recomputed.collectives < as_backward.collectives);
+}
+
+TEST_CASE("RINGZERO_CHECK: a rank gathering another layer fails on every rank, naming both") {
+  const auto said = mismatches([](int rank, auto& shd) {
+    (void)shd.gather(0);
+    (void)shd.gather(rank == 1 ? 2 : 1);
+    (void)shd.gather(3);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(
+        s, "rank 0 gathers layer 1 'layer1' (bucket 1, forward pass, gather #1)"));
+    CHECK(test_support::contains(
+        s, "rank 1 gathers layer 2 'layer2' (bucket 2, forward pass, gather #1)"));
+  }
+}
+
+TEST_CASE("RINGZERO_CHECK: a rank skipping a gather, or in another pass, fails on every rank") {
+  auto said = mismatches([](int rank, auto& shd) {
+    for (int l = 0; l < 4; ++l)
+      if (rank != 2 || l != 1) (void)shd.gather(l);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "rank 2 gathers layer 2 'layer2'"));
+  }
+  said = mismatches([](int rank, auto& shd) {
+    (void)shd.gather(3, rank == 0 ? zt::zero::pass::recompute : zt::zero::pass::backward);
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "rank 0 gathers layer 3 'layer3' (bucket 3, recompute pass"));
+    CHECK(test_support::contains(s, "rank 1 gathers layer 3 'layer3' (bucket 3, backward pass"));
+  }
+  // Rank 1 reduces its gradients while the others gather: the collectives' own check sees an
+  // all_gather against a reduce_scatter.
+  said = mismatches([](int rank, auto& shd) {
+    if (rank != 1) (void)shd.gather(3, zt::zero::pass::backward);
+    const std::vector<float> g(16, 1.0f);
+    for (int p = 3; p >= 0; --p) shd.add_grad(p, std::span<const float>(g));
+    shd.end_micro_batch();
+    (void)shd.step();
+  });
+  for (const auto& s : said) {
+    CAPTURE(s);
+    CHECK(test_support::contains(s, "RINGZERO_CHECK"));
+    CHECK(test_support::contains(s, "reduce_scatter"));
+  }
+  CHECK(test_support::contains(said[0], "rank 0 was gathering layer 'layer3'"));
+  CHECK(said[0].starts_with("ringzero: RINGZERO_CHECK: rank 0 called all_gather"));
 }

@@ -93,7 +93,8 @@ class gradient_reducer {
     return grads_.capacity() * sizeof(G);
   }
 
-  /// Hands over parameter `id`'s gradient for this micro-batch (each parameter at most once).
+  /// Hands over parameter `id`'s gradient for this micro-batch: at most once per use (a shared
+  /// parameter has one per layer using it; the gradients of its uses are summed).
   template <class S>
   void add(int id, std::span<const S> g) {
     const auto& pi = plan_.params()[static_cast<std::size_t>(id)];
@@ -105,17 +106,22 @@ class gradient_reducer {
           fmt::format("add_grad({}): all {} micro-batches of this step are done; call step()",
                       pi.name, accumulation_));
     auto& got = got_[static_cast<std::size_t>(id)];
-    if (got)
+    if (got >= pi.uses)
       throw invalid_argument(
-          fmt::format("add_grad: {} was already added in this micro-batch", pi.name));
-    got = 1;
+          pi.uses == 1
+              ? fmt::format("add_grad: {} was already added in this micro-batch", pi.name)
+              : fmt::format("add_grad: {} was already added {} times in this micro-batch, once "
+                            "per layer using it",
+                            pi.name, got));
+    const bool first_use = got++ == 0;
     const auto b = static_cast<std::size_t>(pi.bucket);
     if (!sharded_) {
-      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0, inv_predivide_);
+      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0 && first_use,
+                 inv_predivide_);
     } else {
       if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
       G* bucket = pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data();
-      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, true,
+      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, first_use,
                  inv_predivide_);
     }
     if (--missing_[b] == 0)
@@ -152,8 +158,8 @@ class gradient_reducer {
 
   void reset_micro_batch() {
     std::fill(got_.begin(), got_.end(), 0);
-    for (std::size_t b = 0; b < plan_.buckets().size(); ++b)
-      missing_[b] = plan_.buckets()[b].param_count;
+    std::fill(missing_.begin(), missing_.end(), 0);
+    for (const auto& pi : plan_.params()) missing_[static_cast<std::size_t>(pi.bucket)] += pi.uses;
     next_bucket_ = static_cast<int>(plan_.buckets().size()) - 1;
   }
 
@@ -243,8 +249,8 @@ class gradient_reducer {
   std::vector<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
   std::vector<pool_entry> pool_;
   std::vector<int> bucket_buffer_;
-  std::vector<int> missing_;
-  std::vector<char> got_;
+  std::vector<int> missing_;  // gradients (one per use of each parameter) a bucket still awaits
+  std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
   int next_bucket_ = -1;
   int micro_ = 0;
 };

@@ -10,9 +10,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,18 @@ namespace ringzero::zero {
 /// for activation recomputation) neither prefetches nor frees, so what backward has prefetched
 /// stays.
 enum class pass : std::uint8_t { forward, backward, recompute };
+
+[[nodiscard]] constexpr std::string_view pass_name(pass p) noexcept {
+  switch (p) {
+    case pass::forward:
+      return "forward";
+    case pass::backward:
+      return "backward";
+    case pass::recompute:
+      return "recompute";
+  }
+  return "unknown";
+}
 
 template <class Comm, class P>
 class parameter_cache {
@@ -52,17 +67,22 @@ class parameter_cache {
   parameter_cache(const parameter_cache&) = delete;
   parameter_cache& operator=(const parameter_cache&) = delete;
 
-  /// Makes bucket b present, takes a reference on it, and returns its full parameters (the
-  /// bucket's padded extent of the flat buffer). Every rank must make the same calls.
-  [[nodiscard]] const P* acquire(int b, pass direction) {
+  /// Makes bucket b present, and the buckets `with` too (those of parameters the layer shares
+  /// with others), takes a reference on each, and returns bucket b's full parameters (its padded
+  /// extent of the flat buffer; data() gives the others'). Every rank must make the same calls.
+  [[nodiscard]] const P* acquire(int b, pass direction, std::span<const int> with = {}) {
     const int nb = static_cast<int>(buckets_.size());
+    const auto needed = [&](int c) {
+      return c == b || std::find(with.begin(), with.end(), c) != with.end();
+    };
     if (direction != pass::recompute) {
       const int dir = direction == pass::forward ? 1 : -1;
       for (int c = 0; c < nb; ++c) {
         auto& g = buckets_[static_cast<std::size_t>(c)];
-        if (g.resident && g.refs == 0 && c != b && (dir > 0 ? c < b : c > b)) evict(c);
+        if (g.resident && g.refs == 0 && !needed(c) && (dir > 0 ? c < b : c > b)) evict(c);
       }
       start(b);
+      for (int c : with) start(c);
       for (int c = b + dir; c >= 0 && c < nb; c += dir) {
         if (buckets_[static_cast<std::size_t>(c)].resident) continue;
         if (bytes_ + bucket_bytes(c) > max_bytes_) break;
@@ -70,20 +90,72 @@ class parameter_cache {
       }
     } else {
       start(b);
+      for (int c : with) start(c);
     }
     auto& g = buckets_[static_cast<std::size_t>(b)];
     {
       const trace::scope phase(comm_, "gather", bucket_bytes(b));
       work_.wait(g.ticket);
+      for (int c : with) work_.wait(buckets_[static_cast<std::size_t>(c)].ticket);
     }
     ++g.refs;
+    for (int c : with) ++buckets_[static_cast<std::size_t>(c)].refs;
     return g.data.data();
+  }
+
+  /// RINGZERO_CHECK=1: before a gather, every rank compares what it is about to gather (the
+  /// gather's sequence number, layer, bucket and pass) with every other rank's, so a rank that
+  /// gathers another layer, or skips one, raises mismatch_error on every rank instead of
+  /// pairing its all_gathers with the wrong ones. A rank in another collective meanwhile meets
+  /// this exchange in that collective's own check. Costs one small all_gather per gather.
+  void check_agreement(int layer, pass direction) {
+    const std::uint64_t seq = sequence_++;
+    if (comm_.size() == 1 || !ringzero::detail::check_enabled()) return;
+    const auto& layers = plan_.layers();
+    const auto n = static_cast<std::size_t>(comm_.size());
+    const std::array<std::uint64_t, 4> mine{
+        seq, static_cast<std::uint64_t>(layer),
+        static_cast<std::uint64_t>(layers[static_cast<std::size_t>(layer)].bucket),
+        static_cast<std::uint64_t>(direction)};
+    std::vector<std::uint64_t> all(mine.size() * n);
+    const ringzero::options opt{.timeout = all_gather_.timeout};
+    const auto describe = [&](std::size_t r) {
+      const std::uint64_t* e = all.data() + r * mine.size();  // as `mine` is laid out
+      const std::string_view name =
+          e[1] < layers.size() ? std::string_view(layers[e[1]].name) : std::string_view("?");
+      return fmt::format("layer {} '{}' (bucket {}, {} pass, gather #{})", e[1], name, e[2],
+                         pass_name(static_cast<pass>(e[3])), e[0]);
+    };
+    work_.wait(work_.submit([&] {
+      try {
+        ringzero::all_gather(comm_, std::span<const std::uint64_t>(mine),
+                             std::span<std::uint64_t>(all), opt);
+      } catch (const mismatch_error& e) {
+        // The collective's message, without the prefix the new error adds again.
+        throw mismatch_error(fmt::format("{} (rank {} was gathering layer '{}')",
+                                         std::string_view(e.what()).substr(sizeof "ringzero: " - 1),
+                                         comm_.rank(),
+                                         layers[static_cast<std::size_t>(layer)].name));
+      }
+      const auto entry = [&](std::size_t r) {
+        return std::span<const std::uint64_t>(all).subspan(r * mine.size(), mine.size());
+      };
+      for (std::size_t r = 1; r < n; ++r)
+        if (!std::ranges::equal(entry(r), entry(0)))
+          throw mismatch_error(fmt::format(
+              "RINGZERO_CHECK: zero stage-3 gather: rank 0 gathers {} but rank {} gathers {}",
+              describe(0), r, describe(r)));
+    }));
   }
 
   void release(int b) noexcept { --buckets_[static_cast<std::size_t>(b)].refs; }
 
   [[nodiscard]] bool resident(int b) const noexcept {
     return buckets_[static_cast<std::size_t>(b)].resident;
+  }
+  /// Bucket b's full parameters while it is resident.
+  [[nodiscard]] const P* data(int b) const noexcept {
+    return buckets_[static_cast<std::size_t>(b)].data.data();
   }
   [[nodiscard]] int references(int b) const noexcept {
     return buckets_[static_cast<std::size_t>(b)].refs;
@@ -176,6 +248,7 @@ class parameter_cache {
   detail::buffer_meter& meter_;
   std::vector<bucket_state> buckets_;
   std::size_t bytes_ = 0;
+  std::uint64_t sequence_ = 0;  // gathers so far: what RINGZERO_CHECK compares them by
 };
 
 /// The parameters of one bucket, present while the handle exists: what the sharder's gather()
@@ -185,17 +258,25 @@ template <class Comm, class P>
 class gathered_parameters {
  public:
   /// Holds bucket `bucket` of `cache` (acquired, released when the handle goes), whose full
-  /// parameters start at `base`, flat position `base_offset`; with bucket -1, no bucket. `plan`
-  /// and `cache` must outlive the handle.
+  /// parameters start at `base`, flat position `base_offset`, and the buckets `shared` (acquired
+  /// with it: those of parameters the layer shares); with bucket -1, no bucket. `plan` and
+  /// `cache` must outlive the handle.
   gathered_parameters(const partition_plan& plan, parameter_cache<Comm, P>* cache, int bucket,
-                      const P* base, std::size_t base_offset) noexcept
-      : plan_(&plan), cache_(cache), bucket_(bucket), base_(base), base_offset_(base_offset) {}
+                      const P* base, std::size_t base_offset,
+                      std::span<const int> shared = {}) noexcept
+      : plan_(&plan),
+        cache_(cache),
+        bucket_(bucket),
+        base_(base),
+        base_offset_(base_offset),
+        shared_(shared) {}
   gathered_parameters(gathered_parameters&& o) noexcept
       : plan_(std::exchange(o.plan_, nullptr)),
         cache_(o.cache_),
         bucket_(o.bucket_),
         base_(o.base_),
-        base_offset_(o.base_offset_) {}
+        base_offset_(o.base_offset_),
+        shared_(o.shared_) {}
   gathered_parameters& operator=(gathered_parameters&& o) noexcept {
     if (this != &o) {
       release();
@@ -204,6 +285,7 @@ class gathered_parameters {
       bucket_ = o.bucket_;
       base_ = o.base_;
       base_offset_ = o.base_offset_;
+      shared_ = o.shared_;
     }
     return *this;
   }
@@ -211,13 +293,18 @@ class gathered_parameters {
   gathered_parameters& operator=(const gathered_parameters&) = delete;
   ~gathered_parameters() { release(); }
 
-  /// The full value of parameter `id`, which must lie in the gathered bucket.
+  /// The full value of parameter `id`, which must lie in a bucket the handle holds.
   [[nodiscard]] std::span<const P> param(int id) const {
     if (plan_ == nullptr) throw invalid_argument("gathered::param on a released handle");
     if (id < 0 || static_cast<std::size_t>(id) >= plan_->params().size())
       throw invalid_argument(
           fmt::format("gathered::param: parameter id {} of {}", id, plan_->params().size()));
     const auto& pi = plan_->params()[static_cast<std::size_t>(id)];
+    if (bucket_ >= 0 && pi.bucket != bucket_ &&
+        std::find(shared_.begin(), shared_.end(), pi.bucket) != shared_.end())
+      return {cache_->data(pi.bucket) +
+                  (pi.offset - plan_->buckets()[static_cast<std::size_t>(pi.bucket)].offset),
+              pi.numel};
     if (bucket_ >= 0 && pi.bucket != bucket_)
       throw invalid_argument(
           fmt::format("gathered::param: {} lives in bucket {}, this handle holds bucket {}",
@@ -227,7 +314,10 @@ class gathered_parameters {
 
  private:
   void release() noexcept {
-    if (plan_ != nullptr && bucket_ >= 0) cache_->release(bucket_);
+    if (plan_ != nullptr && bucket_ >= 0) {
+      cache_->release(bucket_);
+      for (int b : shared_) cache_->release(b);
+    }
     plan_ = nullptr;
   }
 
@@ -236,6 +326,7 @@ class gathered_parameters {
   int bucket_;
   const P* base_;
   std::size_t base_offset_;
+  std::span<const int> shared_;  // the layer's shared_buckets, in the plan
 };
 
 }  // namespace ringzero::zero

@@ -53,11 +53,12 @@ class model_layout {
     std::string name;
     int first_param = 0;
     int param_count = 0;
+    std::vector<int> shared;  ///< parameters of earlier layers this layer also uses (share())
   };
 
   /// Opens a layer: the parameters added next belong to it until the next add_layer.
   int add_layer(std::string name) {
-    layers_.push_back({std::move(name), static_cast<int>(params_.size()), 0});
+    layers_.push_back({std::move(name), static_cast<int>(params_.size()), 0, {}});
     open_ = true;
     return static_cast<int>(layers_.size()) - 1;
   }
@@ -74,10 +75,32 @@ class model_layout {
         throw invalid_argument(fmt::format("parameter '{}' is too large", p.name));
       n *= d;
     }
-    if (!open_) layers_.push_back({p.name, static_cast<int>(params_.size()), 0});
+    if (!open_) layers_.push_back({p.name, static_cast<int>(params_.size()), 0, {}});
     params_.push_back(std::move(p));
     ++layers_.back().param_count;
     return static_cast<int>(params_.size()) - 1;
+  }
+
+  /// Declares that the open layer also uses parameter `id`, registered in an earlier layer: a
+  /// tied weight (a token embedding reused as the output head). It stays one parameter, with one
+  /// place in the flat buffer, one shard, one optimizer state and one checkpoint entry; gathering
+  /// this layer makes it present as well, and the trainer hands over one gradient per use.
+  void share(int id) {
+    if (id < 0 || static_cast<std::size_t>(id) >= params_.size())
+      throw invalid_argument(
+          fmt::format("share: parameter id {} of {} registered", id, params_.size()));
+    const std::string& name = params_[static_cast<std::size_t>(id)].name;
+    if (!open_)
+      throw invalid_argument(
+          fmt::format("share({}): no open layer; call add_layer() before share()", name));
+    layer& l = layers_.back();
+    if (id >= l.first_param)
+      throw invalid_argument(
+          fmt::format("share({}): the parameter belongs to layer '{}' itself", name, l.name));
+    if (std::find(l.shared.begin(), l.shared.end(), id) != l.shared.end())
+      throw invalid_argument(
+          fmt::format("share({}): already shared into layer '{}'", name, l.name));
+    l.shared.push_back(id);
   }
 
   [[nodiscard]] const std::vector<param_spec>& params() const noexcept { return params_; }
@@ -118,6 +141,7 @@ struct param_info {
   std::size_t offset = 0;  ///< first element in the flat buffer
   int layer = 0;
   int bucket = 0;
+  int uses = 1;  ///< its own layer plus every layer that share()s it: gradients per micro-batch
 };
 
 struct layer_info {
@@ -125,6 +149,8 @@ struct layer_info {
   int first_param = 0;
   int param_count = 0;
   int bucket = 0;
+  std::vector<int> shared;          ///< parameters of earlier layers it also uses
+  std::vector<int> shared_buckets;  ///< their buckets other than `bucket`, ascending, once each
 };
 
 struct bucket_info {
@@ -198,7 +224,14 @@ class partition_plan {
       ++b.layer_count;
       b.param_count += l.param_count;
       const int bucket = static_cast<int>(buckets_.size()) - 1;
-      layers_.push_back({l.name, l.first_param, l.param_count, bucket});
+      layers_.push_back({l.name, l.first_param, l.param_count, bucket, l.shared, {}});
+      for (int p : l.shared) {
+        const param_info& shared = params_[static_cast<std::size_t>(p)];
+        auto& sb = layers_.back().shared_buckets;
+        if (shared.bucket != bucket && std::find(sb.begin(), sb.end(), shared.bucket) == sb.end())
+          sb.insert(std::upper_bound(sb.begin(), sb.end(), shared.bucket), shared.bucket);
+        ++params_[static_cast<std::size_t>(p)].uses;
+      }
       for (int p = l.first_param; p < l.first_param + l.param_count; ++p) {
         const auto& s = specs[static_cast<std::size_t>(p)];
         param_info info{s.name,
@@ -209,7 +242,8 @@ class partition_plan {
                         numel_of(s.shape),
                         bucket_start + used,
                         static_cast<int>(li),
-                        bucket};
+                        bucket,
+                        1};
         used += round_up(info.numel, alignment);
         numel_ += info.numel;
         params_.push_back(std::move(info));

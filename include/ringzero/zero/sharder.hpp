@@ -178,19 +178,25 @@ class sharder {
   /// the layer's bucket unless it is still present; forward and backward passes free buckets the
   /// pass has left behind and prefetch the following buckets (in their direction) while the
   /// gathered bytes stay within max_gathered_bytes; pass::recompute (activation recomputation
-  /// inside backward) does neither. Every rank must make the same sequence of gather calls.
+  /// inside backward) does neither. Parameters the layer share()s are present too (their
+  /// buckets are held by the handle; one still present is not gathered again). Every rank must
+  /// make the same sequence of gather calls; with RINGZERO_CHECK=1 every rank compares each
+  /// stage-3 gather (layer, pass, sequence number) first and raises mismatch_error if they differ.
   [[nodiscard]] gathered gather(int layer, pass direction = pass::forward) {
     if (layer < 0 || static_cast<std::size_t>(layer) >= plan_.layers().size())
       throw invalid_argument(fmt::format("gather: layer {} of {}", layer, plan_.layers().size()));
     if (!stage_.sharded_parameters)
       return gathered(plan_, nullptr, -1, state_.parameters().data(), 0);
-    const int b = plan_.layers()[static_cast<std::size_t>(layer)].bucket;
-    const P* base = cache_.acquire(b, direction);
-    return gathered(plan_, &cache_, b, base, plan_.buckets()[static_cast<std::size_t>(b)].offset);
+    const auto& li = plan_.layers()[static_cast<std::size_t>(layer)];
+    cache_.check_agreement(layer, direction);
+    const P* base = cache_.acquire(li.bucket, direction, li.shared_buckets);
+    return gathered(plan_, &cache_, li.bucket, base,
+                    plan_.buckets()[static_cast<std::size_t>(li.bucket)].offset, li.shared_buckets);
   }
 
   /// Hands over parameter `id`'s gradient for this micro-batch (each parameter at most once per
-  /// micro-batch; one never handed over counts as zero). A bucket whose gradients are all in is
+  /// micro-batch, or once per use for a parameter layers share(): those are summed; one never
+  /// handed over counts as zero). A bucket whose gradients are all in is
   /// queued for reduction at once, in descending bucket order, so handing gradients over in
   /// backward order overlaps reduction with the rest of backward.
   void add_grad(int id, std::span<const P> g) {
