@@ -4,6 +4,7 @@
 // host memory.
 #include <doctest/doctest.h>
 
+#include <ringzero/transport/loopback.hpp>
 #include <ringzero/transport/shm.hpp>
 #include <ringzero/transport/shm/communicator.hpp>
 
@@ -14,12 +15,22 @@
 
 #include <chrono>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace std::chrono_literals;
 using ringzero::bfloat16;
 namespace shm = ringzero::shm;
 namespace zero = ringzero::zero;
+
+// The communicator chooses: symmetric memory where it can allocate it, host memory elsewhere.
+static_assert(std::is_same_v<zero::memory_space_t<shm::communicator>,
+                             zero::symmetric_space<shm::communicator>>);
+static_assert(
+    std::is_same_v<zero::memory_space_t<ringzero::loopback::communicator>, zero::host_space>);
+static_assert(zero::memory_space<zero::host_space> &&
+              zero::memory_space<zero::symmetric_space<shm::communicator>>);
+static_assert(zero::host_accessible<zero::symmetric_space<shm::communicator>>);
 
 namespace {
 
@@ -69,6 +80,12 @@ void check_stages(shm::communicator& comm, multiprocess::rank_checks& chk, const
         comm, layout, o, host,
         [&](auto& shd) { chk.expect(!shd.symmetric_buffers(), what + ": host_space is host"); });
     zt::train_rank<zero::sharder<shm::communicator, P>>(comm, layout, o, sym, [&](auto& shd) {
+      // The transport runs the collectives left at the ring on the world, not on a split group.
+      const auto expected = hybrid ? ringzero::algorithm::ring : ringzero::algorithm::automatic;
+      const auto& c = shd.configuration().collectives;
+      chk.expect(c.all_reduce.algorithm == expected && c.reduce_scatter.algorithm == expected &&
+                     c.all_gather.algorithm == expected,
+                 what + ": collectives left at the ring go to the transport on the world only");
       if (hybrid) {
         chk.expect(!shd.symmetric_buffers(),
                    what + ": buffers of a split shard group in host memory");
