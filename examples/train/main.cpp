@@ -7,9 +7,13 @@
 //   ringzero-train -n 4 --stage 3 --shard-group 2     (hybrid: shard in pairs, replicate across)
 //
 // Ranks are threads of this process over the loopback transport (-n), or, under a launcher
-// (ringzero-run -n 4 ringzero-train ...), processes over libfabric when that backend is built.
+// (ringzero-run -n 4 ringzero-train ...), processes over libfabric when that backend is built,
+// or over the native shm transport (-T shm), where the sharder's buffers are symmetric memory
+// unless --host-buffers.
 #include <ringzero/bootstrap/environment.hpp>
 #include <ringzero/ringzero.hpp>
+#include <ringzero/transport/shm.hpp>
+#include <ringzero/transport/shm/communicator.hpp>
 #include <ringzero/zero/detail/crc32c.hpp>
 #include <ringzero/zero/sharder.hpp>
 
@@ -17,6 +21,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +64,8 @@ struct args {
   bool print_plan = false;
   bool comm_thread = true;
   int log_every = 1;
+  std::string transport;  ///< under a launcher: libfabric or shm
+  bool host_buffers = false;
 };
 
 constexpr const char* usage = R"(usage: ringzero-train [options]
@@ -85,7 +92,9 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --print-plan          print the partition plan
   --no-comm-thread      run collectives on the training thread (no overlap)
   --log-every K         print every K-th step; default 1
-Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
+  -T, --transport T     under a launcher: libfabric (default where built) or shm
+  --host-buffers        keep the sharder's buffers in host memory (shm: not symmetric memory)
+Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank.
 )";
 
 [[noreturn]] void die(const std::string& msg) {
@@ -135,6 +144,8 @@ args parse(int argc, char** argv) {
       {"--save", [](args& a, auto, auto v) { a.save = v; }},
       {"--resume", [](args& a, auto, auto v) { a.resume = v; }},
       {"--log-every", [](args& a, auto f, auto v) { a.log_every = number<int>(f, v); }},
+      {"-T", [](args& a, auto, auto v) { a.transport = v; }},
+      {"--transport", [](args& a, auto, auto v) { a.transport = v; }},
   };
   args a;
   for (int i = 1; i < argc; ++i) {
@@ -155,6 +166,10 @@ args parse(int argc, char** argv) {
       a.reduce_fp32 = true;
       continue;
     }
+    if (f == "--host-buffers") {
+      a.host_buffers = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -167,6 +182,8 @@ args parse(int argc, char** argv) {
   }
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
+  if (!a.transport.empty() && a.transport != "libfabric" && a.transport != "shm")
+    die("--transport must be libfabric or shm");
   if (a.ranks < 1 || a.steps < 0 || a.batch < 1 || a.micro_batches < 1 || a.log_every < 1 ||
       a.warmup < 0 || a.shape.hidden < 1 || a.shape.depth < 0 || a.shape.inputs < 1 ||
       a.shape.classes < 2)
@@ -196,7 +213,7 @@ double formula_bytes(int stage, double psi, double n, zero::optimizer_kind opt) 
   }
 }
 
-template <class Comm, class P>
+template <class Comm, class P, class Space = zero::memory_space_t<Comm>>
 void run(Comm& comm, const args& a) {
   const int n = comm.size();
   const int per_rank = a.batch / (n * a.micro_batches);
@@ -229,7 +246,7 @@ void run(Comm& comm, const args& a) {
   }
   // Each rank's loss is already a share of the global mean (divided by the global batch).
   cfg.average_gradients = false;
-  zero::sharder<Comm, P> shd(comm, layout, cfg);
+  zero::sharder<Comm, P, Space> shd(comm, layout, cfg);
   const auto& plan = shd.plan();
   // The ranks the state is sharded over: n, or the shard group's size.
   const int shards = shd.shard_group_size();
@@ -270,9 +287,13 @@ void run(Comm& comm, const args& a) {
   std::vector<float> x(static_cast<std::size_t>(per_rank * a.shape.inputs));
   std::vector<int> y(static_cast<std::size_t>(per_rank));
   bool memory_shown = false;
+  // Steps after the first (which pays for first touches), timed on this rank.
+  double timed_seconds = 0;
+  int timed_steps = 0;
   // docs-begin: train-step
   while (shd.step_count() < static_cast<std::uint64_t>(a.steps)) {
     const std::uint64_t step = shd.step_count();
+    const auto started = std::chrono::steady_clock::now();
     double loss = 0;
     for (int m = 0; m < a.micro_batches; ++m) {
       const std::uint64_t first = step * static_cast<std::uint64_t>(a.batch) +
@@ -287,6 +308,11 @@ void run(Comm& comm, const args& a) {
     }
     const auto r = shd.step();
     // docs-end: train-step
+    if (step > 0) {
+      timed_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      ++timed_steps;
+    }
     // The global mean loss; the sharder is idle now, run_collective keeps to its thread anyway.
     loss = shd.run_collective([&](Comm& c) {
       double l = loss / a.batch;
@@ -337,6 +363,10 @@ void run(Comm& comm, const args& a) {
     shd.save(a.save);
     if (lead) fmt::print("saved step {} to {}\n", shd.step_count(), a.save);
   }
+  if (lead && timed_steps > 0)
+    fmt::print("step time: {:.3f} ms (mean of steps 2-{}, rank 0, {} buffers)\n",
+               1e3 * timed_seconds / timed_steps, timed_steps + 1,
+               shd.symmetric_buffers() ? "symmetric" : "host");
   const auto w = shd.full_parameters();
   if (lead)
     fmt::print("final fp32 weights: {} values, crc32c {:08x}\n", w.size(),
@@ -351,6 +381,14 @@ bool launched() {
 
 template <class P>
 void launch(const args& a) {
+  if (launched() && a.transport == "shm") {
+    auto comm = ringzero::shm::communicator::from_env();
+    if (a.host_buffers)
+      run<decltype(comm), P, zero::host_space>(comm, a);
+    else
+      run<decltype(comm), P>(comm, a);
+    return;
+  }
 #if RINGZERO_TRAIN_HAVE_LIBFABRIC
   if (launched()) {
     auto comm = ringzero::libfabric::communicator::from_env();
@@ -360,8 +398,8 @@ void launch(const args& a) {
 #endif
   if (launched())
     throw ringzero::unsupported(
-        "started by a launcher, but this build has no libfabric transport; run it without the "
-        "launcher and use -n for threads");
+        "started by a launcher, but this build has no libfabric transport; use -T shm, or run it "
+        "without the launcher and use -n for threads");
   ringzero::loopback::world world(a.ranks);
   world.run([&](ringzero::loopback::communicator& comm) {
     run<ringzero::loopback::communicator, P>(comm, a);

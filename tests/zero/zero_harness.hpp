@@ -112,6 +112,71 @@ inline zero::config make_config(const run_options& o) {
 /// Samples per step; divisible by every world size times accumulation the tests use.
 inline constexpr int batch = 24;
 
+/// One rank's part of train(): trains a Sharder (a zero::sharder over `comm`, of o.world ranks)
+/// and records this rank's outcome in `res` (sized for o.world ranks). `inspect(shd)` is called
+/// once the sharder is constructed.
+template <class Sharder, class Comm, class Inspect>
+void train_rank(Comm& comm, const zero::model_layout& layout, const run_options& o, run_result& res,
+                Inspect&& inspect) {
+  Sharder shd(comm, layout, make_config(o));
+  inspect(shd);
+  const auto& plan = shd.plan();
+  for (std::size_t p = 0; p < plan.params().size(); ++p) {
+    std::vector<float> v(plan.params()[p].numel);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = initial_value(static_cast<int>(p), i);
+    shd.set_parameter(static_cast<int>(p), v);
+  }
+  if (!o.load_dir.empty()) shd.load(o.load_dir);
+  const int first = static_cast<int>(shd.step_count());
+  const int nl = static_cast<int>(plan.layers().size());
+  for (int s = first; s < first + o.steps; ++s) {
+    for (int m = 0; m < o.accumulation; ++m) {
+      for (int l = 0; l < nl; ++l) (void)shd.gather(l);
+      for (int l = nl - 1; l >= 0; --l) {
+        auto g = shd.gather(l, zero::pass::backward);
+        const auto& li = plan.layers()[static_cast<std::size_t>(l)];
+        for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
+          if (!shd.trainable(p)) continue;
+          auto wv = g.param(p);
+          std::vector<float> grad(wv.size());
+          // A global batch of `batch` samples split over micro-batches and ranks: the sum of
+          // the contributions is the batch mean whatever the world size.
+          const int parts = o.world * o.accumulation;
+          const int per = batch / parts;
+          const int first_sample = (m * o.world + comm.rank()) * per;
+          for (std::size_t i = 0; i < wv.size(); ++i) {
+            const float target = initial_value(p + 100, i);
+            float sum = 0.0f;
+            for (int k = first_sample; k < first_sample + per; ++k)
+              sum +=
+                  static_cast<float>(wv[i]) - target +
+                  0.1f * noise(2, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(s), i);
+            // As a trainer would by scaling its loss (loss_scale() is 1 unless P is fp16).
+            grad[i] = o.grad_multiplier * sum / static_cast<float>(batch) * shd.loss_scale();
+          }
+          if (o.poison) o.poison(comm.rank(), s, p, grad);
+          shd.add_grad(p, std::span<const float>(grad));
+        }
+      }
+      shd.end_micro_batch();
+    }
+    std::optional<typename Sharder::gathered> held;
+    if (o.gather_before_step) held.emplace(shd.gather(0));
+    if (!o.hold_across_step) held.reset();
+    const auto r = shd.step();
+    if (held) {
+      const auto v = held->param(0);
+      res.held[static_cast<std::size_t>(comm.rank())].assign(v.begin(), v.end());
+      held.reset();
+    }
+    if (comm.rank() == 0) res.steps.push_back(r);
+  }
+  if (!o.save_dir.empty()) shd.save(o.save_dir);
+  res.params[static_cast<std::size_t>(comm.rank())] = shd.full_parameters();
+  res.memory[static_cast<std::size_t>(comm.rank())] = shd.memory();
+  if (comm.rank() == 0) res.step_count = shd.step_count();
+}
+
 template <class P>
 run_result train(const zero::model_layout& layout, const run_options& o) {
   run_result res;
@@ -120,62 +185,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
   res.held.resize(static_cast<std::size_t>(o.world));
   ringzero::loopback::world w(o.world, {.ranks_per_node = o.ranks_per_node});
   w.run([&](communicator& comm) {
-    zero::sharder<communicator, P> shd(comm, layout, make_config(o));
-    const auto& plan = shd.plan();
-    for (std::size_t p = 0; p < plan.params().size(); ++p) {
-      std::vector<float> v(plan.params()[p].numel);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = initial_value(static_cast<int>(p), i);
-      shd.set_parameter(static_cast<int>(p), v);
-    }
-    if (!o.load_dir.empty()) shd.load(o.load_dir);
-    const int first = static_cast<int>(shd.step_count());
-    const int nl = static_cast<int>(plan.layers().size());
-    for (int s = first; s < first + o.steps; ++s) {
-      for (int m = 0; m < o.accumulation; ++m) {
-        for (int l = 0; l < nl; ++l) (void)shd.gather(l);
-        for (int l = nl - 1; l >= 0; --l) {
-          auto g = shd.gather(l, zero::pass::backward);
-          const auto& li = plan.layers()[static_cast<std::size_t>(l)];
-          for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
-            if (!shd.trainable(p)) continue;
-            auto wv = g.param(p);
-            std::vector<float> grad(wv.size());
-            // A global batch of `batch` samples split over micro-batches and ranks: the sum of
-            // the contributions is the batch mean whatever the world size.
-            const int parts = o.world * o.accumulation;
-            const int per = batch / parts;
-            const int first_sample = (m * o.world + comm.rank()) * per;
-            for (std::size_t i = 0; i < wv.size(); ++i) {
-              const float target = initial_value(p + 100, i);
-              float sum = 0.0f;
-              for (int k = first_sample; k < first_sample + per; ++k)
-                sum += static_cast<float>(wv[i]) - target +
-                       0.1f * noise(2, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(s),
-                                    i);
-              // As a trainer would by scaling its loss (loss_scale() is 1 unless P is fp16).
-              grad[i] = o.grad_multiplier * sum / static_cast<float>(batch) * shd.loss_scale();
-            }
-            if (o.poison) o.poison(comm.rank(), s, p, grad);
-            shd.add_grad(p, std::span<const float>(grad));
-          }
-        }
-        shd.end_micro_batch();
-      }
-      std::optional<typename zero::sharder<communicator, P>::gathered> held;
-      if (o.gather_before_step) held.emplace(shd.gather(0));
-      if (!o.hold_across_step) held.reset();
-      const auto r = shd.step();
-      if (held) {
-        const auto v = held->param(0);
-        res.held[static_cast<std::size_t>(comm.rank())].assign(v.begin(), v.end());
-        held.reset();
-      }
-      if (comm.rank() == 0) res.steps.push_back(r);
-    }
-    if (!o.save_dir.empty()) shd.save(o.save_dir);
-    res.params[static_cast<std::size_t>(comm.rank())] = shd.full_parameters();
-    res.memory[static_cast<std::size_t>(comm.rank())] = shd.memory();
-    if (comm.rank() == 0) res.step_count = shd.step_count();
+    train_rank<zero::sharder<communicator, P>>(comm, layout, o, res, [](auto&) {});
   });
   return res;
 }

@@ -13,6 +13,13 @@
 // its slice all_reduced across groups, in every stage; flat gradients are then all_gathered back
 // within the group. Every element is thus summed in the same order in every stage.
 //
+// The gradients are allocated in the sharder's memory space (memory_space.hpp), in the
+// constructor: on symmetric memory the flat gradients' all_reduce (stages 0-1) reads the peers'
+// buckets in place. The bucket buffers of stages 2-3 come from allocate_local (host memory on the
+// symmetric space): which buffer a bucket fills is this rank's own choice (the first that is
+// free, timing and the order gradients arrive in decide), while a collective on symmetric memory
+// reads each peer's buffer at the offset of its own.
+//
 // G is the type gradients are reduced and accumulated in: the parameter type, or float for
 // 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
 // multiplying by 1 / config::gradient_predivide.
@@ -22,6 +29,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -32,6 +40,7 @@
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/options.hpp"
 #include "ringzero/zero/plan.hpp"
@@ -44,10 +53,12 @@ class gradient_reducer {
  public:
   /// `comm`, `plan`, `work`, `meter` and `replicate` must outlive the reducer; `work` may be
   /// constructed after it (only its address is taken here). `replicate`: the inter-group
-  /// communicator of hybrid sharding, or null.
+  /// communicator of hybrid sharding, or null. `space`: where the gradients and bucket buffers
+  /// are allocated (collectively, where it is collective()).
+  template <memory_space Space = host_space>
   gradient_reducer(Comm& comm, const partition_plan& plan, const stage_layout& stage,
                    const config& cfg, detail::worker& work, detail::buffer_meter& meter,
-                   Comm* replicate = nullptr)
+                   Comm* replicate = nullptr, const Space& space = Space{})
       : comm_(comm),
         replicate_(replicate),
         plan_(plan),
@@ -59,10 +70,11 @@ class gradient_reducer {
         rank_(comm.rank()),
         inv_predivide_(1.0f / cfg.gradient_predivide),
         work_(work),
-        meter_(meter) {
-    grads_.assign(sharded_ ? plan_.shard_size() : plan_.padded_size(), G{});
+        meter_(meter),
+        allocate_local_([space](std::size_t n) { return space.template allocate_local<G>(n); }) {
+    grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
     if (sharded_)
-      for (int i = 0; i < cfg.reduce_buffers; ++i) add_buffer();
+      for (int i = 0; i < cfg.reduce_buffers; ++i) add_buffer(allocate_local_(plan_.max_bucket()));
     const auto nb = plan_.buckets().size();
     missing_.resize(nb);
     bucket_buffer_.assign(nb, -1);
@@ -89,9 +101,9 @@ class gradient_reducer {
                  bool& nonfinite) const noexcept {
     for (const auto& s : segs) grad_stats(gradient(s), s.count, scale, sumsq, nonfinite);
   }
-  [[nodiscard]] std::size_t gradient_bytes() const noexcept {
-    return grads_.capacity() * sizeof(G);
-  }
+  /// Whether the gradients lie in symmetric memory.
+  [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
+  [[nodiscard]] std::size_t gradient_bytes() const noexcept { return grads_.bytes(); }
 
   /// Hands over parameter `id`'s gradient for this micro-batch: at most once per use (a shared
   /// parameter has one per layer using it; the gradients of its uses are summed).
@@ -141,7 +153,7 @@ class gradient_reducer {
         for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
           if (!got_[static_cast<std::size_t>(p)]) {
             const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
-            std::fill_n(grads_.begin() + static_cast<std::ptrdiff_t>(pi.offset), pi.numel, G{});
+            std::fill_n(grads_.data() + pi.offset, pi.numel, G{});
           }
       submit_bucket(b);
     }
@@ -151,7 +163,7 @@ class gradient_reducer {
 
  private:
   struct pool_entry {
-    std::vector<G> data;
+    buffer<G> data;
     detail::worker::ticket busy = 0;  ///< free once this ticket completed
     int bucket = -1;                  ///< the bucket filling it, or -1
   };
@@ -163,9 +175,9 @@ class gradient_reducer {
     next_bucket_ = static_cast<int>(plan_.buckets().size()) - 1;
   }
 
-  void add_buffer() {
-    pool_.push_back({std::vector<G>(plan_.max_bucket()), 0, -1});
-    meter_.add(plan_.max_bucket() * sizeof(G));
+  void add_buffer(buffer<G> b) {
+    meter_.add(b.bytes());
+    pool_.push_back({std::move(b), 0, -1});
   }
 
   /// Queues bucket b's reduction: all_reduce in place (flat, last micro-batch only) or
@@ -225,11 +237,11 @@ class gradient_reducer {
           "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
           "(hand gradients over in backward order, or raise reduce_buffers)",
           pool_.size() + 1);
-      add_buffer();
+      add_buffer(allocate_local_(plan_.max_bucket()));
       pick = static_cast<int>(pool_.size()) - 1;
     }
     auto& e = pool_[static_cast<std::size_t>(pick)];
-    std::fill(e.data.begin(), e.data.end(), G{});
+    std::fill_n(e.data.data(), e.data.size(), G{});
     e.bucket = b;
     bucket_buffer_[static_cast<std::size_t>(b)] = pick;
   }
@@ -246,7 +258,8 @@ class gradient_reducer {
   float inv_predivide_;
   detail::worker& work_;
   detail::buffer_meter& meter_;
-  std::vector<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
+  std::function<buffer<G>(std::size_t)> allocate_local_;  // bucket buffers
+  buffer<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
   std::vector<pool_entry> pool_;
   std::vector<int> bucket_buffer_;
   std::vector<int> missing_;  // gradients (one per use of each parameter) a bucket still awaits

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ringzero/collectives.hpp"
+#include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/options.hpp"
 #include "ringzero/zero/plan.hpp"
@@ -23,15 +24,18 @@ template <class P>
 class model_state {
  public:
   /// The state of rank `rank` under `plan` (which must outlive it), laid out for `stage`, with
-  /// every parameter and all optimizer state zero.
+  /// every parameter and all optimizer state zero. The parameters, which collectives read and
+  /// write, are allocated in `space` (one allocation); the optimizer state in host memory.
+  template <memory_space Space = host_space>
   model_state(const partition_plan& plan, const stage_layout& stage, int rank,
-              const optimizer_options& optimizer)
+              const optimizer_options& optimizer, const Space& space = Space{})
       : plan_(plan),
         stage_(stage),
         rank_(rank),
         own_(plan.segments(rank)),
         local_(stage.sharded_optimizer ? own_ : plan.all_segments()),
-        params_(stage.sharded_parameters ? plan.shard_size() : plan.padded_size(), P{}),
+        params_(space.template allocate<P>(stage.sharded_parameters ? plan.shard_size()
+                                                                    : plan.padded_size())),
         optimizer_(optimizer, stage.sharded_optimizer ? plan.shard_size() : plan.padded_size()) {}
 
   // The parameter cache keeps a view of the parameter buffer: it must never move.
@@ -47,7 +51,9 @@ class model_state {
   [[nodiscard]] const std::vector<segment>& local() const noexcept { return local_; }
   /// The parameters: the full flat buffer (stages 0-2, padded_size()) or this rank's shard
   /// (stage 3, shard_size()).
-  [[nodiscard]] std::span<const P> parameters() const noexcept { return params_; }
+  [[nodiscard]] std::span<const P> parameters() const noexcept { return params_.span(); }
+  /// Whether the parameters lie in symmetric memory.
+  [[nodiscard]] bool symmetric() const noexcept { return params_.symmetric(); }
   [[nodiscard]] const shard_optimizer<P>& optimizer() const noexcept { return optimizer_; }
 
   /// Sets parameter `id` from its plan.params()[id].numel fp32 values: its parameters where this
@@ -131,9 +137,7 @@ class model_state {
   }
 
   /// Bytes of the parameter buffer.
-  [[nodiscard]] std::size_t parameter_bytes() const noexcept {
-    return params_.capacity() * sizeof(P);
-  }
+  [[nodiscard]] std::size_t parameter_bytes() const noexcept { return params_.bytes(); }
   /// The fp32 optimizer state (master weights where P is 16-bit, and the moments): what a step
   /// or a checkpoint of it touches, for the trace.
   [[nodiscard]] std::size_t optimizer_bytes() const noexcept {
@@ -155,7 +159,7 @@ class model_state {
   int rank_;
   std::vector<segment> own_;
   std::vector<segment> local_;
-  std::vector<P> params_;
+  buffer<P> params_;
   shard_optimizer<P> optimizer_;
 };
 

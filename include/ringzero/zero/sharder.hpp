@@ -39,7 +39,29 @@
 // parameter cache and its handles (parameter_cache.hpp), the optimizer step (step.hpp, with the
 // loss scaler of loss_scaler.hpp) and checkpoint I/O (state_checkpoint.hpp over checkpoint.hpp).
 // It uses the communicator only through the collectives API (ringzero::all_reduce,
-// reduce_scatter, all_gather), comm.rank()/size() and, for hybrid sharding, split().
+// reduce_scatter, all_gather), comm.rank()/size(), for hybrid sharding split(), and for its
+// memory the space the communicator chooses (memory_space.hpp).
+//
+// Memory: the parameters and the gradients live in Space, memory_space_for(comm) unless named:
+// host memory on loopback and libfabric, the node's symmetric memory on shm (comm.allocate), so
+// the gradients' all_reduce (stages 0-1) reads the peers' buffers in place; with hybrid sharding
+// the shard group is split from the world and symmetric memory does not span it, so the buffers
+// are host memory. Symmetric allocation is collective over every rank of the transport; the
+// constructor makes exactly two, in this order on every rank (which is why every rank must
+// construct with the same layout and config, and no other thread may use the communicator
+// meanwhile): the parameters (the padded flat buffer, or the shard in stage 3), then the
+// gradients (the flat buffer in stages 0-1, the shard in stages 2-3, of the reduce type). Nothing
+// is allocated collectively after the constructor: the bucket buffers of stages 2-3 and the
+// gathered buckets of stage 3 are this rank's own (host memory), since which buffer holds what is
+// decided by timing and use, while a collective on symmetric memory finds a peer's buffer at the
+// offset of its own. zero::sharder<Comm, P, zero::host_space> keeps everything in host memory.
+//
+// On a world communicator whose transport runs collectives itself (shm: in its segment, and
+// all_reduce in place on symmetric buffers), each of config::collectives left at the ring (the
+// default) becomes algorithm::automatic, so the transport takes the call: its reductions sum
+// every element in rank order, the same order in all_reduce and reduce_scatter, which keeps the
+// stages bitwise equal (see docs/zero.md for buckets beyond the transport's segment size).
+// RINGZERO_ALGO=ring sends every call back to the ring.
 //
 // Every element is reduced along the same ring path whether its bucket is all_reduced or
 // reduce_scattered, and the optimizer arithmetic is element-wise and shared, so with one
@@ -64,11 +86,13 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/trace.hpp"
+#include "ringzero/transport/native.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/checkpoint.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/gradient_reducer.hpp"
+#include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/model_state.hpp"
 #include "ringzero/zero/options.hpp"
 #include "ringzero/zero/parameter_cache.hpp"
@@ -84,10 +108,11 @@ template <class P>
 concept parameter_type =
     std::is_same_v<P, float> || std::is_same_v<P, bfloat16> || std::is_same_v<P, float16>;
 
-template <class Comm, parameter_type P>
+template <class Comm, parameter_type P, memory_space Space = memory_space_t<Comm>>
 class sharder {
  public:
   using param_type = P;
+  using space_type = Space;
 
   /// Builds the partition plan and allocates this rank's buffers. Every parameter in `layout`
   /// must have type dtype_of<P>(). Every rank constructs with the same layout and config and
@@ -103,7 +128,8 @@ class sharder {
         world_(comm.size()),
         groups_(comm, cfg_.shard_group_size),
         plan_(layout, groups_.size(), bucket_elements(cfg_), cfg_.alignment),
-        state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer),
+        space_(choose_memory()),
+        state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer, space_),
         steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
         reducer_(make_reducer()),
         cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
@@ -122,6 +148,10 @@ class sharder {
   [[nodiscard]] const stage_layout& layout_of_stage() const noexcept { return stage_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int world_size() const noexcept { return world_; }
+  /// Whether the parameters and gradients lie in symmetric memory (see the header comment).
+  [[nodiscard]] bool symmetric_buffers() const noexcept {
+    return state_.symmetric() && std::visit([](const auto& r) { return r.symmetric(); }, reducer_);
+  }
   /// Ranks the state is sharded over: world_size(), or config::shard_group_size.
   [[nodiscard]] int shard_group_size() const noexcept { return groups_.size(); }
   /// The ranks of this rank's shard group (the communicator itself without hybrid sharding):
@@ -320,9 +350,28 @@ class sharder {
   [[nodiscard]] reducer_type make_reducer() {
     if (cfg_.reduce_dtype == dtype::float32)
       return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, cfg_, worker_,
-                          meter_, groups_.replicate());
+                          meter_, groups_.replicate(), space_);
     return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, cfg_, worker_,
-                        meter_, groups_.replicate());
+                        meter_, groups_.replicate(), space_);
+  }
+
+  /// The buffers' space: the communicator's choice where Space is the one it chooses, else a
+  /// Space of its own. Also lets the transport run the collectives left at the ring (the
+  /// default) where it runs them itself (see the header comment); cfg_ is complete by then.
+  [[nodiscard]] Space choose_memory() {
+    Comm& shard = groups_.shard();
+    if constexpr (requires { typename Comm::transport_type; }) {
+      if constexpr (ringzero::some_native_collectives<typename Comm::transport_type>) {
+        if (shard.comm_id() == 0 && shard.size() > 1)
+          for (auto* o : {&cfg_.collectives.all_reduce, &cfg_.collectives.reduce_scatter,
+                          &cfg_.collectives.all_gather})
+            if (o->algorithm == algorithm::ring) o->algorithm = algorithm::automatic;
+      }
+    }
+    if constexpr (std::is_same_v<Space, memory_space_t<Comm>>)
+      return memory_space_for(shard);
+    else
+      return Space{};
   }
 
   [[nodiscard]] int micro_batches() const {
@@ -381,6 +430,7 @@ class sharder {
   int world_;
   shard_groups<Comm> groups_;
   partition_plan plan_;
+  Space space_;
   model_state<P> state_;
   stepper steps_;
   detail::buffer_meter meter_;
