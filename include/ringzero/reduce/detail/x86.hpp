@@ -104,17 +104,18 @@ RINGZERO_AVX2_INLINE __m256 widen(__m128i h, bfloat16) noexcept {
 RINGZERO_AVX2_INLINE __m128i narrow(__m256 f, float16) noexcept {
   return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
 }
-RINGZERO_AVX2_INLINE __m128i narrow(__m256 f, bfloat16) noexcept {
+/// f rounded to bfloat16 as types.hpp does (nearest-even; a NaN quietened), in the high 16 bits
+/// of each 32-bit lane.
+RINGZERO_AVX2_INLINE __m256i round_high(__m256 f) noexcept {
   const __m256i u = _mm256_castps_si256(f);
-  const __m256i high = _mm256_srli_epi32(u, 16);
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
   const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                         _mm256_and_si256(high, _mm256_set1_epi32(1))),
-                        16);
-  const __m256i quiet = _mm256_or_si256(high, _mm256_set1_epi32(0x40));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                       _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                            _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+}
+RINGZERO_AVX2_INLINE __m128i narrow(__m256 f, bfloat16) noexcept {
+  const __m256i r = _mm256_srli_epi32(round_high(f), 16);
   // Every lane holds 0..0xffff, so the saturating pack is a plain narrowing.
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
@@ -164,9 +165,27 @@ RINGZERO_AVX2_INLINE __m256i iop(__m256i a, __m256i b) noexcept {
   }
 }
 
+/// bfloat16 sum and product without shuffles: a 32-bit lane holds two elements, and each is a
+/// float once the other's bits are cleared (the even one after a shift).
+template <op O>
+RINGZERO_AVX2_INLINE __m256i bf16_pairs(__m256i a, __m256i b) noexcept {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i e =
+      _mm256_srli_epi32(round_high(fop<O>(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                                          _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)))),
+                        16);
+  const __m256i o = round_high(fop<O>(_mm256_castsi256_ps(_mm256_and_si256(a, high)),
+                                      _mm256_castsi256_ps(_mm256_and_si256(b, high))));
+  return _mm256_blend_epi16(e, o, 0xaa);
+}
+
 template <op O, class T>
 RINGZERO_AVX2_INLINE void step(const T* a, const T* b, T* out) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, bfloat16> && (is_sum<O> || O == op::prod)) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        bf16_pairs<O>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b))));
+  } else if constexpr (std::is_same_v<T, float>) {
     _mm256_storeu_ps(out, fop<O>(_mm256_loadu_ps(a), _mm256_loadu_ps(b)));
   } else if constexpr (std::is_same_v<T, double>) {
     _mm256_storeu_pd(out, fop<O>(_mm256_loadu_pd(a), _mm256_loadu_pd(b)));
@@ -211,11 +230,18 @@ RINGZERO_AVX2_INLINE void divide(T* p, int ranks) noexcept {
 /// Elements one step handles: a 256-bit vector of T, or 8 16-bit floats (8 floats wide).
 template <class T>
 inline constexpr std::size_t lanes = kernels::is_16bit_float_v<T> ? 8 : 32 / sizeof(T);
+/// The same for combine with op O (bfloat16 sums and products take a 256-bit vector).
+template <op O, class T>
+inline constexpr std::size_t combine_lanes = std::is_same_v<T, bfloat16> &&
+                                                     (is_sum<O> || O == op::prod)
+                                                 ? 16
+                                                 : lanes<T>;
 
 template <op O, class T>
 [[RINGZERO_AVX2_TARGET]] void combine(const T* a, const T* b, T* out, std::size_t n) noexcept {
+  constexpr std::size_t w = combine_lanes<O, T>;
   std::size_t i = 0;
-  for (; i + lanes<T> <= n; i += lanes<T>) step<O, T>(a + i, b + i, out + i);
+  for (; i + w <= n; i += w) step<O, T>(a + i, b + i, out + i);
   for (; i < n; ++i) out[i] = kernels::combine<O>(a[i], b[i]);
 }
 
@@ -288,17 +314,18 @@ RINGZERO_AVX512_INLINE __m512 widen(__m256i h, bfloat16) noexcept {
 RINGZERO_AVX512_INLINE __m256i narrow(__m512 f, float16) noexcept {
   return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
 }
-RINGZERO_AVX512_INLINE __m256i narrow(__m512 f, bfloat16) noexcept {
+/// f rounded to bfloat16 as types.hpp does (nearest-even; a NaN quietened), in the high 16 bits
+/// of each 32-bit lane.
+RINGZERO_AVX512_INLINE __m512i round_high(__m512 f) noexcept {
   const __m512i u = _mm512_castps_si512(f);
-  const __m512i high = _mm512_srli_epi32(u, 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(
-      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                         _mm512_and_si512(high, _mm512_set1_epi32(1))),
-                        16);
-  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  return _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), u,
+                              _mm512_set1_epi32(0x400000));
+}
+RINGZERO_AVX512_INLINE __m256i narrow(__m512 f, bfloat16) noexcept {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_high(f), 16));
 }
 
 template <op O, class T>
@@ -338,9 +365,25 @@ RINGZERO_AVX512_INLINE __m512i iop(__m512i a, __m512i b) noexcept {
   }
 }
 
+/// bfloat16 sum and product without shuffles: a 32-bit lane holds two elements, and each is a
+/// float once the other's bits are cleared (the even one after a shift).
+template <op O>
+RINGZERO_AVX512_INLINE __m512i bf16_pairs(__m512i a, __m512i b) noexcept {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m512i e =
+      _mm512_srli_epi32(round_high(fop<O>(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                                          _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)))),
+                        16);
+  const __m512i o = round_high(fop<O>(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
+                                      _mm512_castsi512_ps(_mm512_and_si512(b, high))));
+  return _mm512_mask_blend_epi16(0xaaaaaaaau, e, o);
+}
+
 template <op O, class T>
 RINGZERO_AVX512_INLINE void step(const T* a, const T* b, T* out) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, bfloat16> && (is_sum<O> || O == op::prod)) {
+    _mm512_storeu_si512(out, bf16_pairs<O>(_mm512_loadu_si512(a), _mm512_loadu_si512(b)));
+  } else if constexpr (std::is_same_v<T, float>) {
     _mm512_storeu_ps(out, fop<O>(_mm512_loadu_ps(a), _mm512_loadu_ps(b)));
   } else if constexpr (std::is_same_v<T, double>) {
     _mm512_storeu_pd(out, fop<O>(_mm512_loadu_pd(a), _mm512_loadu_pd(b)));
@@ -381,11 +424,18 @@ RINGZERO_AVX512_INLINE void divide(T* p, int ranks) noexcept {
 /// Elements one step handles: a 512-bit vector of T, or 16 16-bit floats (16 floats wide).
 template <class T>
 inline constexpr std::size_t lanes = kernels::is_16bit_float_v<T> ? 16 : 64 / sizeof(T);
+/// The same for combine with op O (bfloat16 sums and products take a 512-bit vector).
+template <op O, class T>
+inline constexpr std::size_t combine_lanes = std::is_same_v<T, bfloat16> &&
+                                                     (is_sum<O> || O == op::prod)
+                                                 ? 32
+                                                 : lanes<T>;
 
 template <op O, class T>
 [[RINGZERO_AVX512_TARGET]] void combine(const T* a, const T* b, T* out, std::size_t n) noexcept {
+  constexpr std::size_t w = combine_lanes<O, T>;
   std::size_t i = 0;
-  for (; i + lanes<T> <= n; i += lanes<T>) step<O, T>(a + i, b + i, out + i);
+  for (; i + w <= n; i += w) step<O, T>(a + i, b + i, out + i);
   for (; i < n; ++i) out[i] = kernels::combine<O>(a[i], b[i]);
 }
 
