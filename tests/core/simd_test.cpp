@@ -4,6 +4,7 @@
 // float with a few hundred others. Paths this CPU cannot run are skipped with a message.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,24 @@ using ringzero::reduction::simd;
 namespace reduction = ringzero::reduction;
 
 namespace {
+
+// Sanitized and unoptimised builds run the software 16-bit conversions of the scalar reference
+// some fifty times slower: there the exhaustive case pairs every value with the first 7 special
+// values only (zeros, infinities, NaNs) instead of 160 partners; that still runs every
+// instruction of every path, and the optimised build checks the arithmetic in full.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define RINGZERO_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__OPTIMIZE__)
+#define RINGZERO_TEST_SANITIZED 1
+#endif
+#if defined(RINGZERO_TEST_SANITIZED)
+constexpr std::size_t exhaustive_partners = 7;
+#else
+constexpr std::size_t exhaustive_partners = 160;
+#endif
 
 /// The vector paths this CPU runs; the others are reported once.
 std::vector<simd> vector_paths() {
@@ -146,15 +165,32 @@ std::string first_difference(const std::vector<T>& got, const std::vector<T>& wa
 
 enum class alias { none, out_is_a, out_is_b };
 
+/// Copies of the inputs, an output and the result, reused from call to call (and copied with
+/// memcpy) so that unoptimised builds do not spend their time copying element by element.
+template <class T>
+struct buffers {
+  std::vector<T> x, y, out, result;
+};
+
+template <class T>
+void copy_into(std::vector<T>& dst, const T* src, std::size_t n) {
+  dst.resize(n);
+  if (n != 0) std::memcpy(dst.data(), src, n * sizeof(T));
+}
+
 /// combine (and finish_avg for avg) on `path` over a[off..off+n) and b[off..off+n).
 template <class T>
-std::vector<T> run(simd path, op o, const std::vector<T>& a, const std::vector<T>& b,
-                   std::size_t off, std::size_t n, alias al, int ranks) {
-  std::vector<T> x(a), y(b), out(a.size());
-  T* dst = al == alias::out_is_a ? x.data() : al == alias::out_is_b ? y.data() : out.data();
-  reduction::combine(path, o, x.data() + off, y.data() + off, dst + off, n);
+const std::vector<T>& run(buffers<T>& w, simd path, op o, const std::vector<T>& a,
+                          const std::vector<T>& b, std::size_t off, std::size_t n, alias al,
+                          int ranks) {
+  copy_into(w.x, a.data(), a.size());
+  copy_into(w.y, b.data(), b.size());
+  w.out.resize(a.size());
+  T* dst = al == alias::out_is_a ? w.x.data() : al == alias::out_is_b ? w.y.data() : w.out.data();
+  reduction::combine(path, o, w.x.data() + off, w.y.data() + off, dst + off, n);
   if (o == op::avg) reduction::finish_avg(path, dst + off, n, ranks);
-  return std::vector<T>(dst + off, dst + off + n);
+  copy_into(w.result, dst + off, n);
+  return w.result;
 }
 
 }  // namespace
@@ -183,16 +219,18 @@ TEST_CASE("every vector path gives the scalar bits for every type, op, count, of
   std::mt19937_64 rng(11);
   for_each_element([&](auto zero) {
     using T = decltype(zero);
+    buffers<T> scalar_bufs, path_bufs;
     for (const std::size_t n : {0, 1, 7, 31, 1021, 65537}) {
       const std::vector<T> a = random_elements<T>(n + 3, rng);
       const std::vector<T> b = random_elements<T>(n + 3, rng);
       for (const op o : ringzero::all_ops) {
         const int ranks = 2 + static_cast<int>(n % 5);
         for (std::size_t off = 0; off <= 3; ++off) {
-          const std::vector<T> want = run(simd::scalar, o, a, b, off, n, alias::none, ranks);
+          const std::vector<T>& want =
+              run(scalar_bufs, simd::scalar, o, a, b, off, n, alias::none, ranks);
           for (const simd path : paths) {
             for (const alias al : {alias::none, alias::out_is_a, alias::out_is_b}) {
-              const std::vector<T> got = run(path, o, a, b, off, n, al, ranks);
+              const std::vector<T>& got = run(path_bufs, path, o, a, b, off, n, al, ranks);
               INFO(reduction::simd_name(path), " ", type_name<T>(), " ", ringzero::op_name(o),
                    " n ", n, " offset ", off, " alias ", static_cast<int>(al), ": ",
                    first_difference(got, want, std::vector<T>(a.begin() + off, a.end()),
@@ -211,6 +249,7 @@ TEST_CASE("16-bit floats: every value against special and random values, both or
   std::mt19937_64 rng(16);
   auto check_type = [&](auto zero) {
     using T = decltype(zero);
+    buffers<T> scalar_bufs, path_bufs;
     std::vector<T> every(65536);
     for (std::size_t i = 0; i < every.size(); ++i)
       every[i] = T::from_bits(static_cast<std::uint16_t>(i));
@@ -223,9 +262,10 @@ TEST_CASE("16-bit floats: every value against special and random values, both or
         for (const bool every_first : {true, false}) {
           const auto& a = every_first ? every : other;
           const auto& b = every_first ? other : every;
-          const std::vector<T> want = run(simd::scalar, o, a, b, 0, a.size(), alias::none, 1);
+          const std::vector<T>& want =
+              run(scalar_bufs, simd::scalar, o, a, b, 0, a.size(), alias::none, 1);
           for (const simd path : paths) {
-            const std::vector<T> got = run(path, o, a, b, 0, a.size(), alias::none, 1);
+            const std::vector<T>& got = run(path_bufs, path, o, a, b, 0, a.size(), alias::none, 1);
             INFO(reduction::simd_name(path), " ", type_name<T>(), " ", ringzero::op_name(o), ": ",
                  first_difference(got, want, a, b));
             REQUIRE(same_bits(got, want));

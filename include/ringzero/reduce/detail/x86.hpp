@@ -6,8 +6,8 @@
 //  - min/max: x86's minps/maxps return their SECOND operand on ties and NaN, so min(a, b) is
 //    _mm_min(b, a) (= b < a ? b : a); the 16-bit floats compare in float and select the stored
 //    bits, which keeps a signalling NaN operand as it was, as the scalar code does;
-//  - no multiply feeds an add, so nothing can be contracted into an FMA (and no function here
-//    is compiled for a target with FMA);
+//  - no multiply feeds an add, so nothing can be contracted into an FMA, whatever -ffp-contract
+//    and -march say;
 //  - float16 converts with F16C under round-to-nearest-even: exact widening, and narrowing that
 //    matches types.hpp for every value incl. NaN (quiet, top payload bits kept). bfloat16 narrows
 //    with the integer round-to-nearest-even of types.hpp rather than AVX512-BF16's vcvtneps2bf16,
@@ -39,7 +39,7 @@
 #define RINGZERO_AVX512_INLINE [[RINGZERO_AVX512_TARGET, gnu::always_inline]] inline
 
 // GCC 12's AVX-512 intrinsics start from a self-initialised "undefined" vector, which
-// -Wmaybe-uninitialized reports once they are inlined (GCC bug 105593).
+// -Wmaybe-uninitialized reports once they are inlined (a false positive, GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
