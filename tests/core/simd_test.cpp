@@ -210,6 +210,11 @@ TEST_CASE("RINGZERO_SIMD names a path the CPU can run, or fails naming the value
   CHECK_THROWS_WITH_AS(static_cast<void>(choose_simd("sse9", all)), doctest::Contains("'sse9'"),
                        ringzero::invalid_argument);
   CHECK(reduction::simd_supported(simd::scalar));
+  float x = 1, y = 2, out = 0;
+  CHECK_THROWS_WITH_AS(reduction::combine(static_cast<simd>(7), op::sum, &x, &y, &out, 1),
+                       doctest::Contains("reduction path ? (code 7)"), ringzero::invalid_argument);
+  CHECK_THROWS_AS(reduction::finish_avg(static_cast<simd>(7), &out, 1, 2),
+                  ringzero::invalid_argument);
   CHECK(reduction::simd_supported(reduction::active_simd()));
   MESSAGE("active reduction path: ", reduction::simd_name(reduction::active_simd()));
 }

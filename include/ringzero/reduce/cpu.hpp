@@ -41,31 +41,49 @@ void combine_on(simd path, const T* a, const T* b, T* out, std::size_t n) noexce
   scalar_combine<O>(a, b, out, n);
 }
 
-}  // namespace detail
-
-/// out[i] = a[i] (op) b[i] on the given path, which must be simd_supported; out may be a or b
-/// (the same pointer), or not overlap them. For op::avg this is the sum: call finish_avg once on
-/// the fully summed result.
 template <element T>
-void combine(simd path, op o, const T* a, const T* b, T* out, std::size_t n) {
+void combine_path(simd path, op o, const T* a, const T* b, T* out, std::size_t n) {
   switch (o) {
     case op::sum:
     case op::avg:
-      return detail::combine_on<op::sum>(path, a, b, out, n);
+      return combine_on<op::sum>(path, a, b, out, n);
     case op::prod:
-      return detail::combine_on<op::prod>(path, a, b, out, n);
+      return combine_on<op::prod>(path, a, b, out, n);
     case op::min:
-      return detail::combine_on<op::min>(path, a, b, out, n);
+      return combine_on<op::min>(path, a, b, out, n);
     case op::max:
-      return detail::combine_on<op::max>(path, a, b, out, n);
+      return combine_on<op::max>(path, a, b, out, n);
   }
   throw invalid_argument("unknown reduction op code " + std::to_string(static_cast<int>(o)));
 }
 
-/// out[i] = a[i] (op) b[i] on active_simd()'s path.
+template <element T>
+void finish_avg_path(simd path, T* data, std::size_t n, int ranks) noexcept {
+  if (ranks <= 1) return;
+#if RINGZERO_X86_SIMD
+  if constexpr (!std::is_integral_v<T>) {
+    if (path == simd::avx512) return x86::avx512::finish_avg(data, n, ranks);
+    if (path == simd::avx2) return x86::avx2::finish_avg(data, n, ranks);
+  }
+#endif
+  (void)path;
+  for (std::size_t i = 0; i < n; ++i) data[i] = kernels::finish_avg(data[i], ranks);
+}
+
+inline void require_supported(simd path) {
+  if (!simd_supported(path))
+    throw invalid_argument("reduction path " + std::string(simd_name(path)) + " (code " +
+                           std::to_string(static_cast<int>(path)) +
+                           ") cannot run on this CPU or build");
+}
+
+}  // namespace detail
+
+/// out[i] = a[i] (op) b[i] on active_simd()'s path; out may be a or b (the same pointer), or not
+/// overlap them. For op::avg this is the sum: call finish_avg once on the fully summed result.
 template <element T>
 void combine(op o, const T* a, const T* b, T* out, std::size_t n) {
-  combine(active_simd(), o, a, b, out, n);
+  detail::combine_path(active_simd(), o, a, b, out, n);
 }
 
 template <element T>
@@ -73,25 +91,27 @@ void combine(op o, std::span<const T> a, std::span<const T> b, std::span<T> out)
   combine(o, a.data(), b.data(), out.data(), std::min({a.size(), b.size(), out.size()}));
 }
 
-/// Turns a sum over `ranks` contributions into their average (truncating for integers) on the
-/// given path. Integer division has no vector instruction: integers take the scalar loop.
+/// combine on a given path (tests and benchmarks compare them); a path that simd_supported
+/// denies is an invalid_argument.
 template <element T>
-void finish_avg(simd path, T* data, std::size_t n, int ranks) noexcept {
-  if (ranks <= 1) return;
-#if RINGZERO_X86_SIMD
-  if constexpr (!std::is_integral_v<T>) {
-    if (path == simd::avx512) return detail::x86::avx512::finish_avg(data, n, ranks);
-    if (path == simd::avx2) return detail::x86::avx2::finish_avg(data, n, ranks);
-  }
-#endif
-  (void)path;
-  for (std::size_t i = 0; i < n; ++i) data[i] = kernels::finish_avg(data[i], ranks);
+void combine(simd path, op o, const T* a, const T* b, T* out, std::size_t n) {
+  detail::require_supported(path);
+  detail::combine_path(path, o, a, b, out, n);
 }
 
-/// finish_avg on active_simd()'s path.
+/// Turns a sum over `ranks` contributions into their average (truncating for integers) on
+/// active_simd()'s path. Integer division has no vector instruction: integers take the scalar
+/// loop on every path.
 template <element T>
 void finish_avg(T* data, std::size_t n, int ranks) {
-  finish_avg(active_simd(), data, n, ranks);
+  detail::finish_avg_path(active_simd(), data, n, ranks);
+}
+
+/// finish_avg on a given path; a path that simd_supported denies is an invalid_argument.
+template <element T>
+void finish_avg(simd path, T* data, std::size_t n, int ranks) {
+  detail::require_supported(path);
+  detail::finish_avg_path(path, data, n, ranks);
 }
 
 }  // namespace ringzero::reduction
