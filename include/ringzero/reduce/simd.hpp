@@ -3,7 +3,9 @@
 // benchmarks can run each path. Every path gives the same bits as the scalar loop.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,18 +53,19 @@ inline constexpr simd all_simd[] = {simd::scalar, simd::avx2, simd::avx512};
   return "?";
 }
 
-/// Whether this CPU (and this build) can run path s.
-[[nodiscard]] inline bool simd_supported(simd s) noexcept {
+namespace detail {
+
+[[nodiscard]] inline bool probe_simd(simd s) noexcept {
   switch (s) {
     case simd::scalar:
       return true;
 #if RINGZERO_X86_SIMD
     case simd::avx2:
-      return __builtin_cpu_supports("avx2") && detail::cpu_has_f16c();
+      return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case simd::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             detail::cpu_has_f16c();
+             cpu_has_f16c();
 #else
     case simd::avx2:
     case simd::avx512:
@@ -70,6 +73,17 @@ inline constexpr simd all_simd[] = {simd::scalar, simd::avx2, simd::avx512};
 #endif
   }
   return false;
+}
+
+}  // namespace detail
+
+/// Whether this CPU (and this build) can run path s. Probed once: CPUID traps to the hypervisor
+/// in a virtual machine, which would cost more than a small combine.
+[[nodiscard]] inline bool simd_supported(simd s) noexcept {
+  static const bool supported[] = {detail::probe_simd(simd::scalar), detail::probe_simd(simd::avx2),
+                                   detail::probe_simd(simd::avx512)};
+  const auto i = static_cast<std::size_t>(s);
+  return i < std::size(supported) && supported[i];
 }
 
 namespace detail {
