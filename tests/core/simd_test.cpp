@@ -1,7 +1,7 @@
 // The vector paths of the host reductions (reduce/simd.hpp, reduce/detail/x86.hpp) against the
 // scalar loop, bit for bit: every element type and op, counts around the vector widths,
-// unaligned starts, outputs aliasing either input, special values, and every pair of a 16-bit
-// float with a few hundred others. Paths this CPU cannot run are skipped with a message.
+// unaligned starts, outputs aliasing either input, special values, and every 16-bit
+// float value paired with 160 others. Paths this CPU cannot run are skipped with a message.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -29,7 +29,7 @@ namespace {
 
 // Sanitized and unoptimised builds run the software 16-bit conversions of the scalar reference
 // twenty to fifty times slower: there the exhaustive case pairs every value with the first 3
-// special values only (zeros, infinity) instead of 160 partners. That still runs every
+// special bit patterns only instead of 160 partners. That still runs every
 // instruction of every path (the case before it covers NaNs on every path), and the optimised
 // build checks the arithmetic in full.
 #if defined(__has_feature)
