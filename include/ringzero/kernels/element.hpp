@@ -11,6 +11,7 @@
 // (GCC contracts with -ffp-contract=fast when the target has FMA: -march=haswell, aarch64).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -90,6 +91,35 @@ RINGZERO_HD inline bool is_finite(float x) noexcept {
 #else
   return std::isfinite(x);
 #endif
+}
+
+/// x with its quiet bit set: what an arithmetic operation returns for a NaN operand x.
+RINGZERO_HD inline float quieted(float x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(__float_as_uint(x) | 0x400000u);
+#else
+  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) | 0x400000u);
+#endif
+}
+RINGZERO_HD inline double quieted(double x) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(__double_as_longlong(x) | 0x8000000000000ll);
+#else
+  return std::bit_cast<double>(std::bit_cast<std::uint64_t>(x) | 0x8000000000000ull);
+#endif
+}
+
+/// r = x (op) y for a commutative op, with a NaN operand's payload carried by rule: x's NaN if x
+/// is one, else y's, quietened. Hardware returns the NaN of whichever operand comes first in the
+/// instruction (x86) or a canonical NaN (CUDA), and compilers order the operands of a commutative
+/// op as they like, so without this the payload would depend on the code path. A NaN made from
+/// numbers (inf - inf) is the hardware's default NaN.
+template <class F>
+RINGZERO_HD inline F propagate_nan(F r, F x, F y) noexcept {
+  if (r == r) return r;
+  if (x != x) return quieted(x);
+  if (y != y) return quieted(y);
+  return r;
 }
 
 template <class T>

@@ -1,7 +1,8 @@
 // One element of a reduction: the arithmetic of reduce/cpu.hpp (integer sum and product wrap
 // modulo 2^bits, 16-bit floats combine in float and round once, min/max keep the first operand
-// on ties and NaN), for host loops and CUDA kernels alike. `O` is a template argument so a
-// kernel carries no branch on the op per element.
+// on ties and NaN, a sum or product carries the first NaN operand's payload), for host loops and
+// CUDA kernels alike. `O` is a template argument so a kernel carries no branch on the op per
+// element.
 #pragma once
 
 #include <type_traits>
@@ -18,9 +19,9 @@ RINGZERO_HD inline T combine(T a, T b) noexcept {
   if constexpr (is_16bit_float_v<T>) {
     const float x = to_float(a), y = to_float(b);
     if constexpr (O == op::sum || O == op::avg)
-      return from_float<T>(add(x, y));
+      return from_float<T>(propagate_nan(add(x, y), x, y));
     else if constexpr (O == op::prod)
-      return from_float<T>(mul(x, y));
+      return from_float<T>(propagate_nan(mul(x, y), x, y));
     else if constexpr (O == op::min)
       return y < x ? b : a;
     else
@@ -41,9 +42,9 @@ RINGZERO_HD inline T combine(T a, T b) noexcept {
     }
   } else {
     if constexpr (O == op::sum || O == op::avg)
-      return add(a, b);
+      return propagate_nan(add(a, b), a, b);
     else if constexpr (O == op::prod)
-      return mul(a, b);
+      return propagate_nan(mul(a, b), a, b);
     else if constexpr (O == op::min)
       return b < a ? b : a;
     else
