@@ -3,7 +3,8 @@
 //
 //   alpha, beta: a least-squares fit of t(m) = alpha + beta * m to the time of one ring step
 //     (every rank sends m bytes to its right and receives m bytes from its left, as each step of
-//     the ring, recursive doubling and halving does), over m = 8 B .. 4 MiB. The fit weighs
+//     the ring, recursive doubling and halving does), over m = 8 B up to the transport's
+//     chunk_bytes, the largest message the pipelined algorithms send. The fit weighs
 //     each size by 1 / t^2, so that it minimises the relative error: a plain fit would follow
 //     the large sizes and leave alpha to chance.
 //   gamma: seconds per byte of reduction::combine on float sum, with every rank reducing at
@@ -106,7 +107,8 @@ std::vector<double> ring_step_seconds(Comm& comm, std::span<const std::size_t> s
   for (int round = -2; round < rounds; ++round) {  // two rounds of warm-up
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const std::size_t bytes = sizes[i];
-      // Enough steps that a round takes a measurable time, few enough that 4 MiB stays quick.
+      // Enough steps that a round takes a measurable time, few enough that large sizes stay
+      // quick.
       const int steps = static_cast<int>(std::clamp<std::size_t>(
           (std::size_t{4} << 20) / std::max<std::size_t>(bytes, 1), 8, 400));
       ringzero::detail::exchange<Comm> ex(comm, "tune", "ring step");
@@ -160,8 +162,12 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
                "# ring steps: every rank sends to its right and receives from its left\n"
                "#  {:>9}  {:>12}  {:>12}  {:>9}\n",
                what, section, n, section, file, "size", "step (us)", "fit (us)", "residual");
+  // The algorithms cut messages into chunks of at most chunk_bytes, so larger messages are
+  // never sent: fitting them would price a protocol the collectives do not use.
+  const std::size_t largest =
+      std::clamp<std::size_t>(comm.cost().chunk_bytes, std::size_t{64} << 10, std::size_t{4} << 20);
   std::vector<std::size_t> steps;
-  for (std::size_t b = 8; b <= (std::size_t{4} << 20); b *= 2) steps.push_back(b);
+  for (std::size_t b = 8; b <= largest; b *= 2) steps.push_back(b);
   const std::vector<double> times = detail::ring_step_seconds(comm, steps, 15);
   const std::vector<double> sizes(steps.begin(), steps.end());
   // Every rank reduces at once, as inside a collective; a step aligns the ranks first.
