@@ -8,8 +8,11 @@
 //     each size by 1 / t^2, so that it minimises the relative error: a plain fit would follow
 //     the large sizes and leave alpha to chance.
 //   gamma: seconds per byte of reduction::combine on float sum, with every rank reducing at
-//     once (as they do inside a collective), over a buffer that stays in cache and one that
-//     does not; the large one is written, since gamma matters where messages are large.
+//     once (as they do inside a collective), over one chunk (chunk_bytes): the algorithms
+//     reduce chunk by chunk, each just received into cache-resident scratch. A 32 MiB buffer,
+//     out of cache, is timed too and printed for comparison; using it would price reduction
+//     as memory-bound and push the model from recursive doubling (which reduces the whole
+//     buffer) to the ring at sizes where doubling is faster.
 //
 // Rank 0 prints each size's time, the fit and its residuals, then writes the file: the section
 // of this transport (its tuning_name()) replaces the one already there, others are kept.
@@ -173,7 +176,7 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   // Every rank reduces at once, as inside a collective; a step aligns the ranks first.
   const std::size_t align[] = {8};
   (void)detail::ring_step_seconds(comm, align, 1);
-  const std::size_t small_bytes = std::size_t{256} << 10, large_bytes = std::size_t{32} << 20;
+  const std::size_t small_bytes = largest, large_bytes = std::size_t{32} << 20;
   const double gamma_small = detail::combine_seconds_per_byte(small_bytes, 101);
   const double gamma_large = detail::combine_seconds_per_byte(large_bytes, 7);
   (void)detail::ring_step_seconds(comm, align, 1);
@@ -191,7 +194,7 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
              "{:.4g} s/B ({:.2f} GB/s) -> gamma = {:.4g}\n",
              f.alpha, f.alpha * 1e6, f.beta, 1e-9 / f.beta, f.rms() * 100, n,
              detail::size_text(small_bytes), gamma_small, 1e-9 / gamma_small,
-             detail::size_text(large_bytes), gamma_large, 1e-9 / gamma_large, gamma_large);
+             detail::size_text(large_bytes), gamma_large, 1e-9 / gamma_large, gamma_small);
 
   tuning::tuning_file tf;
   if (std::filesystem::exists(file)) tf = tuning::read_tuning(file);
@@ -202,7 +205,7 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   s.name = section;
   s.alpha = f.alpha;
   s.beta = f.beta;
-  s.gamma = gamma_large;
+  s.gamma = gamma_small;
   s.measured = fmt::format("{} ranks on {}, {}, ringzero {}, ringzero-perf --tune", n,
                            log::detail::host_name(), when, version_string);
   tf.put(s);
