@@ -385,3 +385,34 @@ TEST_CASE("--tune writes the transport's section of a tuning file, keeping the o
   CHECK(one.out.find("--tune: alpha and beta are measured between ranks") != std::string::npos);
   CHECK(run("all_reduce -t 2 --tune").status == 2);
 }
+
+TEST_CASE("--tune's fit of the model's own predictions recovers the constants behind them") {
+  // The predictions are linear in alpha, beta and gamma, so times the model itself predicted
+  // for known constants must give those constants back.
+  ringzero::cost_params truth = ringzero::loopback::world_options{}.cost;
+  truth.alpha = 3.5e-6;
+  truth.beta = 1 / 6e9;
+  truth.gamma = 1 / 11e9;
+  for (int n : {2, 3, 4, 7}) {
+    std::vector<double> ca, cb, c0, t;
+    for (double s = 8; s <= 8 << 20; s *= 4)
+      for (auto a : ringzero::tuning::candidates(ringzero::collective::all_reduce, false)) {
+        const auto unit = [&](double x, double y, double z) {
+          ringzero::cost_params p = truth;
+          p.alpha = x;
+          p.beta = y;
+          p.gamma = z;
+          return ringzero::tuning::predict(ringzero::collective::all_reduce, a, s, n, p);
+        };
+        ca.push_back(unit(1, 0, 0));
+        cb.push_back(unit(0, 1, 0));
+        c0.push_back(unit(0, 0, 1) * truth.gamma);
+        t.push_back(ringzero::tuning::predict(ringzero::collective::all_reduce, a, s, n, truth));
+      }
+    const perf::line_fit f = perf::fit_alpha_beta(ca, cb, c0, t);
+    INFO("n = " << n);
+    CHECK(f.alpha == doctest::Approx(truth.alpha).epsilon(1e-6));
+    CHECK(f.beta == doctest::Approx(truth.beta).epsilon(1e-6));
+    CHECK(f.rms() < 1e-6);
+  }
+}
