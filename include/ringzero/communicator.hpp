@@ -43,6 +43,7 @@
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/tuning/tuning_file.hpp"
 
 namespace ringzero {
 
@@ -221,6 +222,7 @@ class communicator {
     timeout_ = resolve_timeout(timeout);
     if constexpr (messaging<T>) ids_ = std::make_shared<detail::comm_ids>(id_limit());
     topo_ = place();
+    apply_tuning_file();
   }
 
   /// Opens the transport from the job's environment (torchrun, Slurm, Open MPI or ringzero-run
@@ -390,6 +392,20 @@ class communicator {
       if (d.count() > 0) return d;
     }
     return detail::env_timeout();
+  }
+
+  // RINGZERO_TUNING (tuning/tuning_file.hpp): the measured constants of this transport's
+  // section, agreed on by every rank before any collective prices an algorithm with them.
+  void apply_tuning_file() {
+    if constexpr (messaging<T> && requires(const T& x) {
+                    { x.tuning_name() } -> std::convertible_to<std::string>;
+                  }) {
+      const auto path = detail::getenv_str("RINGZERO_TUNING");
+      if (!path) return;
+      const std::string section = transport_->tuning_name();
+      tuning_ =
+          tuning::agree_tuning(*this, *path, section, tuning::load_tuning(*path, section, tuning_));
+    }
   }
 
   [[nodiscard]] std::uint32_t id_limit() const {

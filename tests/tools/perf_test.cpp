@@ -332,3 +332,87 @@ TEST_CASE("-J writes nccl-tests' JSON report") {
   CHECK(doc.find("\"average_bus_bandwidth\":{\"bandwidth\":") != std::string::npos);
   CHECK(doc.find("\"end_time\":") != std::string::npos);
 }
+
+TEST_CASE("--tune fits alpha and beta by relative error") {
+  const std::vector<double> m{8, 64, 1024, 65536, 1 << 20};
+  std::vector<double> t;
+  for (double x : m) t.push_back(2e-6 + x / 5e9);
+  const perf::line_fit f = perf::fit_alpha_beta(m, t);
+  CHECK(f.alpha == doctest::Approx(2e-6).epsilon(1e-9));
+  CHECK(f.beta == doctest::Approx(1 / 5e9).epsilon(1e-9));
+  CHECK(f.rms() < 1e-9);
+  // Times that would need a negative alpha get the best line through the origin instead.
+  const std::vector<double> steep{1e-9, 64e-9, 1024e-9, 65536e-9, 1.2e-3};
+  const perf::line_fit g = perf::fit_alpha_beta(m, steep);
+  CHECK(g.alpha == 0);
+  CHECK(g.beta > 0);
+  CHECK(g.residual.size() == m.size());
+  const std::vector<double> flat{3e-6, 3e-6, 3e-6, 3e-6, 2e-6};
+  CHECK_THROWS_AS((void)perf::fit_alpha_beta(m, flat), ringzero::invalid_argument);
+}
+
+TEST_CASE("--tune writes the transport's section of a tuning file, keeping the others") {
+  std::string pattern = (std::filesystem::temp_directory_path() / "ringzero-tune-XXXXXX").string();
+  const int fd = ::mkstemp(pattern.data());
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const std::string path = pattern;
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fputs("version = 1\n[shm]\nalpha = 1e-7\n", f);
+    std::fclose(f);
+  }
+  const result r = run("all_reduce -t 2 --tune " + path);
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find("# alpha = ") != std::string::npos);
+  CHECK(r.out.find("rms residual") != std::string::npos);
+  CHECK(r.out.find("# wrote [loopback] to " + path) != std::string::npos);
+  const ringzero::tuning::tuning_file t = ringzero::tuning::read_tuning(path);
+  ::unlink(path.c_str());
+  REQUIRE(t.find("loopback") != nullptr);
+  const auto& s = *t.find("loopback");
+  CHECK(*s.alpha >= 0);
+  CHECK(*s.beta > 0);
+  CHECK(*s.gamma > 0);
+  CHECK(s.measured.starts_with("2 ranks on "));
+  REQUIRE(t.find("shm") != nullptr);
+  CHECK(*t.find("shm")->alpha == 1e-7);
+
+  const result one = run("all_reduce -t 1 --tune " + path);
+  CHECK(one.status != 0);
+  CHECK(one.out.find("--tune: alpha and beta are measured between ranks") != std::string::npos);
+  CHECK(run("all_reduce -t 2 --tune").status == 2);
+}
+
+TEST_CASE("--tune's fit of the model's own predictions recovers the constants behind them") {
+  // The predictions are linear in alpha, beta and gamma, so times the model itself predicted
+  // for known constants must give those constants back.
+  ringzero::cost_params truth = ringzero::loopback::world_options{}.cost;
+  truth.alpha = 3.5e-6;
+  truth.beta = 1 / 6e9;
+  truth.gamma = 1 / 11e9;
+  for (int n : {2, 3, 4, 7}) {
+    std::vector<double> ca, cb, c0, t;
+    for (double s = 8; s <= 8 << 20; s *= 4)
+      for (auto a : ringzero::tuning::candidates(ringzero::collective::all_reduce, false)) {
+        const auto unit = [&](double x, double y, double z) {
+          ringzero::cost_params p = truth;
+          p.alpha = x;
+          p.beta = y;
+          p.gamma = z;
+          return ringzero::tuning::predict(ringzero::collective::all_reduce, a, s, n, p);
+        };
+        ca.push_back(unit(1, 0, 0));
+        cb.push_back(unit(0, 1, 0));
+        c0.push_back(unit(0, 0, 1) * truth.gamma);
+        t.push_back(ringzero::tuning::predict(ringzero::collective::all_reduce, a, s, n, truth));
+      }
+    const perf::line_fit f = perf::fit_alpha_beta(ca, cb, c0, t);
+    INFO("n = " << n);
+    CHECK(f.alpha == doctest::Approx(truth.alpha).epsilon(1e-6));
+    CHECK(f.beta == doctest::Approx(truth.beta).epsilon(1e-6));
+    CHECK(f.rms() < 1e-6);
+  }
+}

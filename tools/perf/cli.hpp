@@ -146,8 +146,9 @@ struct options {
   ringzero::algorithm algo = ringzero::algorithm::automatic;
   transport_kind transport = transport_kind::automatic;
   std::string provider;
-  int registration = 0;  ///< -R: 0 user buffers, 1 registered, 2 symmetric
-  double timeout_s = 0;  ///< --timeout; 0 = RINGZERO_TIMEOUT
+  int registration = 0;   ///< -R: 0 user buffers, 1 registered, 2 symmetric
+  double timeout_s = 0;   ///< --timeout; 0 = RINGZERO_TIMEOUT
+  std::string tune_file;  ///< --tune: measure the cost model's constants into this file
   bool help = false;
   std::vector<std::string> argv;  ///< program name and arguments as given, for the JSON report
 };
@@ -256,6 +257,8 @@ ringzero flags:
                             set WORLD_SIZE and it is built in, else loopback)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
      --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
+     --tune <file>          measure alpha, beta, gamma of the transport (-T, -p) instead of
+                            benchmarking, and write its section of <file> (RINGZERO_TUNING)
   -h,--help
 )";
 
@@ -300,7 +303,7 @@ ringzero flags:
       {'m', "agg_iters"},      {'N', "run_cycles"},  {'c', "check"},          {'o', "op"},
       {'d', "datatype"},       {'r', "root"},        {'z', "blocking"},       {'a', "average"},
       {'C', "report_cputime"}, {'J', "output_file"}, {'R', "local_register"}, {'A', "algorithm"},
-      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"}};
+      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"},       {'\0', "tune"}};
 
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -435,6 +438,11 @@ ringzero flags:
         o.provider = std::string(v);
         break;
       case '\0': {
+        if (name == "tune") {
+          if (v.empty()) throw invalid_argument("--tune: needs the file to write");
+          o.tune_file = std::string(v);
+          break;
+        }
         std::size_t pos = 0;
         double s = 0;
         try {

@@ -27,6 +27,14 @@ namespace ringzero::perf {
 
 [[nodiscard]] inline int run_libfabric(const options& o, const context& ctx) {
   auto comm = make_libfabric_communicator(o);
+  if (!o.tune_file.empty()) {
+    try {
+      return run_tune(comm, o.tune_file, "libfabric", ctx.out);
+    } catch (const std::exception& e) {
+      fmt::print(ctx.err, "ringzero-perf: rank {}: {}\n", comm.rank(), e.what());
+      return exit_status::failure;
+    }
+  }
   const bool prints = comm.rank() == 0;
   std::optional<printer> p;
   if (prints) p.emplace(o, ctx);

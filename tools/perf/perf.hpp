@@ -20,6 +20,7 @@
 #include "report.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/transport/loopback.hpp"
+#include "tune.hpp"
 
 namespace ringzero::perf {
 
@@ -128,6 +129,12 @@ outcome run_rank(Backend& b, const options& o, printer* p, run_info info) {
   const std::string description = fmt::format("loopback thread on {}", cpu_model());
   outcome result;
   try {
+    if (!o.tune_file.empty()) {
+      w.run([&](loopback::communicator& c) {
+        (void)run_tune(c, o.tune_file, "loopback threads", ctx.out);
+      });
+      return exit_status::ok;
+    }
     w.run([&](loopback::communicator& c) {
       host_backend<loopback::communicator> b(c, o, description);
       const outcome r = run_rank(b, o, c.rank() == 0 ? &p : nullptr, info);
@@ -208,6 +215,9 @@ inline int main(std::span<const std::string_view> args, std::string_view program
           throw invalid_argument(
               "-t applies to -T loopback; start one NCCL rank per GPU with a "
               "launcher (ringzero-run -n N ringzero-perf ...)");
+        if (!o.tune_file.empty())
+          throw unsupported(
+              "--tune: NCCL runs its own algorithms; ringzero's cost model is unused");
         return extra.nccl(o, ctx);
       default:
         if (!o.provider.empty())

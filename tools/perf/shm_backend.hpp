@@ -45,6 +45,14 @@ class shm_backend : public host_backend<shm::communicator> {
   if (o.timeout_s > 0)
     opts.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
   auto comm = shm::communicator::from_env(opts);
+  if (!o.tune_file.empty()) {
+    try {
+      return run_tune(comm, o.tune_file, "shm, native shared memory", ctx.out);
+    } catch (const std::exception& e) {
+      fmt::print(ctx.err, "ringzero-perf: rank {}: {}\n", comm.rank(), e.what());
+      return exit_status::failure;
+    }
+  }
   const bool prints = comm.rank() == 0;
   std::optional<printer> p;
   if (prints) p.emplace(o, ctx);

@@ -141,6 +141,7 @@ concept messaging = requires(T& t, const T& ct, int peer, tag_t tag, std::span<c
 ///   host_of(rank) -> a value equal for ranks on one host      (node topology, hierarchy)
 ///   comm_id_bits() -> int                                      (fewer than 12 tag bits free)
 ///   default_timeout() -> std::chrono::nanoseconds, 0 = unset   (a deadline it was opened with)
+///   tuning_name() -> std::string                               (its RINGZERO_TUNING section)
 template <class T>
 concept transport = requires(const T& ct) {
   { ct.rank() } -> std::convertible_to<int>;

@@ -124,6 +124,8 @@ class transport {
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
   [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
+  /// The section of a RINGZERO_TUNING file that applies here: "libfabric:" and the provider.
+  [[nodiscard]] std::string tuning_name() const { return "libfabric:" + provider(); }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
   [[nodiscard]] const std::string& host_of(int r) const noexcept {
     return hosts_[static_cast<std::size_t>(r)];

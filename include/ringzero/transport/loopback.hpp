@@ -149,6 +149,8 @@ class transport {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return static_cast<int>(shared_->boxes.size()); }
   [[nodiscard]] cost_params tuning() const noexcept { return opts_.cost; }
+  /// The section of a RINGZERO_TUNING file that applies here.
+  [[nodiscard]] std::string tuning_name() const { return "loopback"; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return opts_.timeout; }
   /// Node of world rank r when the world simulates several nodes (world_options::ranks_per_node).
   [[nodiscard]] int host_of(int r) const noexcept {
@@ -279,9 +281,12 @@ class world {
     auto shared = std::make_shared<detail::shared_state>(size_);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size_));
     auto body = [&](int r) {
-      communicator comm(transport(shared, r, opts_));
+      // Built inside the try: with RINGZERO_TUNING the constructor talks to the other ranks,
+      // and its errors must reach the caller as f's do.
+      std::optional<communicator> comm;
       try {
-        f(comm);
+        comm.emplace(transport(shared, r, opts_));
+        f(*comm);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
         int expected = -1;

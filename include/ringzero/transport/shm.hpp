@@ -240,6 +240,8 @@ class transport {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] cost_params tuning() const noexcept { return tune_.cost(); }
+  /// The section of a RINGZERO_TUNING file that applies here.
+  [[nodiscard]] std::string tuning_name() const { return "shm"; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
   /// Every rank runs on this host (the constructor checked it).
   [[nodiscard]] const std::string& host_of(int /*rank*/) const noexcept { return host_; }
