@@ -675,6 +675,16 @@ TEST_CASE("hierarchical over two nodes of one host: shm inside the node, bitwise
     check.expect(node_level_check(*fabric_only, false).empty(),
                  node_level_check(*fabric_only, false));
 
+    // One rank refusing shm keeps its whole node on libfabric, and only its node.
+    auto mixed = comm.split(0, r);
+    if (r == 0) ::setenv("RINGZERO_NODE_SHM", "0", 1);
+    std::vector<float> m(1000, 1.0f);
+    ringzero::all_reduce(*mixed, std::span<float>(m), op::sum, hier);
+    ::unsetenv("RINGZERO_NODE_SHM");
+    check.expect(m.front() == 4.0f && m.back() == 4.0f, "1000 ones summed over 4 ranks");
+    check.expect(static_cast<bool>(mixed->hierarchy()->node) == (r >= 2),
+                 "node 0 on libfabric (rank 0 said no), node 1 on shm");
+
     // 2 + 1 ranks: the leader path (reduce, broadcast) on node 0's shm, none on node 1.
     auto three = comm.split(r == 3 ? -1 : 0, r);
     if (three) {
