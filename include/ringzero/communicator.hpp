@@ -381,7 +381,10 @@ class communicator {
   /// Fails every wait on this communicator, and on every communicator sharing its transport
   /// (the world, those split from it), with peer_error carrying `why`: now, including waits
   /// blocked in another thread, and every call after. Thread-safe: for a thread that must stop a
-  /// collective another thread is blocked in (a failure found elsewhere, a signal's flag).
+  /// collective another thread is blocked in (a failure found elsewhere, a signal's flag). The
+  /// node level of this communicator's hierarchical collectives (its own shm transport, where
+  /// it has one) is aborted too, once built: call abort() after the first hierarchical
+  /// collective has returned, not while it may still be setting that level up.
   void abort(const std::string& why = "abort() was called") requires requires(T& x) {
     x.abort(std::string());
   }
