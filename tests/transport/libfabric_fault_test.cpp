@@ -229,6 +229,49 @@ TEST_CASE("a rank SIGKILLed during a hierarchical all_reduce with shm inside the
   CHECK_FALSE(out.timed_out);
 }
 
+// abort() from another thread reaches a rank blocked in the node level over shm (rank 0, whose
+// neighbour on the node has not started the collective) as well as ranks blocked across nodes.
+TEST_CASE("abort() releases a hierarchical all_reduce blocked in its node level over shm") {
+  auto out = multiprocess::run(4, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))
+      return multiprocess::rank_skipped;
+    rank_checks check{r};
+    fabric::communicator comm(
+        fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm", .timeout = 30s}));
+    const ringzero::options hier{.algorithm = ringzero::algorithm::hierarchical};
+    std::vector<float> v(1 << 12, 1.0f);
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    ringzero::barrier(comm);
+    if (r == 1) {
+      std::this_thread::sleep_for(1s);  // never joins: rank 0 waits on it over shm
+      return check.code();
+    }
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(200ms);
+      comm.abort("stopped by the test");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    } catch (const ringzero::peer_error& e) {
+      what = e.what();
+    }
+    stopper.join();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check.expect(contains(what, "stopped by the test"),
+                 fmt::format("a peer_error carrying the reason, got '{}'", what));
+    check.expect(took < 10, fmt::format("released within 10 s, took {:.1f} s", took));
+    return check.code();
+  });
+  if (std::count(out.status.begin(), out.status.end(), multiprocess::rank_skipped) == 4) {
+    MESSAGE("skipped: ranks cannot have host names of their own here (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  require_all_passed(out);
+}
+
 TEST_CASE("failure board: the first failure on record is every rank's verdict") {
   namespace rfd = ringzero::libfabric::detail;
   auto store = std::make_shared<ringzero::bootstrap::tcp_store>("127.0.0.1", 0, true, 1, "t", 5s);
