@@ -196,6 +196,28 @@ struct request_of<T, true> {
 
 }  // namespace detail
 
+template <transport T>
+class communicator;
+
+namespace detail {
+
+/// The communicator type of a node level over the transport that T advertises for the ranks of
+/// one host (T::node_transport: libfabric's is shm); `none` where T advertises none.
+template <class C>
+struct node_level {
+  struct none {};
+  using type = none;
+};
+template <class T>
+requires requires {
+  typename T::node_transport;
+}
+struct node_level<communicator<T>> {
+  using type = communicator<typename T::node_transport>;
+};
+
+}  // namespace detail
+
 /// The sub-communicators one communicator's hierarchical collectives use, split once and kept.
 template <class Comm>
 struct node_communicators {
@@ -205,6 +227,10 @@ struct node_communicators {
   /// With uniform nodes, the rank in the parent of local rank l on node c (cross rank c) at
   /// c * local.size() + l; empty otherwise (hierarchical all_to_all needs it).
   std::vector<int> parent_rank;
+  /// The ranks of `local` again, in its order, over the transport the parent's transport
+  /// advertises for one host (node_transport), when every rank of the node could join it;
+  /// null otherwise. The node level of the hierarchical algorithm runs on it.
+  std::unique_ptr<typename detail::node_level<Comm>::type> node{};
 };
 
 template <transport T>
@@ -357,13 +383,18 @@ class communicator {
   /// Fails every wait on this communicator, and on every communicator sharing its transport
   /// (the world, those split from it), with peer_error carrying `why`: now, including waits
   /// blocked in another thread, and every call after. Thread-safe: for a thread that must stop a
-  /// collective another thread is blocked in (a failure found elsewhere, a signal's flag).
+  /// collective another thread is blocked in (a failure found elsewhere, a signal's flag). The
+  /// node level of this communicator's hierarchical collectives (its own shm transport, where
+  /// it has one) is aborted too, once built: call abort() after the first hierarchical
+  /// collective has returned, not while it may still be setting that level up.
   void abort(const std::string& why = "abort() was called") requires requires(T& x) {
     x.abort(std::string());
   }
   {
     check_moved("abort()");
     transport_->abort(why);
+    if constexpr (requires { hierarchy_->node->abort(why); })
+      if (hierarchy_ && hierarchy_->node) hierarchy_->node->abort(why);
   }
 
   /// The hierarchical algorithm's sub-communicators, once they were built (null before).

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -164,6 +165,111 @@ TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank()
     CHECK(out.status[1] == 0);
     CHECK_FALSE(out.timed_out);
   }
+}
+
+// SIGKILL during hierarchical all_reduces whose node level runs over the native shm transport
+// (two "nodes" of two ranks on this host, each with a host name of its own). Its neighbour on
+// the node, waiting on it over shm, fails within a second with a peer_error naming it in the
+// parent's numbering, as libfabric names a dead rank. The other node's ranks wait on it (or on
+// its neighbour, gone after its error) across nodes over tcp;ofi_rxm, where a peer on another
+// host is found dead only by the deadline: they must fail with a ringzero error by then, not hang.
+TEST_CASE("a rank SIGKILLed during a hierarchical all_reduce with shm inside the node is named") {
+  constexpr int victim = 1;
+  constexpr auto deadline = 8s;
+  auto out = multiprocess::run(4, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))
+      return multiprocess::rank_skipped;
+    rank_checks check{r};
+    fabric::communicator comm(
+        fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm", .timeout = deadline}));
+    const ringzero::options hier{.algorithm = ringzero::algorithm::hierarchical};
+    std::vector<float> v(1 << 16, 1.0f);
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    check.expect(comm.hierarchy() && comm.hierarchy()->node, "a node level over shm");
+    if (r == victim) {
+      std::this_thread::sleep_for(100ms);  // the others are inside the next all_reduce by now
+      ::raise(SIGKILL);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::string what;
+    int culprit = -2;
+    bool failed = false;
+    try {
+      for (;;) ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    } catch (const ringzero::peer_error& e) {
+      what = e.what();
+      culprit = e.peer();
+      failed = true;
+    } catch (const ringzero::error& e) {
+      what = e.what();
+      failed = true;
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check.expect(failed, "a ringzero error");
+    if (r == 0) {
+      check.expect(
+          culprit == victim && contains(what, fmt::format("rank {} died", victim)),
+          fmt::format("a peer_error naming rank {}, got rank {}: '{}'", victim, culprit, what));
+      check.expect(took < 3, fmt::format("the error within 3 s, took {:.1f} s", took));
+    } else {
+      check.expect(took < std::chrono::duration<double>(deadline).count() + 5,
+                   fmt::format("the error by the deadline, took {:.1f} s: '{}'", took, what));
+    }
+    return check.code();
+  });
+  if (std::count(out.status.begin(), out.status.end(), multiprocess::rank_skipped) == 4) {
+    MESSAGE("skipped: ranks cannot have host names of their own here (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  INFO(out.describe());
+  CHECK(out.status[victim] == -SIGKILL);
+  for (int r = 0; r < 4; ++r)
+    if (r != victim) CHECK(out.status[static_cast<std::size_t>(r)] == 0);
+  CHECK_FALSE(out.timed_out);
+}
+
+// abort() from another thread reaches a rank blocked in the node level over shm (rank 0, whose
+// neighbour on the node has not started the collective) as well as ranks blocked across nodes.
+TEST_CASE("abort() releases a hierarchical all_reduce blocked in its node level over shm") {
+  auto out = multiprocess::run(4, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))
+      return multiprocess::rank_skipped;
+    rank_checks check{r};
+    fabric::communicator comm(
+        fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm", .timeout = 30s}));
+    const ringzero::options hier{.algorithm = ringzero::algorithm::hierarchical};
+    std::vector<float> v(1 << 12, 1.0f);
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    ringzero::barrier(comm);
+    if (r == 1) {
+      std::this_thread::sleep_for(1s);  // never joins: rank 0 waits on it over shm
+      return check.code();
+    }
+    std::thread stopper([&] {
+      std::this_thread::sleep_for(200ms);
+      comm.abort("stopped by the test");
+    });
+    const auto start = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, hier);
+    } catch (const ringzero::peer_error& e) {
+      what = e.what();
+    }
+    stopper.join();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check.expect(contains(what, "stopped by the test"),
+                 fmt::format("a peer_error carrying the reason, got '{}'", what));
+    check.expect(took < 10, fmt::format("released within 10 s, took {:.1f} s", took));
+    return check.code();
+  });
+  if (std::count(out.status.begin(), out.status.end(), multiprocess::rank_skipped) == 4) {
+    MESSAGE("skipped: ranks cannot have host names of their own here (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  require_all_passed(out);
 }
 
 TEST_CASE("failure board: the first failure on record is every rank's verdict") {

@@ -545,6 +545,32 @@ TEST_CASE("the endpoint address is one that peers on other hosts can reach") {
   CHECK(picked(stranded, false) == "127.0.0.1");
 }
 
+namespace {
+
+// The node level of a hierarchical communicator that ran: which transport it used, checked
+// through the counters of the communicator that ran it.
+[[nodiscard]] std::string node_level_check(fabric::communicator& comm, bool want_shm) {
+  auto* h = comm.hierarchy();
+  if (!h) return "no hierarchy was built";
+  if (static_cast<bool>(h->node) != want_shm)
+    return fmt::format("the node level {} over shm", want_shm ? "is not" : "is");
+  const auto ran = [](auto& c) {
+    std::uint64_t calls = 0;
+    for (const auto& k : ringzero::trace::counters(c))
+      if (k.kind == ringzero::collective::reduce_scatter ||
+          k.kind == ringzero::collective::all_gather)
+        calls += k.calls;
+    return calls;
+  };
+  const std::uint64_t on_shm = h->node ? ran(*h->node) : 0;
+  const std::uint64_t on_fabric = ran(h->local);
+  if (want_shm ? (on_shm == 0 || on_fabric != 0) : on_fabric == 0)
+    return fmt::format("node-level collectives: {} over shm, {} over libfabric", on_shm, on_fabric);
+  return {};
+}
+
+}  // namespace
+
 // One rank of the two-host run (two_hosts.sh): 2 ranks in each of two network namespaces with
 // host names of their own, joined through from_env() and the TCP store.
 TEST_CASE("two hosts rank" * doctest::skip()) {
@@ -588,4 +614,92 @@ TEST_CASE("two hosts rank" * doctest::skip()) {
   std::vector<double> v(100000, comm.rank() + 1.0);
   ringzero::all_reduce(*leaders, std::span<double>(v), op::sum);
   CHECK(v[99999] == (t.local_rank == 0 ? 1.0 + 3.0 : 2.0 + 4.0));
+  // The node level ran over the native shm transport, the cross level over tcp;ofi_rxm.
+  const std::string node_level = node_level_check(comm, true);
+  CHECK_MESSAGE(node_level.empty(), node_level);
+}
+
+// Two "nodes" on this host: each rank forks into a UTS namespace with its node's host name, so
+// the topology says 2 nodes of 2 ranks, and the hierarchical algorithm runs its node level over
+// the native shm transport. The results must equal, bit for bit, those of the same hierarchy
+// over libfabric alone (RINGZERO_NODE_SHM=0): with two ranks per node, every sum has the same
+// operands in the same pairs.
+TEST_CASE("hierarchical over two nodes of one host: shm inside the node, bitwise as libfabric") {
+  auto out = multiprocess::run(4, 120s, [](int r, int n, ringzero::bootstrap::store& s) {
+    if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))
+      return multiprocess::rank_skipped;
+    rank_checks check{r};
+    fabric::communicator comm(
+        fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm", .timeout = 60s}));
+    const auto t = comm.topo();
+    check.expect(t.node_count == 2 && t.local_size == 2 && t.node == r / 2,
+                 fmt::format("2 nodes of 2 ranks, got {} nodes of {}", t.node_count, t.local_size));
+    auto fabric_only = comm.split(0, r);
+    const ringzero::options hier{.algorithm = ringzero::algorithm::hierarchical};
+    for (const std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                                    std::size_t{100003}, std::size_t{1} << 20}) {
+      std::vector<float> a(count), b(count);
+      std::vector<std::int64_t> ia(count), ib(count);
+      std::uint32_t x = 2654435761u * static_cast<std::uint32_t>(r + 1);
+      for (std::size_t i = 0; i < count; ++i) {
+        x = x * 1664525u + 1013904223u;
+        a[i] = static_cast<float>(x >> 8) * 1e-3f - 7e3f;
+        ia[i] = static_cast<std::int64_t>(x) - (1 << 30);
+      }
+      b = a;
+      ib = ia;
+      for (const op o : {op::sum, op::avg, op::max}) {
+        std::vector<float> fa(count), fb(count);
+        ringzero::all_reduce(comm, std::span<const float>(a), std::span<float>(fa), o, hier);
+        if (!fabric_only->hierarchy()) ::setenv("RINGZERO_NODE_SHM", "0", 1);
+        ringzero::all_reduce(*fabric_only, std::span<const float>(b), std::span<float>(fb), o,
+                             hier);
+        ::unsetenv("RINGZERO_NODE_SHM");
+        check.expect(std::memcmp(fa.data(), fb.data(), count * sizeof(float)) == 0,
+                     fmt::format("{} floats, op {}: node shm bitwise as libfabric alone", count,
+                                 static_cast<int>(o)));
+      }
+      // Integers: exact against the serial reference.
+      std::vector<std::int64_t> want(count, 0);
+      for (int q = 0; q < n; ++q) {
+        std::uint32_t y = 2654435761u * static_cast<std::uint32_t>(q + 1);
+        for (std::size_t i = 0; i < count; ++i) {
+          y = y * 1664525u + 1013904223u;
+          want[i] += static_cast<std::int64_t>(y) - (1 << 30);
+        }
+      }
+      ringzero::all_reduce(comm, std::span<std::int64_t>(ia), op::sum, hier);
+      check.expect(ia == want, fmt::format("{} int64 summed in place", count));
+    }
+    check.expect(node_level_check(comm, true).empty(), node_level_check(comm, true));
+    check.expect(node_level_check(*fabric_only, false).empty(),
+                 node_level_check(*fabric_only, false));
+
+    // One rank refusing shm keeps its whole node on libfabric, and only its node.
+    auto mixed = comm.split(0, r);
+    if (r == 0) ::setenv("RINGZERO_NODE_SHM", "0", 1);
+    std::vector<float> m(1000, 1.0f);
+    ringzero::all_reduce(*mixed, std::span<float>(m), op::sum, hier);
+    ::unsetenv("RINGZERO_NODE_SHM");
+    check.expect(m.front() == 4.0f && m.back() == 4.0f, "1000 ones summed over 4 ranks");
+    check.expect(static_cast<bool>(mixed->hierarchy()->node) == (r >= 2),
+                 "node 0 on libfabric (rank 0 said no), node 1 on shm");
+
+    // 2 + 1 ranks: the leader path (reduce, broadcast) on node 0's shm, none on node 1.
+    auto three = comm.split(r == 3 ? -1 : 0, r);
+    if (three) {
+      std::vector<double> v(5000, r + 1.0);
+      ringzero::all_reduce(*three, std::span<double>(v), op::sum, hier);
+      check.expect(v.front() == 6.0 && v.back() == 6.0, "2 + 1 ranks sum to 6");
+      check.expect(static_cast<bool>(three->hierarchy()->node) == (r < 2),
+                   "a node level over shm exactly on the node of two ranks");
+    }
+    return check.code();
+  });
+  if (std::all_of(out.status.begin(), out.status.end(),
+                  [](int st) { return st == multiprocess::rank_skipped; })) {
+    MESSAGE("skipped: ranks cannot have host names of their own here (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  require_all_passed(out);
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -68,6 +69,23 @@ struct rank_checks {
   }
   [[nodiscard]] int code() const { return failures ? 1 : 0; }
 };
+
+/// Exit code of a rank that could not set up what its test needs (become_host()): the parent
+/// skips the test when every rank returns it.
+inline constexpr int rank_skipped = 77;
+
+/// Gives this process a host name of its own, in a UTS namespace of its own, so that ranks of
+/// one machine form several "nodes" (host_of() differs). Call it in a rank before anything
+/// reads the host name. False where the process may not (it needs CAP_SYS_ADMIN).
+[[nodiscard]] inline bool become_host(const std::string& name) {
+  if (::unshare(CLONE_NEWUTS) != 0 || ::sethostname(name.data(), name.size()) != 0) return false;
+  // ringzero reads the name once per process: a parent that read it before forking left its own.
+  if (ringzero::log::detail::host_name() != name)
+    throw ringzero::bootstrap_error(
+        fmt::format("become_host({}): this process already read its host name ({})", name,
+                    ringzero::log::detail::host_name()));
+  return true;
+}
 
 /// The parent's check that every rank passed, with how each one ended when one did not.
 inline void require_all_passed(const outcome& out) {

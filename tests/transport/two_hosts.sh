@@ -2,15 +2,25 @@
 # Two simulated hosts on one machine: two network namespaces joined by a veth pair, each with
 # its own host name (a UTS namespace per rank), and two ranks in each, joined over
 # tcp;ofi_rxm through the TCP store that rank 0 serves. The ranks run the test case named below
-# from the test program given as $1 (torchrun-style variables, so through from_env()).
+# from the test program given as $1 (torchrun-style variables, so through from_env()); with
+# arguments after it, they run `$1 ARGS...` instead (a benchmark: ringzero-perf ...), and
+# rank 0's standard output is printed unprefixed.
 #
 # Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), iproute2 and util-linux; without them it
 # prints SKIP and exits 77, which CTest reports as skipped. Uses 198.51.100.0/24 (TEST-NET-2)
 # inside the namespaces only, and removes them on exit.
 set -euo pipefail
 
-program=${1:?usage: two_hosts.sh TEST_PROGRAM}
+program=${1:?usage: two_hosts.sh TEST_PROGRAM [ARGS...]}
+shift
 case_name="two hosts rank"
+if (($# > 0)); then
+  args=("$@")
+  debug=${RINGZERO_DEBUG:-WARN}
+else
+  args=(--no-skip "--test-case=$case_name")
+  debug=INFO
+fi
 limit=${RINGZERO_TWO_HOSTS_LIMIT:-180}
 
 skip() {
@@ -71,9 +81,9 @@ for rank in 0 1 2 3; do
   ip netns exec "${ns[$h]}" unshare --uts env \
     RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$((rank % 2)) LOCAL_WORLD_SIZE=2 \
     MASTER_ADDR="${addr[0]}" MASTER_PORT=$port RINGZERO_TOKEN="$token" \
-    FI_TCP_IFACE="${veth[$h]}" RINGZERO_TIMEOUT=60 RINGZERO_DEBUG=INFO \
+    FI_TCP_IFACE="${veth[$h]}" RINGZERO_TIMEOUT=60 RINGZERO_DEBUG="$debug" \
     sh -c 'hostname "$0" && exec "$@"' "${host[$h]}" \
-    timeout "$limit" "$program" --no-skip "--test-case=$case_name" >"$logs/$rank" 2>&1 &
+    timeout "$limit" "$program" "${args[@]}" >"$logs/$rank" 2>"$logs/$rank.err" &
   pids+=($!)
 done
 
@@ -82,7 +92,14 @@ for rank in 0 1 2 3; do
   wait "${pids[$rank]}" || { echo "rank $rank failed (exit status $?)"; status=1; }
 done
 pids=()
-for rank in 0 1 2 3; do sed "s/^/[${host[$((rank / 2))]} rank $rank] /" "$logs/$rank"; done
+if (($# > 0)); then
+  cat "$logs/0"
+  for rank in 0 1 2 3; do sed "s/^/[${host[$((rank / 2))]} rank $rank] /" "$logs/$rank.err" >&2; done
+else
+  for rank in 0 1 2 3; do
+    cat "$logs/$rank" "$logs/$rank.err" | sed "s/^/[${host[$((rank / 2))]} rank $rank] /"
+  done
+fi
 rm -rf "$logs"
 if ((status == 0)); then echo "two hosts: all 4 ranks passed"; fi
 exit $status

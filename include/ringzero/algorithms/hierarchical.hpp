@@ -13,15 +13,26 @@
 //
 // Each level is a public collective on a sub-communicator with algorithm::automatic, so it
 // picks its own algorithm for its size. The two sub-communicators are split once per
-// communicator and kept by it (communicator::hierarchy()).
+// communicator and kept by it (communicator::hierarchy()). Where the transport advertises one
+// for the ranks of a host (libfabric: node_transport = shm), the node levels run over it: one
+// shared-memory communicator per node, set up collectively with the split; the cross-node level
+// stays on the parent's transport. RINGZERO_NODE_SHM=0 keeps every level on the parent's.
+// With two ranks per node each block is reduced from two operands, so the result is bitwise the
+// same over either transport; with more, the node level may add its operands in another order
+// than the parent's algorithms would (each rank still ends bitwise identical to the others).
 #pragma once
 
+#include <fmt/core.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -32,7 +43,9 @@
 #include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/comm_state.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
 #include "ringzero/types.hpp"
@@ -40,6 +53,14 @@
 namespace ringzero::algorithms {
 
 namespace detail {
+
+template <class C>
+[[nodiscard]] std::string transport_name(C& comm) {
+  if constexpr (requires { comm.transport().provider(); })
+    return fmt::format("libfabric ({})", comm.transport().provider());
+  else
+    return "its transport";
+}
 
 // The public collectives are found by argument-dependent lookup (ringzero::options is an
 // argument) when this template is instantiated: collectives.hpp includes this header before it
@@ -66,8 +87,61 @@ node_communicators<C>& nodes_of(C& comm) {
       parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
           static_cast<int>(g);
   }
-  return comm.set_hierarchy(
-      node_communicators<C>{std::move(*local), std::move(*cross), uniform, std::move(parent_rank)});
+  node_communicators<C> h{std::move(*local), std::move(*cross), uniform, std::move(parent_rank)};
+  if constexpr (requires { typename C::transport_type::node_transport; }) {
+    using node_transport = typename C::transport_type::node_transport;
+    // Collective over the node even where the knob differs across its ranks: they agree inside
+    // join(), which falls back on all of them alike.
+    if (h.local.size() > 1) {
+      const auto knob = ringzero::detail::getenv_int("RINGZERO_NODE_SHM");
+      if (auto t = node_transport::join(h.local, !knob || *knob != 0))
+        h.node = std::make_unique<communicator<node_transport>>(std::move(*t), comm.timeout());
+    }
+  }
+  log::info(
+      "hierarchical: rank {} of {}, node {} of {}: inside the node ({} rank{}) over {}, across "
+      "nodes over {}",
+      comm.rank(), comm.size(), t.node, t.node_count, h.local.size(),
+      h.local.size() == 1 ? "" : "s", h.node ? "shm" : transport_name(comm), transport_name(comm));
+  return comm.set_hierarchy(std::move(h));
+}
+
+// Runs f on the node level: the node's shared-memory communicator where it has one, else the
+// split of the parent. A rank that fails there is named as the parent numbers it, with the
+// parent transport's wording, so a caller sees one kind of error whichever level found it.
+template <class C, class F>
+void on_node(C& comm, node_communicators<C>& nodes, F&& f) {
+  if constexpr (requires { nodes.node->rank(); }) {
+    if (nodes.node) {
+      const auto parent_of = [&](int local_rank) {
+        if (local_rank < 0 || local_rank >= nodes.local.size()) return -1;
+        const int world = nodes.local.members()[static_cast<std::size_t>(local_rank)];
+        const auto& m = comm.members();
+        const auto it = std::find(m.begin(), m.end(), world);
+        return it == m.end() ? -1 : static_cast<int>(it - m.begin());
+      };
+      // what() starts with "ringzero: ", which the rethrown error adds again.
+      const auto text = [](const error& e) { return std::string_view(e.what()).substr(10); };
+      try {
+        f(*nodes.node);
+      } catch (const peer_error& e) {
+        const int peer = parent_of(e.peer());
+        if (peer < 0) throw;
+        throw peer_error(fmt::format("rank {} died or failed (node level over shm, where it is "
+                                     "local rank {}): {}",
+                                     peer, e.peer(), text(e)),
+                         peer);
+      } catch (const timeout_error& e) {
+        const int peer = parent_of(e.peer());
+        if (peer < 0) throw;
+        throw timeout_error(fmt::format("{} (local rank {} of the node level over shm is rank {})",
+                                        text(e), e.peer(), peer),
+                            peer);
+      }
+      return;
+    }
+  }
+  f(nodes.local);
 }
 
 }  // namespace detail
@@ -96,12 +170,12 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
 
   if (!nodes.uniform) {
     const bool leader = nodes.local.rank() == 0;
-    reduce(nodes.local, in, out, sum_op, 0, level);
+    detail::on_node(comm, nodes, [&](auto& node) { reduce(node, in, out, sum_op, 0, level); });
     if (leader) {
       all_reduce(nodes.cross, out, sum_op, level);
       if (o == op::avg) reduction::finish_avg(out.data(), out.size(), n);
     }
-    broadcast(nodes.local, out, 0, level);
+    detail::on_node(comm, nodes, [&](auto& node) { broadcast(node, out, 0, level); });
     return;
   }
 
@@ -111,10 +185,12 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
   const std::size_t block = (count + local_size - 1) / local_size;
   auto levels = [&](std::span<const E> src, std::span<E> dst) {
     std::span<E> mine = dst.subspan(local_rank * block, block);
-    reduce_scatter(nodes.local, src, mine, sum_op, level);
+    detail::on_node(comm, nodes,
+                    [&](auto& node) { reduce_scatter(node, src, mine, sum_op, level); });
     all_reduce(nodes.cross, mine, sum_op, level);
     if (o == op::avg) reduction::finish_avg(mine.data(), mine.size(), n);
-    all_gather(nodes.local, std::span<const E>(mine), dst, level);
+    detail::on_node(comm, nodes,
+                    [&](auto& node) { all_gather(node, std::span<const E>(mine), dst, level); });
   };
   if (block * local_size == count) {
     levels(in, out);
@@ -172,8 +248,9 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
   const std::size_t per_rank = n * b;  // one rank's whole buffer
 
   if (nodes.local.rank() != 0) {
-    gather(nodes.local, in, std::span<E>{}, 0, level);
-    scatter(nodes.local, std::span<const E>{}, out, 0, level);
+    detail::on_node(comm, nodes, [&](auto& node) { gather(node, in, std::span<E>{}, 0, level); });
+    detail::on_node(comm, nodes,
+                    [&](auto& node) { scatter(node, std::span<const E>{}, out, 0, level); });
     return;
   }
   // gathered[s][g]: local rank s's block for rank g. bundles[c][s][d]: that block when g is
@@ -183,7 +260,7 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
   const std::span<E> gathered = scratch.subspan(0, l * per_rank);
   const std::span<E> bundles = scratch.subspan(l * per_rank, l * per_rank);
   const std::span<E> exchanged = scratch.subspan(2 * l * per_rank, l * per_rank);
-  gather(nodes.local, in, gathered, 0, level);
+  detail::on_node(comm, nodes, [&](auto& node) { gather(node, in, gathered, 0, level); });
   const auto& rank_of = nodes.parent_rank;
   for (std::size_t c = 0; c < nodes_count; ++c)
     for (std::size_t s = 0; s < l; ++s)
@@ -201,7 +278,8 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
         std::memcpy(gathered.data() + (d * n + g) * b, exchanged.data() + ((c * l + s) * l + d) * b,
                     b * sizeof(E));
     }
-  scatter(nodes.local, std::span<const E>(gathered), out, 0, level);
+  detail::on_node(comm, nodes,
+                  [&](auto& node) { scatter(node, std::span<const E>(gathered), out, 0, level); });
 }
 
 namespace hierarchical {

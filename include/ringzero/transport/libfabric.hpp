@@ -41,6 +41,7 @@
 #include "ringzero/transport/libfabric/endpoint.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
+#include "ringzero/transport/shm.hpp"
 
 namespace ringzero::libfabric {
 
@@ -64,6 +65,9 @@ using from_env_options = options;
 class transport {
  public:
   using from_env_options = libfabric::options;
+  /// The ranks of one host also share memory: the hierarchical algorithm runs its node level
+  /// over the native shm transport, set up over this one (RINGZERO_NODE_SHM=0 keeps it here).
+  using node_transport = ringzero::shm::transport;
 
   /// Handle to one posted send or receive. Destroying it before completion cancels the
   /// operation and waits for the provider to release the buffer.

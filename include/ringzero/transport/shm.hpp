@@ -11,7 +11,9 @@
 // host names, and two capabilities the communicator uses where they apply: symmetric memory
 // (comm.allocate<T>(n): a buffer every rank of the node addresses) and collectives run in the
 // segment itself (try_native(), transport/native.hpp). shm::communicator is
-// ringzero::communicator<shm::transport> (transport/shm/communicator.hpp).
+// ringzero::communicator<shm::transport> (transport/shm/communicator.hpp). transport::join()
+// sets one up over another communicator's messages instead of a store: the hierarchical
+// algorithm's node level under libfabric (libfabric::transport::node_transport).
 #pragma once
 
 #include <fmt/core.h>
@@ -165,12 +167,7 @@ class transport {
         host_(log::detail::host_name()) {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
-    if (tune_.slots < 2 || tune_.slot_bytes < 2 * detail::cache_line ||
-        tune_.slot_bytes % detail::cache_line != 0 || tune_.slot_bytes > (std::size_t{1} << 30))
-      throw invalid_argument(fmt::format(
-          "shm transport: {} slots of {} bytes: need at least 2 slots of a multiple of 64 bytes, "
-          "at least 128",
-          tune_.slots, tune_.slot_bytes));
+    check_tuning(tune_);
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     // Several transports may be built over one store: each gets its own keys.
     const std::int64_t generation = (store.add("ringzero-shm/joined", 1) - 1) / size;
@@ -187,48 +184,33 @@ class transport {
 
     detail::mapping seg;
     if (rank == 0) {
-      const detail::layout l{static_cast<std::size_t>(size), tune_.slots, tune_.slot_bytes};
-      seg = detail::mapping::create(l.bytes());
-      auto* h = reinterpret_cast<detail::segment_header*>(seg.data());
-      h->ranks = static_cast<std::uint32_t>(size);
-      h->slots = static_cast<std::uint32_t>(tune_.slots);
-      h->slot_bytes = tune_.slot_bytes;
-      h->bytes = l.bytes();
-      h->magic = detail::segment_magic;
-      store.set_string(key("segment", 0), fmt::format("{} {}", seg.name(), l.bytes()));
+      seg = create_segment(size, tune_);
+      store.set_string(key("segment", 0), fmt::format("{} {}", seg.name(), seg.size()));
     } else {
-      const std::string where = store.get_string(key("segment", 0));
-      const auto space = where.find(' ');
-      seg = detail::mapping::open(where.substr(0, space), std::stoull(where.substr(space + 1)));
-      const auto* h = reinterpret_cast<const detail::segment_header*>(seg.data());
-      if (h->magic != detail::segment_magic || h->ranks != static_cast<std::uint32_t>(size))
-        throw transport_error(
-            fmt::format("shm: segment {} is not a {}-rank ringzero segment", seg.name(), size));
+      seg = open_segment(store.get_string(key("segment", 0)), size);
     }
-    eng_ = std::make_shared<detail::engine>(std::move(seg), rank, size);
-    auto& me = eng_->record(rank);
-    const detail::process_id self = detail::self_process();
-    me.pid.store(self.pid, std::memory_order_relaxed);
-    me.start.store(self.start, std::memory_order_relaxed);
-    me.state.store(detail::rank_running, std::memory_order_release);
-    // The last rank to map the segment removes its name: from then on it disappears with the
-    // last process that maps it, however the processes end.
-    auto& mapped = eng_->header()->mapped;
-    if (mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size))
-      eng_->unlink_segment();
-    ringzero::detail::backoff b;
-    while (mapped.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        eng_->unlink_segment();
-        throw timeout_error(
-            fmt::format("shm: only {} of {} ranks mapped the segment within {:g} s", mapped.load(),
-                        size, std::chrono::duration<double>(timeout_).count()),
-            -1);
-      }
-      b.pause();
+    attach(std::move(seg), deadline);
+  }
+
+  /// Collective over the ranks of `node`, a communicator whose ranks all run on this host (the
+  /// hierarchical algorithm's node level under libfabric): its rank 0 creates the segment and
+  /// names it to the others in `node`'s own messages, within node's deadline. Returns nullopt on
+  /// every rank alike when a rank passes use = false or cannot map the segment (hosts that share
+  /// a name but not /dev/shm), so that the caller keeps its own messaging for the node.
+  template <class Comm>
+  [[nodiscard]] static std::optional<transport> join(Comm& node, bool use,
+                                                     const options& opt = {}) {
+    check_tuning(opt.tune);
+    const auto timeout =
+        opt.timeout.count() > 0 ? opt.timeout : std::chrono::nanoseconds(node.timeout());
+    detail::mapping seg;
+    try {
+      return join_over(node, use, opt.tune, timeout, seg);
+    } catch (...) {
+      // A rank failed mid-setup: the name must not outlive the job.
+      seg.unlink();
+      throw;
     }
-    log::info("shm: rank {} of {}, {} slots of {} bytes per pair of ranks", rank, size,
-              eng_->geometry().slots, eng_->geometry().slot_bytes);
   }
 
   transport(transport&&) noexcept = default;
@@ -457,6 +439,145 @@ class transport {
   }
 
  private:
+  // join() after its checks; `seg` is the caller's, so that it can remove the name on failure.
+  template <class Comm>
+  [[nodiscard]] static std::optional<transport> join_over(Comm& node, bool use,
+                                                          const shm::tuning& tune,
+                                                          std::chrono::nanoseconds timeout,
+                                                          detail::mapping& seg) {
+    const int rank = node.rank();
+    const int size = node.size();
+    std::array<char, 256> where{};
+    std::string failure;
+    ringzero::detail::exchange<Comm> ex(node, "shm setup", "direct", timeout);
+    std::vector<typename ringzero::detail::exchange<Comm>::pending> ps;
+    if (rank == 0) {
+      if (use) {
+        try {
+          seg = create_segment(size, tune);
+          const std::string text = fmt::format("{} {}", seg.name(), seg.size());
+          std::memcpy(where.data(), text.data(), std::min(text.size(), where.size() - 1));
+        } catch (const transport_error& e) {
+          failure = e.what();
+        }
+      }
+      for (int r = 1; r < size; ++r)
+        ps.push_back(ex.send(r, 0, 0, std::as_bytes(std::span<const char>(where))));
+    } else {
+      ps.push_back(ex.recv(0, 0, 0, std::as_writable_bytes(std::span<char>(where))));
+    }
+    ex.wait_all(ps);
+    ps.clear();
+    where.back() = '\0';
+    if (rank != 0 && use && where[0] != '\0') {
+      try {
+        seg = open_segment(where.data(), size);
+      } catch (const transport_error& e) {
+        failure = e.what();
+      }
+    }
+    // Rank 0 gathers who mapped it and tells everyone the verdict, so all ranks decide alike.
+    std::vector<std::uint8_t> mapped(static_cast<std::size_t>(size), 0);
+    mapped[static_cast<std::size_t>(rank)] = seg.data() != nullptr ? 1 : 0;
+    std::uint8_t verdict = 0;
+    if (rank == 0) {
+      for (int r = 1; r < size; ++r)
+        ps.push_back(ex.recv(
+            r, 1, 0, std::as_writable_bytes(std::span(&mapped[static_cast<std::size_t>(r)], 1))));
+      ex.wait_all(ps);
+      ps.clear();
+      verdict = std::all_of(mapped.begin(), mapped.end(), [](std::uint8_t m) { return m != 0; });
+      for (int r = 1; r < size; ++r)
+        ps.push_back(ex.send(r, 2, 0, std::as_bytes(std::span(&verdict, 1))));
+    } else {
+      ps.push_back(
+          ex.send(0, 1, 0, std::as_bytes(std::span(&mapped[static_cast<std::size_t>(rank)], 1))));
+      ps.push_back(ex.recv(0, 2, 0, std::as_writable_bytes(std::span(&verdict, 1))));
+    }
+    ex.wait_all(ps);
+    if (!verdict) {
+      seg.unlink();
+      if (!failure.empty())
+        log::warn(
+            "shm: rank {} of the node cannot share memory with the others ({}); the node "
+            "keeps the messaging transport",
+            rank, failure);
+      return std::nullopt;
+    }
+    return transport(std::move(seg), rank, size, timeout, tune);
+  }
+
+  static void check_tuning(const shm::tuning& t) {
+    if (t.slots < 2 || t.slot_bytes < 2 * detail::cache_line ||
+        t.slot_bytes % detail::cache_line != 0 || t.slot_bytes > (std::size_t{1} << 30))
+      throw invalid_argument(fmt::format(
+          "shm transport: {} slots of {} bytes: need at least 2 slots of a multiple of 64 bytes, "
+          "at least 128",
+          t.slots, t.slot_bytes));
+  }
+
+  // The second half of construction, once this rank mapped the segment.
+  transport(detail::mapping seg, int rank, int size, std::chrono::nanoseconds timeout,
+            const shm::tuning& tune)
+      : rank_(rank), size_(size), timeout_(timeout), tune_(tune), host_(log::detail::host_name()) {
+    attach(std::move(seg), std::chrono::steady_clock::now() + timeout_);
+  }
+
+  [[nodiscard]] static detail::mapping create_segment(int size, const shm::tuning& tune) {
+    const detail::layout l{static_cast<std::size_t>(size), tune.slots, tune.slot_bytes};
+    detail::mapping seg = detail::mapping::create(l.bytes());
+    auto* h = reinterpret_cast<detail::segment_header*>(seg.data());
+    h->ranks = static_cast<std::uint32_t>(size);
+    h->slots = static_cast<std::uint32_t>(tune.slots);
+    h->slot_bytes = tune.slot_bytes;
+    h->bytes = l.bytes();
+    h->magic = detail::segment_magic;
+    return seg;
+  }
+
+  /// `where`: "name bytes", as rank 0 publishes it.
+  [[nodiscard]] static detail::mapping open_segment(std::string_view where, int size) {
+    const auto space = where.find(' ');
+    if (space == std::string_view::npos)
+      throw transport_error(fmt::format("shm: '{}' does not name a segment", where));
+    detail::mapping seg = detail::mapping::open(std::string(where.substr(0, space)),
+                                                std::stoull(std::string(where.substr(space + 1))));
+    const auto* h = reinterpret_cast<const detail::segment_header*>(seg.data());
+    if (h->magic != detail::segment_magic || h->ranks != static_cast<std::uint32_t>(size))
+      throw transport_error(
+          fmt::format("shm: segment {} is not a {}-rank ringzero segment", seg.name(), size));
+    return seg;
+  }
+
+  // Publishes this rank in the mapped segment and waits, until `deadline`, for every rank to
+  // have mapped it; the last one to map it removes its name.
+  void attach(detail::mapping seg, std::chrono::steady_clock::time_point deadline) {
+    eng_ = std::make_shared<detail::engine>(std::move(seg), rank_, size_);
+    auto& me = eng_->record(rank_);
+    const detail::process_id self = detail::self_process();
+    me.pid.store(self.pid, std::memory_order_relaxed);
+    me.start.store(self.start, std::memory_order_relaxed);
+    me.state.store(detail::rank_running, std::memory_order_release);
+    // From the last mapping on, the segment disappears with the last process that maps it,
+    // however the processes end.
+    auto& mapped = eng_->header()->mapped;
+    if (mapped.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size_))
+      eng_->unlink_segment();
+    ringzero::detail::backoff b;
+    while (mapped.load(std::memory_order_acquire) < static_cast<std::uint32_t>(size_)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        eng_->unlink_segment();
+        throw timeout_error(
+            fmt::format("shm: only {} of {} ranks mapped the segment within {:g} s", mapped.load(),
+                        size_, std::chrono::duration<double>(timeout_).count()),
+            -1);
+      }
+      b.pause();
+    }
+    log::info("shm: rank {} of {}, {} slots of {} bytes per pair of ranks", rank_, size_,
+              eng_->geometry().slots, eng_->geometry().slot_bytes);
+  }
+
   template <element E>
   [[nodiscard]] bool run_segment(const native_call& c, detail::segment_call& call) {
     const auto n = static_cast<std::size_t>(size_);
