@@ -72,12 +72,24 @@ struct peer_options {
 }
 
 /// Which collective a peer measures: the table's redop column and nccl-tests' bus factor.
-enum class peer_collective { all_reduce, all_to_all };
+enum class peer_collective { all_reduce, all_to_all, reduce_scatter, all_gather };
+
+[[nodiscard]] inline std::string_view peer_title(peer_collective c) {
+  switch (c) {
+    case peer_collective::all_to_all:
+      return "float all_to_all";
+    case peer_collective::reduce_scatter:
+      return "float sum reduce_scatter";
+    case peer_collective::all_gather:
+      return "float all_gather";
+    default:
+      return "float sum all_reduce";
+  }
+}
 
 inline void print_header(std::string_view what, int ranks, const peer_options& o,
                          peer_collective c = peer_collective::all_reduce) {
-  fmt::print("# {}: {}, {} ranks, iters {} warmup {} check {}\n", what,
-             c == peer_collective::all_reduce ? "float sum all_reduce" : "float all_to_all", ranks,
+  fmt::print("# {}: {}, {} ranks, iters {} warmup {} check {}\n", what, peer_title(c), ranks,
              o.iters, o.warmup, o.check);
   fmt::print(
       "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  "
@@ -87,21 +99,22 @@ inline void print_header(std::string_view what, int ranks, const peer_options& o
 }
 
 /// One nccl-tests row; seconds are the slowest rank's mean iteration time. `count` is the
-/// all_reduce vector, or all_to_all's block per peer (the row's size is then n blocks, as
-/// ringzero-perf alltoall prints it).
+/// all_reduce vector, or the block per rank of the others (the row's size is then n blocks, as
+/// ringzero-perf prints them).
 inline void print_row(std::size_t count, int ranks, double oop_s, long oop_wrong, double ip_s,
                       long ip_wrong, peer_collective c = peer_collective::all_reduce) {
-  const bool a2a = c == peer_collective::all_to_all;
-  const std::size_t full = a2a ? count * static_cast<std::size_t>(ranks) : count;
+  const bool blocks = c != peer_collective::all_reduce;
+  const std::size_t full = blocks ? count * static_cast<std::size_t>(ranks) : count;
   const double bytes = static_cast<double>(full * sizeof(float));
-  const double factor = a2a ? static_cast<double>(ranks - 1) / ranks : 2.0 * (ranks - 1) / ranks;
+  const double factor = blocks ? static_cast<double>(ranks - 1) / ranks : 2.0 * (ranks - 1) / ranks;
+  const bool sums = c == peer_collective::all_reduce || c == peer_collective::reduce_scatter;
   auto cell = [&](double s, long wrong) {
     const double alg = s > 0 ? bytes / 1e9 / s : 0;
     return fmt::format("  {}  {}  {}  {:>6}", perf::fit(s * 1e6, 7), perf::fit(alg, 6),
                        perf::fit(alg * factor, 6), wrong);
   };
   fmt::print("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}\n", full * sizeof(float), count, "float",
-             a2a ? "none" : "sum", -1, cell(oop_s, oop_wrong), cell(ip_s, ip_wrong));
+             sums ? "sum" : "none", -1, cell(oop_s, oop_wrong), cell(ip_s, ip_wrong));
   std::fflush(stdout);
 }
 
