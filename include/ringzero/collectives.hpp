@@ -51,17 +51,16 @@ namespace ringzero {
 namespace detail {
 
 // RINGZERO_ALGO and RINGZERO_CHECK are read on every call, not cached, since a program (or a
-// test) may change them between calls. A getenv scans the whole environment (tens of
-// nanoseconds, next to a sub-microsecond shared-memory all_reduce), so each is read once a call.
+// test) may change them between calls; call_env finds both in one pass over the environment.
+// `s`: RINGZERO_ALGO's value, if set.
 template <class Table>
-[[nodiscard]] std::optional<algorithm> env_algorithm() {
-  auto s = getenv_str("RINGZERO_ALGO");
+[[nodiscard]] std::optional<algorithm> env_algorithm(std::optional<std::string_view> s) {
   if (!s) return std::nullopt;
   try {
     return Table::parse(*s);
   } catch (const invalid_argument& e) {
     // The table's message names the algorithm; the user must also learn where it came from.
-    throw invalid_argument(fmt::format("RINGZERO_ALGO='{}': {}", *s,
+    throw invalid_argument(fmt::format("RINGZERO_ALGO='{}': {}", std::string(*s),
                                        std::string_view(e.what()).substr(sizeof "ringzero: " - 1)));
   }
 }
@@ -153,8 +152,8 @@ void check_agreement(communicator<T>& comm, const call_signature& mine, const op
 
 template <class T, element E>
 void maybe_check(communicator<T>& comm, collective c, std::size_t count, op o, int root,
-                 const options& opt) {
-  if (!check_enabled()) return;
+                 const options& opt, bool enabled = check_enabled()) {
+  if (!enabled) return;
   call_signature s;
   s.kind = static_cast<std::uint8_t>(c);
   s.type = static_cast<std::uint8_t>(dtype_of<E>());
@@ -314,15 +313,26 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
                       "completes every call before returning",
                       collective_name(c.kind)));
     const call_size<E> sz = size_of(c, comm.size());
-    const std::optional<algorithm> from_env = env_algorithm<Table>();
-    const algorithm a = choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
-    maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
+    const call_env env = call_env::read();
+    const std::optional<algorithm> from_env = env_algorithm<Table>(env.algo);
+    // A call the transport may run itself is offered to it before the cost model prices the
+    // algorithms: a sub-microsecond shared-memory call should not pay for a choice it does not
+    // use. Counters and traces show such a call under no algorithm ("-").
+    const bool native_first = some_native_collectives<T> && comm.size() > 1 &&
+                              opt.algorithm == algorithm::automatic && !from_env;
+    algorithm a = native_first ? algorithm::automatic
+                               : choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
+    maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt, env.check_on());
     if (c.kind == collective::all_to_allv) check_v_agreement(comm, c.blocks, opt);
     // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
     collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
                                             c.reduction, opt);
     if (sz.empty) return;
-    if (comm.size() > 1 && try_native(comm, c, sz.count, opt, from_env.has_value())) return;
+    if (native_first) {
+      if (try_native(comm, c, sz.count, opt, false)) return;
+      a = choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
+      scope.set_algorithm(a);
+    }
     const bool root = comm.rank() == c.root;
     if (c.kind == collective::broadcast) {
       if (root) copy_if_distinct(c.in, c.out);
@@ -535,9 +545,11 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
   if (opt.algorithm != algorithm::automatic)
     throw invalid_argument(fmt::format("barrier: algorithm '{}' does not implement this collective",
                                        algorithm_name(opt.algorithm)));
+  const detail::call_env env = detail::call_env::read();
   // RINGZERO_CHECK compares a barrier too: a rank in a barrier while another is in a collective
   // would otherwise see only messages of the wrong size, or none.
-  detail::maybe_check<T, std::uint8_t>(comm, collective::barrier, 0, op::sum, 0, opt);
+  detail::maybe_check<T, std::uint8_t>(comm, collective::barrier, 0, op::sum, 0, opt,
+                                       env.check_on());
   if constexpr (native_collectives<T>) {
     if (comm.size() > 1) comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
   } else {
@@ -546,8 +558,7 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
     if (comm.size() == 1) return;
     algorithms::call<std::uint8_t> c;
     c.kind = collective::barrier;
-    if (detail::try_native(comm, c, 0, opt, detail::getenv_str("RINGZERO_ALGO").has_value()))
-      return;
+    if (detail::try_native(comm, c, 0, opt, env.algo.has_value())) return;
     algorithms::barrier(comm, opt);
   }
 }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/table.hpp"
@@ -75,4 +76,46 @@ TEST_CASE("malformed RINGZERO_* values are rejected, not ignored") {
   CHECK_THROWS_AS((void)detail::env_flag("RINGZERO_CHECK"), invalid_argument);
   ::unsetenv("RINGZERO_CHECK");
   CHECK_FALSE(detail::env_flag("RINGZERO_CHECK"));
+}
+
+TEST_CASE("call_env sees every setenv, unsetenv and putenv between calls") {
+  // What each collective reads; the thread's remembered answer must never outlive a change.
+  const auto algo = [] {
+    const auto e = detail::call_env::read();
+    return e.algo ? std::string(*e.algo) : std::string("(unset)");
+  };
+  ::unsetenv("RINGZERO_ALGO");
+  ::unsetenv("RINGZERO_CHECK");
+  CHECK(algo() == "(unset)");
+  CHECK_FALSE(detail::call_env::read().check_on());
+  ::setenv("RINGZERO_ALGO", "ring", 1);
+  CHECK(algo() == "ring");
+  CHECK(algo() == "ring");
+  ::setenv("RINGZERO_ALGO", "tree", 1);  // the same name, a new value
+  CHECK(algo() == "tree");
+  ::setenv("RINGZERO_ALGO", "ring", 1);  // a value seen before (glibc reuses its string)
+  CHECK(algo() == "ring");
+  ::setenv("RINGZERO_CHECK", "1", 1);  // a new name
+  CHECK(detail::call_env::read().check_on());
+  CHECK(algo() == "ring");
+  ::setenv("RINGZERO_CHECK", "0", 1);
+  CHECK_FALSE(detail::call_env::read().check_on());
+  ::setenv("RINGZERO_CHECK", "yes", 1);
+  CHECK_THROWS_AS((void)detail::call_env::read().check_on(), invalid_argument);
+  ::unsetenv("RINGZERO_CHECK");  // the entries after it move down
+  CHECK_FALSE(detail::call_env::read().check_on());
+  ::setenv("RINGZERO_ALGO", "", 1);  // empty is unset, as for getenv_str
+  CHECK(algo() == "(unset)");
+  static char mine[] = "RINGZERO_ALGO=rd";
+  static char other[] = "RINGZERO_ALGO=rhd";
+  ::putenv(mine);
+  CHECK(algo() == "rd");
+  ::putenv(other);
+  CHECK(algo() == "rhd");
+  // Another thread reads for itself, and sees the same.
+  std::string seen;
+  std::thread([&] { seen = algo(); }).join();
+  CHECK(seen == "rhd");
+  ::unsetenv("RINGZERO_ALGO");
+  CHECK(algo() == "(unset)");
 }

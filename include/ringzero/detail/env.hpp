@@ -5,9 +5,13 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <unistd.h>  // environ
 
 #include "ringzero/error.hpp"
 
@@ -19,14 +23,19 @@ namespace ringzero::detail {
   return std::string(v);
 }
 
+/// An integer variable's value; `name` is for the message.
+[[nodiscard]] inline long long parse_env_int(const char* name, std::string_view s) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || p != s.data() + s.size())
+    throw invalid_argument(std::string(name) + "='" + std::string(s) + "' is not an integer");
+  return v;
+}
+
 [[nodiscard]] inline std::optional<long long> getenv_int(const char* name) {
   auto s = getenv_str(name);
   if (!s) return std::nullopt;
-  long long v = 0;
-  auto [p, ec] = std::from_chars(s->data(), s->data() + s->size(), v);
-  if (ec != std::errc{} || p != s->data() + s->size())
-    throw invalid_argument(std::string(name) + "='" + *s + "' is not an integer");
-  return v;
+  return parse_env_int(name, *s);
 }
 
 /// The longest deadline ringzero accepts (about 31 years): far beyond any job, and far enough
@@ -60,5 +69,62 @@ inline void check_timeout(const std::string& what, std::chrono::nanoseconds t) {
   auto v = getenv_int(name);
   return v && *v != 0;
 }
+
+/// The variables every collective reads, RINGZERO_ALGO and RINGZERO_CHECK, as set at the call
+/// (empty counts as unset, as for getenv_str). Reading them must cost next to nothing: a small
+/// shared-memory all_reduce takes a few hundred nanoseconds, and two getenv calls, each a scan
+/// of every variable's text (a cluster job has a hundred or more), were a quarter of its host
+/// time. setenv, unsetenv and putenv each change a pointer in `environ` (glibc never rewrites a
+/// string it handed out), so this thread remembers the pointers it last scanned and scans the
+/// text again only when one differs; a string passed to putenv and then edited in place is the
+/// one change it cannot see. The views point into the environment: use them before it changes.
+struct call_env {
+  std::optional<std::string_view> algo;
+  std::optional<std::string_view> check;
+
+  [[nodiscard]] static call_env read() noexcept {
+    thread_local std::vector<const char*> seen;
+    thread_local call_env found;
+    thread_local bool valid = false;
+    char** env = ::environ;
+    if (valid && env != nullptr && same_pointers(env, seen)) return found;
+    found = scan(env);
+    valid = false;
+    try {
+      seen.clear();
+      for (char** p = env; p != nullptr && *p != nullptr; ++p) seen.push_back(*p);
+      valid = true;
+    } catch (...) {
+      // Out of memory: scan again on the next call.
+    }
+    return found;
+  }
+
+  /// RINGZERO_CHECK as a flag: non-zero turns it on; a value that is no integer raises.
+  [[nodiscard]] bool check_on() const { return check && parse_env_int("RINGZERO_CHECK", *check); }
+
+ private:
+  [[nodiscard]] static bool same_pointers(char** env, const std::vector<const char*>& seen) {
+    for (std::size_t i = 0; i < seen.size(); ++i)
+      if (env[i] != seen[i]) return false;  // a null env[i] (a shorter environment) differs too
+    return env[seen.size()] == nullptr;
+  }
+
+  [[nodiscard]] static call_env scan(char** env) noexcept {
+    call_env e;
+    for (char** p = env; p != nullptr && *p != nullptr; ++p) {
+      const char* v = *p;
+      if (v[0] != 'R' || std::strncmp(v, "RINGZERO_", 9) != 0) continue;
+      // The first definition wins, as getenv finds it.
+      if (!e.algo && std::strncmp(v + 9, "ALGO=", 5) == 0)
+        e.algo = std::string_view(v + 14);
+      else if (!e.check && std::strncmp(v + 9, "CHECK=", 6) == 0)
+        e.check = std::string_view(v + 15);
+    }
+    if (e.algo && e.algo->empty()) e.algo.reset();
+    if (e.check && e.check->empty()) e.check.reset();
+    return e;
+  }
+};
 
 }  // namespace ringzero::detail

@@ -143,6 +143,9 @@ class collective_scope {
   collective_scope(const collective_scope&) = delete;
   collective_scope& operator=(const collective_scope&) = delete;
 
+  /// The algorithm the call runs, once it is chosen after the scope opened.
+  void set_algorithm(algorithm a) noexcept { algo_ = a; }
+
   ~collective_scope() {
     const auto end = std::chrono::steady_clock::now();
     counter_cell& c = st_.cell(kind_, algo_);
@@ -245,6 +248,7 @@ class collective_scope {
  public:
   collective_scope(T&, collective, algorithm, std::size_t, dtype, op, const options&,
                    std::string_view = {}) noexcept {}
+  void set_algorithm(algorithm) noexcept {}
 };
 
 #endif
