@@ -439,7 +439,10 @@ TEST_CASE("all_reduce on symmetric buffers reads peers in place, every rank bitw
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
     shm::communicator comm(shm::transport(s, r, n, {.tune = {.streaming_bytes = 4096}}));
-    for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{300007}}) {
+    // Either side of shm::detail::symmetric_min_bytes (512 B): copied through the workspace, or
+    // read in place.
+    for (const std::size_t count : {std::size_t{1}, std::size_t{127}, std::size_t{128},
+                                    std::size_t{1000}, std::size_t{300007}}) {
       auto in = comm.allocate<float>(count);
       auto res = comm.allocate<float>(count);
       for (const bool in_place : {false, true}) {

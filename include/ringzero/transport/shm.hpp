@@ -412,10 +412,10 @@ class transport {
 
   /// Runs a validated call of a world communicator (ranks are the transport's) in the segment
   /// and returns true where that path applies: all_reduce, broadcast, all_gather and
-  /// reduce_scatter up to tuning::segment_bytes, all_reduce of any size on symmetric buffers,
-  /// barrier. False leaves the call to ringzero's algorithms over messages. The decision
-  /// depends only on what every rank passes alike (kind, size, whether the buffers are
-  /// symmetric), so all ranks take the same path.
+  /// reduce_scatter up to tuning::segment_bytes, all_reduce of any size on symmetric buffers
+  /// (read in place from detail::symmetric_min_bytes up), barrier. False leaves the call to
+  /// ringzero's algorithms over messages. The decision depends only on what every rank passes alike
+  /// (kind, size, whether the buffers are symmetric), so all ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
     // Only what the kind uses: the fields it ignores may differ across ranks harmlessly.
@@ -585,7 +585,8 @@ class transport {
     auto* out = static_cast<E*>(c.out);
     switch (c.kind) {
       case collective::all_reduce:
-        if (peer_address(in, 0) && peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
+        if (c.count * sizeof(E) >= detail::symmetric_min_bytes && peer_address(in, 0) &&
+            peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
             peer_address(out + c.count - 1, 0)) {
           call.desc.symmetric = 1;
           detail::all_reduce_symmetric<E>(

@@ -36,6 +36,12 @@ namespace ringzero::shm::detail {
 /// reduces a block and copies the others' (two phases, about 3 S).
 inline constexpr std::size_t one_shot_bytes = std::size_t{16} << 10;
 
+/// From this size up, all_reduce on symmetric buffers reads the peers' inputs in place (two
+/// phases, no copies); below, the one-phase copy through the workspace is faster even there:
+/// measured on 2 ranks, 0.55 µs against 0.46 µs at 256 B, level at 512 B, 0.54 against 0.73 µs
+/// at 1 KiB.
+inline constexpr std::size_t symmetric_min_bytes = 512;
+
 /// Copies with non-temporal stores: the destination lines are written without being read for
 /// ownership first and do not evict the working set. Ends with a store fence, so a release store
 /// that follows (the phase post) orders after them.
