@@ -125,7 +125,7 @@ void run_ranks(int n, shm::tuning tune, int shard_group) {
 TEST_CASE("shm: symmetric buffers train bitwise as host memory, stages 0-3, 2 ranks") {
   // Small segment and streaming thresholds: the buckets above them go over messages (host
   // buffers) or stream their outputs (symmetric ones), as large buckets of a real model do.
-  run_ranks(2, {.segment_bytes = 256, .streaming_bytes = 64}, 0);
+  run_ranks(2, {.segment_bytes = 256, .all_reduce_segment_bytes = 256, .streaming_bytes = 64}, 0);
 }
 
 TEST_CASE("shm: symmetric buffers train bitwise as host memory, stages 0-3, 3 ranks") {
