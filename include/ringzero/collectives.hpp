@@ -115,7 +115,7 @@ struct call_signature {
 };
 
 [[nodiscard]] inline bool check_enabled() {
-  return env_flag("RINGZERO_CHECK");
+  return call_env::read().check_on();
 }
 
 template <class T>
