@@ -95,7 +95,10 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
       fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider, .timeout = 2s}));
       std::vector<float> v(200000, 1.0f);
       const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
-      ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
+      // The first call opens the connections: under ThreadSanitizer on a busy machine it can take
+      // longer than the 2 s the stalled call below is meant to wait, so it gets its own deadline.
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum,
+                           {.algorithm = ringzero::algorithm::ring, .timeout = 60s});
       if (r == 1) {
         s.set_string("pid/1", std::to_string(::getpid()));
         ::raise(SIGSTOP);
