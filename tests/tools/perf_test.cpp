@@ -25,8 +25,8 @@ struct result {
 };
 
 // Runs ringzero-perf with `args` (split on spaces) and captures what it prints, error messages
-// included.
-result run(const std::string& args) {
+// included; `extra`: the transports built in besides loopback (none by default).
+result run(const std::string& args, const perf::transports& extra = {}) {
   std::vector<std::string> words;
   std::istringstream in(args);
   for (std::string w; in >> w;) words.push_back(w);
@@ -34,7 +34,7 @@ result run(const std::string& args) {
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);
   result r;
-  r.status = perf::main(views, "ringzero-perf", f, f, nullptr);
+  r.status = perf::main(views, "ringzero-perf", f, f, nullptr, extra);
   std::fflush(f);
   std::rewind(f);
   char buf[4096];
@@ -162,6 +162,42 @@ TEST_CASE("bad command lines are refused with status 2") {
   const result h = run("--help");
   CHECK(h.status == 0);
   CHECK(h.out.find("usage: ringzero-perf") != std::string::npos);
+}
+
+TEST_CASE("--memory device: parsed, and refused clearly where it cannot run") {
+  const std::string_view args[] = {"all_reduce", "-T", "libfabric", "--memory", "device"};
+  CHECK(perf::parse_args(args).device_memory);
+  const std::string_view host[] = {"all_reduce", "--memory=host"};
+  CHECK_FALSE(perf::parse_args(host).device_memory);
+  const result bad = run("all_reduce --memory gpu");
+  CHECK(bad.status == 2);
+  CHECK(bad.out.find("--memory: 'gpu' is neither host nor device") != std::string::npos);
+  // Loopback and shm move host memory only.
+  const result loopback = run("all_reduce -T loopback --memory device");
+  CHECK(loopback.status == 2);
+  CHECK(loopback.out.find("--memory device needs -T libfabric") != std::string::npos);
+  // A build with libfabric but without CUDA: the libfabric runner is there, the device one not.
+  bool host_runner_ran = false;
+  perf::transports without_cuda;
+  without_cuda.libfabric = [&](const perf::options&, const perf::context&) {
+    host_runner_ran = true;
+    return 0;
+  };
+  const result no_cuda = run("all_reduce -T libfabric --memory device", without_cuda);
+  CHECK(no_cuda.status == 3);
+  CHECK(no_cuda.out.find("--memory device: this ringzero-perf was built without CUDA") !=
+        std::string::npos);
+  CHECK_FALSE(host_runner_ran);
+  // Where it is built in, the device runner gets the run, with the flag set.
+  bool device_runner_ran = false;
+  perf::transports with_cuda = without_cuda;
+  with_cuda.libfabric_device = [&](const perf::options& o, const perf::context&) {
+    device_runner_ran = o.device_memory;
+    return 0;
+  };
+  CHECK(run("all_reduce -T libfabric --memory device", with_cuda).status == 0);
+  CHECK(device_runner_ran);
+  CHECK_FALSE(host_runner_ran);
 }
 
 TEST_CASE("sweeps visit nccl-tests' sizes") {

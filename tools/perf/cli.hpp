@@ -146,9 +146,10 @@ struct options {
   ringzero::algorithm algo = ringzero::algorithm::automatic;
   transport_kind transport = transport_kind::automatic;
   std::string provider;
-  int registration = 0;   ///< -R: 0 user buffers, 1 registered, 2 symmetric
-  double timeout_s = 0;   ///< --timeout; 0 = RINGZERO_TIMEOUT
-  std::string tune_file;  ///< --tune: measure the cost model's constants into this file
+  int registration = 0;        ///< -R: 0 user buffers, 1 registered, 2 symmetric
+  bool device_memory = false;  ///< --memory device: buffers on the GPU (-T libfabric, FI_HMEM)
+  double timeout_s = 0;        ///< --timeout; 0 = RINGZERO_TIMEOUT
+  std::string tune_file;       ///< --tune: measure the cost model's constants into this file
   bool help = false;
   std::vector<std::string> argv;  ///< program name and arguments as given, for the JSON report
 };
@@ -256,6 +257,10 @@ ringzero flags:
   -T,--transport <t>        loopback libfabric shm nccl (default: libfabric when a launcher
                             set WORLD_SIZE and it is built in, else loopback)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
+     --memory <host|device> where the buffers live; device: cudaMalloc on GPU LOCAL_RANK %
+                            (visible GPUs), moved by the provider (FI_HMEM_CUDA, e.g. efa),
+                            reduced on the GPU; -T libfabric, all_reduce, reduce_scatter and
+                            all_gather only (-T nccl always uses the GPU; default host)
      --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
      --tune <file>          measure alpha, beta, gamma of the transport (-T, -p) instead of
                             benchmarking, and write its section of <file> (RINGZERO_TUNING)
@@ -303,7 +308,8 @@ ringzero flags:
       {'m', "agg_iters"},      {'N', "run_cycles"},  {'c', "check"},          {'o', "op"},
       {'d', "datatype"},       {'r', "root"},        {'z', "blocking"},       {'a', "average"},
       {'C', "report_cputime"}, {'J', "output_file"}, {'R', "local_register"}, {'A', "algorithm"},
-      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"},       {'\0', "tune"}};
+      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"},       {'\0', "tune"},
+      {'\0', "memory"}};
 
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -438,6 +444,14 @@ ringzero flags:
         o.provider = std::string(v);
         break;
       case '\0': {
+        // Long only: nccl-tests' -G means CUDA graphs, and a word says more than a letter.
+        if (name == "memory") {
+          if (v == "host" || v == "device")
+            o.device_memory = v == "device";
+          else
+            throw invalid_argument(fmt::format("--memory: '{}' is neither host nor device", v));
+          break;
+        }
         if (name == "tune") {
           if (v.empty()) throw invalid_argument("--tune: needs the file to write");
           o.tune_file = std::string(v);

@@ -16,6 +16,9 @@
 #if RINGZERO_PERF_WITH_LIBFABRIC
 #include "libfabric_backend.hpp"
 #endif
+#if RINGZERO_PERF_WITH_LIBFABRIC_DEVICE
+#include "libfabric_device.hpp"
+#endif
 #if RINGZERO_PERF_WITH_NCCL
 #include "nccl_backend.hpp"
 #endif
@@ -29,6 +32,9 @@ int main(int argc, char** argv) {
   ringzero::perf::transports extra;
 #if RINGZERO_PERF_WITH_LIBFABRIC
   extra.libfabric = ringzero::perf::run_libfabric;
+#endif
+#if RINGZERO_PERF_WITH_LIBFABRIC_DEVICE
+  extra.libfabric_device = ringzero::perf::run_libfabric_device;
 #endif
 #if RINGZERO_PERF_WITH_NCCL
   extra.nccl = ringzero::perf::run_nccl;

@@ -44,6 +44,8 @@ using runner = std::function<int(const options&, const context&)>;
 /// Runners for transports other than loopback; empty where that backend is not built in.
 struct transports {
   runner libfabric;
+  /// libfabric with buffers in GPU memory (--memory device); needs CUDA at build time.
+  runner libfabric_device;
   runner nccl;
   runner shm;
 };
@@ -200,8 +202,17 @@ inline int main(std::span<const std::string_view> args, std::string_view program
           throw invalid_argument(
               "-t applies to -T loopback; start libfabric ranks with a "
               "launcher (ringzero-run -n N ringzero-perf ...)");
+        if (o.device_memory) {
+          if (!extra.libfabric_device)
+            throw unsupported(
+                "--memory device: this ringzero-perf was built without CUDA (it needs nvcc and "
+                "the CUDA toolkit when it is built); -T libfabric runs with host buffers only");
+          return extra.libfabric_device(o, ctx);
+        }
         return extra.libfabric(o, ctx);
       case transport_kind::shm:
+        if (o.device_memory)
+          throw invalid_argument("--memory device: the shm transport moves host memory only");
         if (!extra.shm) throw unsupported("-T shm: this ringzero-perf was built without it");
         if (o.threads != 1)
           throw invalid_argument(
@@ -220,6 +231,10 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "--tune: NCCL runs its own algorithms; ringzero's cost model is unused");
         return extra.nccl(o, ctx);
       default:
+        if (o.device_memory)
+          throw invalid_argument(
+              "--memory device needs -T libfabric (or -T nccl, whose buffers are always on the "
+              "GPU)");
         if (!o.provider.empty())
           throw invalid_argument("-p names a libfabric provider; it needs -T libfabric");
         return run_loopback(o, ctx);

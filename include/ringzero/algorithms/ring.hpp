@@ -40,15 +40,28 @@ std::span<std::byte> writable_bytes_of(T* p, std::size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(T)};
 }
 
+/// How the phases below reduce one chunk: out = a (op) b over n elements, then, when `finish`
+/// (the last step of op::avg), the division by `ranks`. This one runs the CPU loops on host
+/// memory; device buffers pass one that launches kernels (transport/libfabric/cuda.cuh) and
+/// returns once the result is in place, since the next step sends it.
+struct cpu_reducer {
+  template <element E>
+  void operator()(op o, const E* a, const E* b, E* out, std::size_t n, bool finish,
+                  int ranks) const {
+    reduction::combine(o, a, b, out, n);
+    if (finish) reduction::finish_avg(out, n, ranks);
+  }
+};
+
 /// Reduce-scatter over `blocks` of `in`: afterwards block `rank` is fully reduced at
 /// dest(rank, n-2). Partial results of step s go to dest(block, s). `rbuf` holds two blocks:
 /// receives alternate between them so step s+2 can be posted while step s+1 is in flight.
 ///
 /// The schedule: at step s rank r sends block r-1-s and receives block r-2-s from its left
 /// neighbour, so after n-1 steps it holds block r reduced over all ranks.
-template <collective_comm T, element E, class Dest>
+template <collective_comm T, element E, class Dest, class Reduce = cpu_reducer>
 void reduce_scatter_phase(exchange<T>& ex, const block_layout& bl, const E* in, Dest dest, op o,
-                          const chunking& ch, E* rbuf) {
+                          const chunking& ch, E* rbuf, Reduce reduce = {}) {
   using pending = typename exchange<T>::pending;
   const int n = ex.size();
   const int r = ex.rank();
@@ -102,9 +115,8 @@ void reduce_scatter_phase(exchange<T>& ex, const block_layout& bl, const E* in, 
       ex.wait(sends[idx(s + 1, c)]);
       if (rg.size > 0) {
         ex.wait(recvs[idx(s, c)]);
-        reduction::combine(o, in + bl.offset[b] + rg.begin, slot(s) + rg.begin, d + rg.begin,
-                           rg.size);
-        if (o == op::avg && s == steps - 1) reduction::finish_avg(d + rg.begin, rg.size, n);
+        reduce(o, in + bl.offset[b] + rg.begin, slot(s) + rg.begin, d + rg.begin, rg.size,
+               o == op::avg && s == steps - 1, n);
       }
       if (s + 2 < steps) post_recv(s + 2, c);
       if (s + 1 < steps) post_send(s + 1, c, d);

@@ -14,6 +14,10 @@
 // serialized).
 // Progress is manual: messages move while some rank's thread is inside test() or progress(),
 // which every blocking collective calls.
+//
+// CUDA device buffers (the EFA GPUDirect RDMA case): open with options::device_memory and pass
+// them to the collectives of libfabric/cuda.cuh, which register them (register_device_buffer)
+// and let the provider read and write device memory directly. See docs/efa.md.
 #pragma once
 
 #include <fmt/core.h>
@@ -56,6 +60,12 @@ struct options {
   /// Register buffers and pass descriptors even where the provider does not ask for them
   /// (FI_MR_LOCAL unset).
   bool register_memory = false;
+  /// Messages will also come from and go to CUDA device memory: the provider must report
+  /// FI_HMEM (fi_getinfo is asked for it, with FI_MR_HMEM), else opening fails with unsupported
+  /// naming the provider. A field rather than an environment variable, because only a program
+  /// written for device buffers (libfabric/cuda.cuh) can use it, and asking for FI_HMEM rules out
+  /// providers (tcp, sockets) a host-memory program runs on. Must be the same on every rank.
+  bool device_memory = false;
 };
 
 using from_env_options = options;
@@ -141,8 +151,23 @@ class transport {
   [[nodiscard]] const detail::endpoint& endpoint() const noexcept { return *ep_; }
 
   /// Drops cached registrations of [p, p+n): call before unmapping memory that collectives
-  /// used, when the provider registers memory (FI_MR_LOCAL, or options::register_memory).
+  /// used, when the provider registers memory (FI_MR_LOCAL, or options::register_memory), and
+  /// before freeing a device buffer given to register_device_buffer.
   void forget_memory(const void* p, std::size_t n) { ep_->forget_memory(p, n); }
+
+  /// Declares [p, p+n) CUDA memory of device `device` (its ordinal) and registers it with the
+  /// provider (fi_mr_regattr, FI_HMEM_CUDA): messages from and into it then move without a
+  /// host copy. The caller declares it because telling device from host pointers needs the CUDA
+  /// runtime, which this header does not include (it must compile and link without CUDA);
+  /// libfabric/cuda.cuh, which has the runtime, calls this for the buffers it is given.
+  /// Registering pins the memory, tens of microseconds or more: register an allocation once,
+  /// and call forget_memory(p, n) before freeing it. Throws unsupported when the transport was
+  /// opened without options::device_memory or the provider cannot register CUDA memory.
+  void register_device_buffer(const void* p, std::size_t n, int device) {
+    ep_->register_device(p, n, device);
+  }
+  /// Opened with options::device_memory, on a provider that reports FI_HMEM.
+  [[nodiscard]] bool device_memory() const noexcept { return ep_->hmem(); }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     request r;
@@ -199,8 +224,8 @@ class transport {
       throw invalid_argument(
           fmt::format("libfabric communicator: rank {} is not in [0, {})", rank, size));
     const bool served_by_rank0 = dynamic_cast<const bootstrap::tcp_store*>(kept.get()) != nullptr;
-    auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory, timeout_,
-                                    std::move(kept), served_by_rank0);
+    auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory,
+                                    opt.device_memory, timeout_, std::move(kept), served_by_rank0);
     ep_ = std::move(world.ep);
     hosts_ = std::move(world.hosts);
     cost_ = opt.cost ? *opt.cost : detail::provider_cost(ep_->provider());

@@ -13,7 +13,12 @@
 //     provider may use;
 //   - -FI_EAGAIN on a post: the completion queue is read (which is what frees provider
 //     resources under manual progress) and the post retried until the deadline;
-//   - data progress is manual: test() and progress() read the completion queue.
+//   - data progress is manual: test() and progress() read the completion queue;
+//   - FI_HMEM (config::device_memory): asked for only when the caller will hand it CUDA device
+//     buffers, since it narrows the providers on offer; device buffers are registered with
+//     FI_HMEM_CUDA (mr_cache::register_device), always carry their descriptor (FI_MR_HMEM), and
+//     are never injected (fi_tinject takes no descriptor, so the provider would read the device
+//     address as host memory).
 #pragma once
 
 #include <fmt/core.h>
@@ -103,9 +108,12 @@ struct info_deleter {
 };
 using info_ptr = std::unique_ptr<fi_info, info_deleter>;
 
-/// What the endpoint asks of every provider. Returns the candidates in the provider's order
-/// of preference; nullptr-safe: an empty pointer when none matches.
-[[nodiscard]] inline info_ptr query(const char* provider, int* rc_out = nullptr) {
+/// What the endpoint asks of every provider, and with `hmem` also FI_HMEM (device memory in
+/// messages) with the FI_MR_HMEM registration mode the man pages pair it with. Returns the
+/// candidates in the provider's order of preference; nullptr-safe: an empty pointer when none
+/// matches.
+[[nodiscard]] inline info_ptr query(const char* provider, int* rc_out = nullptr,
+                                    bool hmem = false) {
   info_ptr hints(fi_allocinfo());
   if (!hints) throw transport_error("fi_allocinfo failed: out of memory");
   hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
@@ -113,6 +121,10 @@ using info_ptr = std::unique_ptr<fi_info, info_deleter>;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  if (hmem) {
+    hints->caps |= FI_HMEM;
+    hints->domain_attr->mr_mode |= FI_MR_HMEM;
+  }
   // Calls are serialized by the endpoint's mutex, so the provider may skip its own locks.
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
@@ -195,11 +207,27 @@ class endpoint {
     bool register_always = false;
     bool one_host = true;  ///< every rank on this host: loopback addresses will do
     std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
+    /// Ask for FI_HMEM: the caller will pass CUDA device buffers (register_device).
+    bool device_memory = false;
   };
 
   explicit endpoint(const config& cfg) : timeout_(cfg.timeout) {
     int rc = 0;
-    info_ptr list = query(cfg.provider.empty() ? nullptr : cfg.provider.c_str(), &rc);
+    const char* wanted = cfg.provider.empty() ? nullptr : cfg.provider.c_str();
+    info_ptr list = query(wanted, &rc, cfg.device_memory);
+    if (!list && cfg.device_memory) {
+      // Tell "this provider cannot move device memory" apart from "no such provider".
+      if (info_ptr plain = query(wanted)) {
+        const fi_info* p = pick(plain.get(), cfg.one_host);
+        throw unsupported(fmt::format(
+            "libfabric provider '{}' does not report FI_HMEM (fi_info -p '{}' -c FI_HMEM lists "
+            "nothing), so it cannot move CUDA device memory: GPU buffers need a provider with "
+            "CUDA memory registration (efa with GPUDirect RDMA, or shm and verbs;ofi_rxm in a "
+            "libfabric built with CUDA); stage them through host memory instead",
+            p->fabric_attr->prov_name ? p->fabric_attr->prov_name : "?",
+            p->fabric_attr->prov_name ? p->fabric_attr->prov_name : "?"));
+      }
+    }
     if (!list)
       throw unsupported(fmt::format(
           "libfabric has no FI_EP_RDM provider with tagged messages{}{}: {} (fi_info -l lists "
@@ -217,6 +245,7 @@ class endpoint {
           info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?");
     provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : "?";
     mr_mode_ = info_->domain_attr->mr_mode;
+    hmem_ = cfg.device_memory && (info_->caps & FI_HMEM) != 0;
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
     inject_size_ = info_->tx_attr->inject_size;
     // A safety net under the algorithms' own bounds (cost_params::burst and ::inflight):
@@ -254,10 +283,10 @@ class endpoint {
     mrs_.emplace(domain_.get(), ep_.get(), mr_mode_, provider_);
     log::info(
         "libfabric: provider {} fabric {} domain {} address {}, mr_mode {:#x}, mode {:#x}, {} "
-        "tag bits, inject {} B",
+        "tag bits, inject {} B{}",
         provider_, info_->fabric_attr->name ? info_->fabric_attr->name : "?",
         info_->domain_attr->name ? info_->domain_attr->name : "?", address_text(name()), mr_mode_,
-        info_->mode, tag_width_, inject_size_);
+        info_->mode, tag_width_, inject_size_, hmem_ ? ", FI_HMEM" : "");
   }
 
   endpoint(const endpoint&) = delete;
@@ -354,6 +383,36 @@ class endpoint {
   [[nodiscard]] std::size_t inject_size() const noexcept { return inject_size_; }
   [[nodiscard]] std::size_t max_message_size() const noexcept { return max_msg_size_; }
   [[nodiscard]] bool registers() const noexcept { return need_desc_; }
+  /// Opened for device memory (config::device_memory) on a provider that reports FI_HMEM.
+  /// Whether it can register CUDA memory in particular is known only once it tried: libfabric
+  /// has no query for the HMEM interfaces it was built with.
+  [[nodiscard]] bool hmem() const noexcept { return hmem_; }
+  /// The provider registered CUDA memory at least once (register_device succeeded).
+  [[nodiscard]] bool registered_cuda() const {
+    std::lock_guard lock(mutex_);
+    return registered_cuda_;
+  }
+  [[nodiscard]] std::size_t device_ranges() const {
+    std::lock_guard lock(mutex_);
+    return mrs_->device_ranges();
+  }
+
+  /// Registers [p, p+n) as memory of CUDA device `device` (fi_mr_regattr with FI_HMEM_CUDA):
+  /// sends and receives inside it then pass that registration to the provider. Throws
+  /// unsupported when the endpoint was not opened for device memory or the provider refuses.
+  void register_device(const void* p, std::size_t n, int device) {
+    if (n == 0) return;
+    if (device < 0)
+      throw invalid_argument(fmt::format("CUDA device ordinal {} is negative", device));
+    if (!hmem_)
+      throw unsupported(
+          fmt::format("libfabric provider '{}' was opened for host memory only: set "
+                      "libfabric::options::device_memory to pass CUDA device buffers",
+                      provider_));
+    std::lock_guard lock(mutex_);
+    mrs_->register_device(p, n, device);
+    registered_cuda_ = true;
+  }
   [[nodiscard]] std::size_t registrations() const {
     std::lock_guard lock(mutex_);
     return mrs_->size();
@@ -372,7 +431,8 @@ class endpoint {
     check_size(data.size(), peer, "send to");
     const fi_addr_t to = addrs_[static_cast<std::size_t>(world_peer)];
     // Injecting past queued sends could reorder two messages with one tag.
-    if (inject_size_ > 0 && data.size() <= inject_size_ && waiting_sends_.empty()) {
+    if (inject_size_ > 0 && data.size() <= inject_size_ && waiting_sends_.empty() &&
+        !mrs_->is_device(data.data(), data.size())) {
       const ssize_t rc = watched(
           dog_.get(), [&] { return fi_tinject(ep_.get(), data.data(), data.size(), to, tag); });
       if (rc == 0) return nullptr;
@@ -627,9 +687,9 @@ class endpoint {
     c->peer = peer;
     c->is_send = is_send;
     c->length = length;
-    if (need_desc_ && length > 0) {
+    if ((need_desc_ || hmem_) && length > 0) {
       try {
-        c->mr = mrs_->acquire(buf, length);
+        c->mr = mrs_->acquire(buf, length, need_desc_);
       } catch (...) {
         free_.push_back(c);
         throw;
@@ -797,6 +857,8 @@ class endpoint {
   std::string provider_;
   std::uint64_t mr_mode_ = 0;
   bool need_desc_ = false;
+  bool hmem_ = false;
+  bool registered_cuda_ = false;
   std::size_t inject_size_ = 0;
   std::size_t max_msg_size_ = 0;
   int tag_width_ = 64;

@@ -6,11 +6,19 @@
 // registration pins the pages it was made for: memory that is unmapped and mapped again at the
 // same address must be announced with forget() (communicator::forget_memory), or the provider
 // keeps moving the old pages.
+//
+// CUDA device memory (FI_HMEM_CUDA) is registered only when the caller declares it
+// (register_device): the cache cannot tell a device pointer from a host one without the CUDA
+// runtime, which the libfabric component does not link. Such a registration covers exactly the
+// declared range (device allocations are not page-granular host mappings), is never evicted, and
+// serves every operation inside that range until forget() drops it.
 #pragma once
 
+#include <fmt/core.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "ringzero/error.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 
 namespace ringzero::libfabric::detail {
@@ -39,7 +48,9 @@ class mr_cache {
     void* desc = nullptr;
     std::size_t in_use = 0;  ///< operations in flight that use it
     std::uint64_t last_use = 0;
-    bool stale = false;  ///< forgotten while in use: closed when the last user completes
+    bool stale = false;   ///< forgotten while in use: closed when the last user completes
+    int device = -1;      ///< CUDA device ordinal for device memory, -1 for host memory
+    bool pinned = false;  ///< a declared device range: holds one use of its own until forgotten
   };
 
   /// mr_mode: the provider's FI_MR_* bits; ep: the endpoint FI_MR_ENDPOINT binds to.
@@ -54,8 +65,10 @@ class mr_cache {
   mr_cache& operator=(const mr_cache&) = delete;
   ~mr_cache() { clear(); }
 
-  /// A registration covering [p, p+n), counted in use until release(). n > 0.
-  [[nodiscard]] entry* acquire(const void* p, std::size_t n) {
+  /// A registration covering [p, p+n), counted in use until release(). n > 0. A declared
+  /// device range that covers it is used as it is; otherwise, with `register_host`, the pages are
+  /// registered as host memory, and without it the result is nullptr (no descriptor needed).
+  [[nodiscard]] entry* acquire(const void* p, std::size_t n, bool register_host = true) {
     const auto lo = reinterpret_cast<std::uintptr_t>(p);
     const auto hi = lo + n;
     ++clock_;
@@ -66,6 +79,16 @@ class mr_cache {
         ++hits_;
         return e.get();
       }
+    // Registering part of a device range as host memory would hand the provider device
+    // addresses to read as host pages.
+    if (devices_ > 0)
+      for (auto& e : entries_)
+        if (e->device >= 0 && !e->stale && e->begin < hi && lo < e->end)
+          throw invalid_argument(fmt::format(
+              "a {} byte buffer at {} extends past the CUDA device buffer registered at {:#x} "
+              "({} bytes): register the whole allocation",
+              n, p, e->begin, e->end - e->begin));
+    if (!register_host) return nullptr;
     evict();
     const std::uintptr_t page = page_size();
     auto e = std::make_unique<entry>();
@@ -83,6 +106,36 @@ class mr_cache {
     if (--e->in_use == 0 && e->stale) drop(e);
   }
 
+  /// Registers [p, p+n) as memory of CUDA device `device` (fi_mr_regattr, FI_HMEM_CUDA), kept
+  /// until forget() covers it. A range already declared, or inside one, is not registered again.
+  /// Throws unsupported, with the provider's reason, when it refuses.
+  void register_device(const void* p, std::size_t n, int device) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(p);
+    const auto hi = lo + n;
+    for (auto& e : entries_)
+      if (e->device == device && !e->stale && e->begin <= lo && hi <= e->end) return;
+    auto e = std::make_unique<entry>();
+    e->begin = lo;
+    e->end = hi;
+    e->device = device;
+    register_range(*e);
+    e->in_use = 1;
+    e->pinned = true;
+    e->last_use = ++clock_;
+    entries_.push_back(std::move(e));
+    ++devices_;
+  }
+
+  /// Whether [p, p+n) lies in a declared device range.
+  [[nodiscard]] bool is_device(const void* p, std::size_t n) const noexcept {
+    if (devices_ == 0) return false;
+    const auto lo = reinterpret_cast<std::uintptr_t>(p);
+    const auto hi = lo + n;
+    return std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) {
+      return e->device >= 0 && e->begin < hi && lo < e->end;
+    });
+  }
+
   /// Drops every registration overlapping [p, p+n).
   void forget(const void* p, std::size_t n) noexcept {
     const auto lo = reinterpret_cast<std::uintptr_t>(p);
@@ -90,6 +143,10 @@ class mr_cache {
     std::vector<entry*> idle;
     for (auto& e : entries_)
       if (e->begin < hi && lo < e->end) {
+        if (e->pinned) {
+          e->pinned = false;
+          --e->in_use;
+        }
         if (e->in_use)
           e->stale = true;
         else
@@ -101,6 +158,8 @@ class mr_cache {
   void clear() noexcept { entries_.clear(); }
 
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  /// Declared device ranges still registered.
+  [[nodiscard]] std::size_t device_ranges() const noexcept { return devices_; }
   [[nodiscard]] std::uint64_t hits() const noexcept { return hits_; }
   [[nodiscard]] std::uint64_t misses() const noexcept { return misses_; }
 
@@ -113,9 +172,30 @@ class mr_cache {
   void register_range(entry& e) {
     // Without FI_MR_PROV_KEY the application picks keys, unique within the domain.
     const std::uint64_t key = (mr_mode_ & FI_MR_PROV_KEY) ? 0 : next_key_++;
-    check(fi_mr_reg(domain_, reinterpret_cast<const void*>(e.begin), e.end - e.begin,
-                    FI_SEND | FI_RECV, 0, key, 0, &e.mr, nullptr),
-          "fi_mr_reg", provider_);
+    if (e.device >= 0) {
+      iovec iov{reinterpret_cast<void*>(e.begin), e.end - e.begin};
+      fi_mr_attr attr{};
+      attr.mr_iov = &iov;
+      attr.iov_count = 1;
+      attr.access = FI_SEND | FI_RECV;
+      attr.requested_key = key;
+      attr.iface = FI_HMEM_CUDA;
+      attr.device.cuda = e.device;
+      // The endpoint registers device memory only once the provider reported FI_HMEM; what can
+      // still be missing is CUDA among the interfaces this libfabric was built with, which only
+      // this call reveals.
+      if (const int rc = fi_mr_regattr(domain_, &attr, 0, &e.mr); rc != 0)
+        throw unsupported(fmt::format(
+            "libfabric provider '{}' reports FI_HMEM but did not register {} bytes of CUDA "
+            "device {} memory (fi_mr_regattr with FI_HMEM_CUDA: {}): GPU buffers need a provider "
+            "with CUDA memory registration (efa with GPUDirect RDMA, or a libfabric built with "
+            "CUDA); stage them through host memory instead",
+            provider_, e.end - e.begin, e.device, fi_text(rc)));
+    } else {
+      check(fi_mr_reg(domain_, reinterpret_cast<const void*>(e.begin), e.end - e.begin,
+                      FI_SEND | FI_RECV, 0, key, 0, &e.mr, nullptr),
+            "fi_mr_reg", provider_);
+    }
     if (mr_mode_ & FI_MR_ENDPOINT) {
       // The entry's destructor closes the registration if either call fails.
       check(fi_mr_bind(e.mr, &ep_->fid, 0), "fi_mr_bind", provider_);
@@ -136,6 +216,7 @@ class mr_cache {
   }
 
   void drop(entry* e) noexcept {
+    if (e->device >= 0) --devices_;
     entries_.erase(std::find_if(entries_.begin(), entries_.end(),
                                 [&](const auto& x) { return x.get() == e; }));
   }
@@ -150,6 +231,7 @@ class mr_cache {
   std::uint64_t next_key_ = 1;
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
+  std::size_t devices_ = 0;  ///< device entries, so host-only runs skip the device checks
 };
 
 }  // namespace ringzero::libfabric::detail

@@ -68,7 +68,7 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
 /// `served_by_rank0`: it goes away with rank 0's process (tcp_store).
 [[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
                                       std::string_view requested, bool register_memory,
-                                      std::chrono::nanoseconds timeout,
+                                      bool device_memory, std::chrono::nanoseconds timeout,
                                       std::shared_ptr<bootstrap::store> kept = nullptr,
                                       bool served_by_rank0 = false) {
   // Several communicators may be built on one store; each rank counts its own, and the
@@ -91,8 +91,11 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
   const bool one_host =
       std::all_of(w.hosts.begin(), w.hosts.end(), [&](const auto& h) { return h == w.hosts[0]; });
 
-  endpoint::config cfg{
-      .provider = {}, .register_always = register_memory, .one_host = one_host, .timeout = timeout};
+  endpoint::config cfg{.provider = {},
+                       .register_always = register_memory,
+                       .one_host = one_host,
+                       .timeout = timeout,
+                       .device_memory = device_memory};
   const std::string provider_key = prefix + "provider";
   try {
     if (rank == 0) {
