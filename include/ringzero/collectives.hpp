@@ -4,7 +4,9 @@
 //   - hands the call to the transport's own collective where it has one (NCCL; shm in its
 //     segment where that path applies, transport/native.hpp), else picks one of ringzero's
 //     algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model, all from the
-//     one algorithm table, algorithms/table.hpp) and runs it over messages;
+//     one algorithm table, algorithms/table.hpp) and runs it over messages; on NCCL an
+//     options::algorithm of ring or tree runs ringzero's schedule on the GPU buffers instead
+//     (algorithms/schedule.hpp);
 //   - leaves bitwise identical results on every rank that receives them;
 //   - fails with timeout_error naming the step and peer if a peer stops answering.
 //
@@ -32,6 +34,7 @@
 #include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/algorithms/ring.hpp"
+#include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/algorithms/table.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
@@ -273,14 +276,34 @@ template <class T, element E>
   }
 }
 
-/// The transport's own collective for a validated call.
-template <class T, element E>
-void run_native(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
-  const std::string_view what = collective_name(c.kind);
-  if (opt.algorithm != algorithm::automatic)
+/// Whether a native transport can run options::algorithm for collective `c`: as a schedule
+/// where it runs ringzero's schedules and one implements `c` (NCCL), never otherwise. Checked
+/// before anything is sent, alike on every rank.
+template <class T>
+void check_forced_native(collective c, algorithm a) {
+  const std::string_view what = collective_name(c);
+  if constexpr (!scheduled_collectives<T>) {
     throw unsupported(fmt::format(
         "{}: this backend runs its own collectives; algorithm '{}' cannot be forced on it", what,
-        algorithm_name(opt.algorithm)));
+        algorithm_name(a)));
+  } else {
+    if (!algorithms::builtin::known(a))
+      throw invalid_argument(fmt::format(
+          "{}: options::algorithm holds {}, which names no algorithm", what, static_cast<int>(a)));
+    if (!algorithms::schedule::has_schedule(a, c))
+      throw unsupported(fmt::format(
+          "{}: algorithm '{}' does not run on this backend's buffers; ringzero's algorithms "
+          "there are {}; leave options::algorithm automatic for the backend's own collective",
+          what, algorithm_name(a), algorithms::schedule::summary));
+  }
+}
+
+/// The transport's own collective for a validated call, or with options::algorithm set, one of
+/// ringzero's schedules run by the transport.
+template <class T, element E>
+void run_native(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
+  const bool scheduled = opt.algorithm != algorithm::automatic;
+  if (scheduled) check_forced_native<T>(c.kind, opt.algorithm);
   const call_size<E> sz = size_of(c, comm.size());
   maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
   if (sz.empty) return;
@@ -296,6 +319,8 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
   nc.send_displs = c.blocks.send_displs;
   nc.recv_counts = c.blocks.recv_counts;
   nc.recv_displs = c.blocks.recv_displs;
+  if constexpr (scheduled_collectives<T>)
+    if (scheduled) return comm.transport().run_schedule(nc, opt);
   comm.transport().run_native(nc, opt);
 }
 

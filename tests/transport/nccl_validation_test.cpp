@@ -160,6 +160,92 @@ TEST_CASE("a native backend gets the core's validation and only validated calls"
   });
 }
 
+namespace {
+
+// A native transport that also runs ringzero's schedules, as NCCL does: what reaches
+// run_schedule() and what stays with run_native().
+struct scheduling_native : recording_native {
+  std::vector<ringzero::algorithm>* scheduled = nullptr;
+  void run_schedule(const ringzero::native_call& c, const ringzero::options& o) {
+    calls->push_back(c);
+    scheduled->push_back(o.algorithm);
+  }
+};
+static_assert(ringzero::scheduled_collectives<scheduling_native>);
+static_assert(!ringzero::scheduled_collectives<recording_native>);
+static_assert(ringzero::scheduled_collectives<ringzero::nccl::transport>);
+
+}  // namespace
+
+TEST_CASE("a forced algorithm runs as a schedule where one exists, and is refused by name else") {
+  using ringzero::algorithm;
+  using ringzero::collective;
+  std::vector<ringzero::native_call> calls;
+  std::vector<algorithm> scheduled;
+  scheduling_native t;
+  t.calls = &calls;
+  t.scheduled = &scheduled;
+  t.size_ = 1;
+  ringzero::communicator<scheduling_native> comm(t);
+  std::vector<float> buf(8, 1.0f);
+  const std::span<float> all(buf);
+
+  ringzero::all_reduce(comm, all, op::sum, {.algorithm = algorithm::ring});
+  ringzero::all_reduce(comm, all, op::avg, {.algorithm = algorithm::tree});
+  ringzero::reduce_scatter(comm, all.first(4), all.subspan(4, 4), op::max,
+                           {.algorithm = algorithm::ring});
+  ringzero::all_gather(comm, all.first(4), all.subspan(4, 4), {.algorithm = algorithm::ring});
+  ringzero::broadcast(comm, all, 0, {.algorithm = algorithm::tree});
+  ringzero::reduce(comm, all, op::min, 0, {.algorithm = algorithm::tree});
+  ringzero::all_reduce(comm, all, op::sum);  // automatic: the backend's own collective
+  ringzero::all_reduce(comm, all.first(0), op::sum, {.algorithm = algorithm::ring});  // empty
+  REQUIRE(calls.size() == 7);
+  REQUIRE(scheduled.size() == 6);
+  CHECK(scheduled[0] == algorithm::ring);
+  CHECK(scheduled[1] == algorithm::tree);
+  CHECK(calls[1].reduction == op::avg);
+  CHECK(calls[2].kind == collective::reduce_scatter);
+  CHECK(calls[2].count == 4);
+  CHECK(calls[3].kind == collective::all_gather);
+  CHECK(calls[4].kind == collective::broadcast);
+  CHECK(calls[5].kind == collective::reduce);
+  CHECK(calls[6].kind == collective::all_reduce);
+
+  // No schedule for the pair: unsupported, naming the algorithm, the collective and what exists.
+  const auto refused = [&](auto&& call, const std::string& algo, const std::string& what) {
+    try {
+      call();
+      FAIL("expected unsupported for ", algo, " on ", what);
+    } catch (const ringzero::unsupported& e) {
+      const std::string msg = e.what();
+      CHECK_MESSAGE(msg.find(what + ": algorithm '" + algo +
+                             "' does not run on this backend's "
+                             "buffers; ringzero's algorithms there are ring (all_reduce, "
+                             "reduce_scatter, all_gather) and tree (all_reduce, "
+                             "broadcast, reduce)") != std::string::npos,
+                    msg);
+    }
+  };
+  refused(
+      [&] {
+        ringzero::all_reduce(comm, all, op::sum, {.algorithm = algorithm::recursive_doubling});
+      },
+      "rd", "all_reduce");
+  refused([&] { ringzero::broadcast(comm, all, 0, {.algorithm = algorithm::ring}); }, "ring",
+          "broadcast");
+  refused(
+      [&] {
+        ringzero::all_gather(comm, all.first(4), all.subspan(4, 4), {.algorithm = algorithm::tree});
+      },
+      "tree", "all_gather");
+  refused([&] { ringzero::all_to_all(comm, all, {.algorithm = algorithm::pairwise}); }, "pairwise",
+          "all_to_all");
+  CHECK(message_of([&] {
+          ringzero::all_reduce(comm, all, op::sum, {.algorithm = static_cast<algorithm>(99)});
+        }) == "ringzero: all_reduce: options::algorithm holds 99, which names no algorithm");
+  CHECK(calls.size() == 7);
+}
+
 TEST_CASE("host memory is refused before NCCL could see it") {
   std::vector<float> host(8);
   const std::string msg = message_of([&] {

@@ -50,6 +50,16 @@ concept native_collectives = transport<T> &&
   {t.all_gather_bytes(mine, all, o)};
 };
 
+/// A transport with native collectives that can also run ringzero's own algorithms on its
+/// buffers, as schedules (algorithms/schedule.hpp; NCCL: ring and tree over ncclSend/ncclRecv
+/// with ringzero's kernels). The communicator hands it a validated call whose options::algorithm
+/// names a schedule that implements the collective; automatic stays with run_native().
+template <class T>
+concept scheduled_collectives = native_collectives<T> &&
+    requires(T& t, const native_call& c, const options& o) {
+  {t.run_schedule(c, o)};
+};
+
 /// A transport that runs some collectives itself where it has a faster path than messages
 /// (shm: in the shared segment). try_native() returns false to leave a call to ringzero's
 /// algorithms, and must decide alike on every rank. The communicator offers it only calls of the
