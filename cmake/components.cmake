@@ -88,7 +88,8 @@ if(NOT RINGZERO_WITH_CUDA STREQUAL "OFF")
 endif()
 if(RINGZERO_HAVE_CUDA)
   file(GLOB_RECURSE RINGZERO_CUDA_HEADERS CONFIGURE_DEPENDS
-       RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}" include/ringzero/kernels/cuda/*.cuh)
+       RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}" include/ringzero/kernels/cuda/*.cuh
+       include/ringzero/zero/*.cuh)
   add_library(ringzero_cuda INTERFACE)
   add_library(ringzero::cuda ALIAS ringzero_cuda)
   set_target_properties(ringzero_cuda PROPERTIES EXPORT_NAME cuda)

@@ -91,14 +91,17 @@ TEST_CASE("accumulate matches the sharder's bitwise for P and fp32 sources") {
       const std::size_t n = 3001;
       const auto src = values<S>(rng, n);
       const auto start = values<P>(rng, n);
-      for (const bool first : {true, false}) {
-        INFO(ringzero::dtype_name(ringzero::dtype_of<P>()), " from ",
-             ringzero::dtype_name(ringzero::dtype_of<S>()), first ? " first" : " later");
-        std::vector<P> ref = start, got = start;
-        zd::accumulate(ref.data(), src.data(), n, first);
-        for (std::size_t i = 0; i < n; ++i) got[i] = k::accumulate<P>(got[i], src[i], first);
-        CHECK(count_different(ref, got) == 0);
-      }
+      for (const bool first : {true, false})
+        for (const float scale : {1.0f, 0.125f, 1.0f / 3.0f}) {
+          INFO(ringzero::dtype_name(ringzero::dtype_of<P>()), " from ",
+               ringzero::dtype_name(ringzero::dtype_of<S>()), first ? " first" : " later",
+               " scale ", scale);
+          std::vector<P> ref = start, got = start;
+          zd::accumulate(ref.data(), src.data(), n, first, scale);
+          for (std::size_t i = 0; i < n; ++i)
+            got[i] = k::accumulate<P>(got[i], src[i], first, scale);
+          CHECK(count_different(ref, got) == 0);
+        }
     };
     run(P{});
     if constexpr (!std::is_same_v<P, float>) run(float{});

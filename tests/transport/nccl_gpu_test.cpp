@@ -19,10 +19,14 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <fmt/core.h>
 
+#include "ringzero/algorithms/schedule.hpp"
+#include "ringzero/algorithms/schedule/host_executor.hpp"
+#include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/nccl.hpp"
 
@@ -404,6 +408,170 @@ void check_type(nccl::communicator& comm) {
   }
 }
 
+// --- ringzero's schedules on GPU buffers --------------------------------------------------------
+
+namespace sched = ringzero::algorithms::schedule;
+
+/// One forced-algorithm call: the algorithm, the collective, the op and the count (native_call's:
+/// reduce_scatter's output block, all_gather's input block).
+struct schedule_case {
+  ringzero::algorithm algo;
+  ringzero::collective kind;
+  op reduction;
+  std::size_t count;
+};
+
+std::vector<schedule_case> schedule_cases() {
+  std::vector<schedule_case> cases;
+  for (const auto& e : sched::schedules)
+    for (ringzero::collective k :
+         {ringzero::collective::all_reduce, ringzero::collective::reduce_scatter,
+          ringzero::collective::all_gather, ringzero::collective::broadcast,
+          ringzero::collective::reduce}) {
+      if (!e.implements.contains(k)) continue;
+      for (op o : ringzero::all_ops) {
+        if (!sched::reduces(k) && o != op::sum) continue;
+        for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{1031}})
+          cases.push_back({e.id, k, o, count});
+      }
+    }
+  return cases;
+}
+
+std::string case_name(ringzero::dtype t, const schedule_case& c) {
+  return fmt::format("{} {} {} {} count {}", ringzero::algorithm_name(c.algo),
+                     ringzero::collective_name(c.kind), ringzero::dtype_name(t),
+                     ringzero::op_name(c.reduction), c.count);
+}
+
+/// (input elements, output elements) of a case on n ranks.
+std::pair<std::size_t, std::size_t> case_sizes(const schedule_case& c, int n) {
+  const auto nn = static_cast<std::size_t>(n);
+  if (c.kind == ringzero::collective::reduce_scatter) return {c.count * nn, c.count};
+  if (c.kind == ringzero::collective::all_gather) return {c.count, c.count * nn};
+  return {c.count, c.count};
+}
+
+/// The bits each rank must end with: the same schedule run by the host executor over loopback
+/// ranks on the same inputs. The CUDA kernels run the per-element code the host executor runs, so
+/// the device must match them bit for bit. Keyed by case_name; reduce's non-roots hold nothing.
+using host_bits = std::map<std::string, std::vector<std::vector<std::byte>>>;
+
+template <class T>
+void add_host_bits(host_bits& into, int n) {
+  const int root = n - 1;
+  for (const schedule_case& c : schedule_cases()) {
+    auto& per_rank = into[case_name(ringzero::dtype_of<T>(), c)];
+    per_rank.assign(static_cast<std::size_t>(n), {});
+    ringzero::loopback::world(n).run([&](ringzero::loopback::communicator& comm) {
+      const auto [in_len, out_len] = case_sizes(c, n);
+      const std::vector<T> in = make_input<T>(comm.rank(), c.reduction, in_len);
+      std::vector<T> out(out_len);
+      sched::run_on_host(comm, c.algo,
+                         ringzero::algorithms::call<T>{c.kind, in, out, c.reduction, root});
+      if (c.kind != ringzero::collective::reduce || comm.rank() == root) {
+        const auto bytes = std::as_bytes(std::span<const T>(out));
+        per_rank[static_cast<std::size_t>(comm.rank())].assign(bytes.begin(), bytes.end());
+      }
+    });
+  }
+}
+
+/// Runs every schedule case of type T on the GPU, in place and out of place, twice each; compares
+/// each result with the host executor's bits (and, for the rank's own view, with the plain
+/// reference of the native tests).
+template <class T>
+void check_schedules(nccl::communicator& comm, const host_bits& want) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const int root = n - 1;
+  const bool have_kernels = ringzero::kernels::registered_device_reduction() != nullptr;
+  for (const schedule_case& c : schedule_cases()) {
+    const std::string name = case_name(ringzero::dtype_of<T>(), c);
+    const auto [in_len, out_len] = case_sizes(c, n);
+    const std::vector<T> mine = make_input<T>(me, c.reduction, in_len);
+    const ringzero::options opt{.algorithm = c.algo};
+    if (sched::reduces(c.kind) && !have_kernels) {
+      device_buffer<T> d(in_len);
+      d.upload(mine);
+      try {
+        ringzero::all_reduce(comm, d.span().first(c.count), c.reduction, opt);
+        FAIL("expected unsupported without ringzero's CUDA kernels: ", name);
+      } catch (const ringzero::unsupported& e) {
+        CHECK_MESSAGE(std::string(e.what()).find("device_reduction.cuh") != std::string::npos,
+                      e.what());
+      }
+      continue;
+    }
+    const std::vector<std::byte>& expected = want.at(name)[static_cast<std::size_t>(me)];
+    for (bool in_place : {false, true}) {
+      std::vector<std::byte> first;
+      for (int run = 0; run < 2; ++run) {
+        device_buffer<T> in(in_len), out(std::max(in_len, out_len));
+        in.upload(mine);
+        out.poison();
+        const auto own = [&](device_buffer<T>& b, std::size_t len) {
+          return b.span().subspan(len * static_cast<std::size_t>(me), len);
+        };
+        std::vector<T> got;
+        switch (c.kind) {
+          case ringzero::collective::all_reduce:
+            if (in_place)
+              ringzero::all_reduce(comm, in.span(), c.reduction, opt);
+            else
+              ringzero::all_reduce(comm, in.span(), out.span().first(c.count), c.reduction, opt);
+            got = (in_place ? in : out).download();
+            break;
+          case ringzero::collective::reduce_scatter: {
+            const auto dst = in_place ? own(in, c.count) : out.span().first(c.count);
+            ringzero::reduce_scatter(comm, in.span(), dst, c.reduction, opt);
+            got.resize(c.count);
+            cuda_ok(cudaMemcpy(got.data(), dst.data(), c.count * sizeof(T), cudaMemcpyDeviceToHost),
+                    "download");
+            break;
+          }
+          case ringzero::collective::all_gather:
+            if (in_place) {
+              cuda_ok(cudaMemcpy(own(out, c.count).data(), mine.data(), c.count * sizeof(T),
+                                 cudaMemcpyHostToDevice),
+                      "upload");
+              ringzero::all_gather(comm, own(out, c.count), out.span().first(out_len), opt);
+            } else {
+              ringzero::all_gather(comm, in.span(), out.span().first(out_len), opt);
+            }
+            got = out.download();
+            break;
+          case ringzero::collective::broadcast:
+            if (in_place)
+              ringzero::broadcast(comm, in.span(), root, opt);
+            else
+              ringzero::broadcast(comm, in.span(), out.span().first(c.count), root, opt);
+            got = (in_place ? in : out).download();
+            break;
+          default:
+            if (in_place)
+              ringzero::reduce(comm, in.span(), c.reduction, root, opt);
+            else
+              ringzero::reduce(comm, in.span(), out.span().first(c.count), c.reduction, root, opt);
+            got = (in_place ? in : out).download();
+            break;
+        }
+        if (c.kind == ringzero::collective::reduce && me != root) continue;
+        got.resize(out_len);
+        const auto bytes = std::as_bytes(std::span<const T>(got));
+        std::vector<std::byte> now(bytes.begin(), bytes.end());
+        const std::string what =
+            fmt::format("{} on rank {} of {}{}", name, me, n, in_place ? " (in place)" : "");
+        CHECK_MESSAGE(now == expected, what, ": not the host executor's bits");
+        if (run == 0)
+          first = std::move(now);
+        else
+          CHECK_MESSAGE(now == first, what, ": a second run gave other bits");
+      }
+    }
+  }
+}
+
 /// Holds a stream back until released (or for at most 20 s, so a failed test cannot hang it).
 struct stream_gate {
   std::atomic<bool> open{false};
@@ -426,6 +594,51 @@ TEST_CASE("every collective, element type and op matches a host reference") {
     for (ringzero::dtype t : ringzero::all_dtypes)
       ringzero::visit_dtype(t, [&](auto zero) { check_type<decltype(zero)>(comm); });
     ringzero::barrier(comm);
+  });
+}
+
+TEST_CASE("ringzero's ring and tree on GPU buffers give the host executor's bits") {
+  if (!have_gpu()) return;
+  const int n = nccl::device_count();
+  MESSAGE(
+      "world of ", n, " rank(s), one per visible GPU; CUDA reductions ",
+      ringzero::kernels::registered_device_reduction() != nullptr ? "registered" : "not linked in");
+  host_bits want;
+  for (ringzero::dtype t : ringzero::all_dtypes)
+    ringzero::visit_dtype(t, [&](auto zero) { add_host_bits<decltype(zero)>(want, n); });
+  run_world(n, [&](nccl::communicator& comm) {
+    for (ringzero::dtype t : ringzero::all_dtypes)
+      ringzero::visit_dtype(t, [&](auto zero) { check_schedules<decltype(zero)>(comm, want); });
+    ringzero::barrier(comm);
+  });
+}
+
+TEST_CASE("a forced ring all_reduce runs async on a caller's stream") {
+  if (!have_gpu()) return;
+  if (ringzero::kernels::registered_device_reduction() == nullptr) {
+    MESSAGE("ringzero's CUDA reductions are not linked into this build; nothing to run");
+    return;
+  }
+  const int n = nccl::device_count();
+  run_world(n, [&](nccl::communicator& comm) {
+    cudaStream_t s = nullptr;
+    cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    constexpr std::size_t count = (1 << 20) + 3;
+    device_buffer<float> a(count);
+    std::vector<float> host(count);
+    for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 1000);
+    a.upload(host);
+    // docs-begin: nccl-schedules
+    // ringzero's ring and tree instead of NCCL's own collectives: a fixed reduction order.
+    const ringzero::options ring{
+        .algorithm = ringzero::algorithm::ring, .stream = s, .async = true};
+    for (int i = 0; i < 4; ++i) ringzero::all_reduce(comm, a.span(), op::max, ring);
+    ringzero::all_reduce(comm, a.span(), op::avg,
+                         {.algorithm = ringzero::algorithm::tree, .stream = s, .async = true});
+    comm.transport().synchronize(s);
+    // docs-end: nccl-schedules
+    CHECK(a.download() == host);
+    cuda_ok(cudaStreamDestroy(s), "cudaStreamDestroy");
   });
 }
 
@@ -478,7 +691,9 @@ TEST_CASE("bad arguments throw invalid_argument and leave the communicator usabl
       CHECK_MESSAGE(std::string(e.what()).find(text) != std::string::npos, e.what());
     }
   };
-  expect_invalid([&] { ringzero::all_reduce(comm, std::span<int>(host), op::sum); },
+  // Host memory beyond the staging bound (small blocking calls are staged: the next case).
+  std::vector<int> bulk(nccl::transport::host_staging_bytes / sizeof(int));
+  expect_invalid([&] { ringzero::all_reduce(comm, std::span<int>(bulk), op::sum); },
                  "all_reduce: the start of the input");
   expect_invalid([&] { ringzero::all_reduce(comm, d.span(), std::span<int>(host), op::sum); },
                  "all_reduce: the start of the output");
@@ -503,6 +718,25 @@ TEST_CASE("bad arguments throw invalid_argument and leave the communicator usabl
   d.upload(v);
   ringzero::all_reduce(comm, d.span(), op::sum);
   CHECK(d.download() == v);
+}
+
+TEST_CASE("small blocking calls on host memory are staged through the device") {
+  if (!have_gpu()) return;
+  auto comm = nccl::communicator::single();
+  std::vector<int> v{1, 2, 3};
+  ringzero::all_reduce(comm, std::span<int>(v), op::sum);  // in place, one rank: unchanged
+  CHECK(v == std::vector<int>{1, 2, 3});
+  std::vector<std::uint64_t> mine{7, 8}, all(2);
+  ringzero::all_gather(comm, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all));
+  CHECK(all == mine);
+  const std::vector<float> in{0.5f, 1.5f, 2.5f};
+  std::vector<float> out(3);
+  ringzero::all_reduce(comm, std::span<const float>(in), std::span<float>(out), op::max);
+  CHECK(out == in);
+  // Never asynchronously: the copy back would have to wait anyway.
+  CHECK_THROWS_AS(ringzero::all_reduce(comm, std::span<int>(v), op::sum, {.async = true}),
+                  ringzero::invalid_argument);
+  CHECK_FALSE(comm.transport().aborted());
 }
 
 TEST_CASE("NCCL errors become transport_error with NCCL's text and abort the communicator") {

@@ -81,6 +81,9 @@ struct run_options {
   bool gather_before_step = false;
   bool hold_across_step = false;
   int ranks_per_node = 0;  ///< loopback's simulated nodes (0: one node)
+  /// Writes each gradient into gradient_slot<float>(p) and hands the slot over, instead of
+  /// add_grad with a copy (needs gradients reduced in fp32).
+  bool use_slots = false;
 };
 
 struct run_result {
@@ -129,6 +132,13 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
   if (!o.load_dir.empty()) shd.load(o.load_dir);
   const int first = static_cast<int>(shd.step_count());
   const int nl = static_cast<int>(plan.layers().size());
+  // On a device space the trainer's "kernels" are this thread's loops: it waits for the compute
+  // stream before reading parameters, and keeps each gradient alive until the compute stream
+  // has consumed it, as a trainer on a GPU orders its own work on that stream.
+  std::vector<std::vector<float>> in_flight;
+  const auto sync_compute = [&] {
+    if constexpr (Sharder::device) shd.space().synchronize(shd.space().compute_stream());
+  };
   for (int s = first; s < first + o.steps; ++s) {
     for (int m = 0; m < o.accumulation; ++m) {
       for (int l = 0; l < nl; ++l) (void)shd.gather(l);
@@ -137,6 +147,7 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
         const auto& li = plan.layers()[static_cast<std::size_t>(l)];
         for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
           if (!shd.trainable(p)) continue;
+          sync_compute();
           auto wv = g.param(p);
           std::vector<float> grad(wv.size());
           // A global batch of `batch` samples split over micro-batches and ranks: the sum of
@@ -155,16 +166,27 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
             grad[i] = o.grad_multiplier * sum / static_cast<float>(batch) * shd.loss_scale();
           }
           if (o.poison) o.poison(comm.rank(), s, p, grad);
+          if (o.use_slots) {
+            const std::span<float> slot = shd.template gradient_slot<float>(p);
+            sync_compute();  // the slot is ready (zeroed, its bucket free) on the compute stream
+            for (std::size_t i = 0; i < slot.size(); ++i) slot[i] += grad[i];
+            shd.add_grad(p, slot);
+            continue;
+          }
           shd.add_grad(p, std::span<const float>(grad));
+          if constexpr (Sharder::device) in_flight.push_back(std::move(grad));
         }
       }
       shd.end_micro_batch();
+      sync_compute();
+      in_flight.clear();
     }
     std::optional<typename Sharder::gathered> held;
     if (o.gather_before_step) held.emplace(shd.gather(0));
     if (!o.hold_across_step) held.reset();
     const auto r = shd.step();
     if (held) {
+      sync_compute();
       const auto v = held->param(0);
       res.held[static_cast<std::size_t>(comm.rank())].assign(v.begin(), v.end());
       held.reset();
@@ -177,7 +199,9 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
   if (comm.rank() == 0) res.step_count = shd.step_count();
 }
 
-template <class P>
+/// train() with the buffers in Space (default: the one the loopback communicator chooses, host
+/// memory); zero::emulated_device_space runs the sharder's device paths.
+template <class P, class Space = zero::memory_space_t<communicator>>
 run_result train(const zero::model_layout& layout, const run_options& o) {
   run_result res;
   res.params.resize(static_cast<std::size_t>(o.world));
@@ -185,7 +209,7 @@ run_result train(const zero::model_layout& layout, const run_options& o) {
   res.held.resize(static_cast<std::size_t>(o.world));
   ringzero::loopback::world w(o.world, {.ranks_per_node = o.ranks_per_node});
   w.run([&](communicator& comm) {
-    train_rank<zero::sharder<communicator, P>>(comm, layout, o, res, [](auto&) {});
+    train_rank<zero::sharder<communicator, P, Space>>(comm, layout, o, res, [](auto&) {});
   });
   return res;
 }

@@ -30,6 +30,15 @@ RINGZERO_HD inline P accumulate(P dst, S src, bool first) noexcept {
   return first ? v : from_float<P>(add(to_float(dst), to_float(v)));
 }
 
+/// The same with the gradient multiplied by `scale` first (1 / gradient_predivide), rounded to P
+/// before the sum as the host's accumulate() does; a scale of 1 is skipped, as there.
+template <class P, class S>
+RINGZERO_HD inline P accumulate(P dst, S src, bool first, float scale) noexcept {
+  if (scale == 1.0f) return accumulate<P>(dst, src, first);
+  const P v = from_float<P>(mul(to_float(src), scale));
+  return first ? v : from_float<P>(add(to_float(dst), to_float(v)));
+}
+
 /// The unscaled gradient element whose square the gradient norm sums (in double).
 template <class P>
 RINGZERO_HD inline float unscaled(P g, float scale) noexcept {

@@ -8,8 +8,11 @@
 //
 // The calls are collectives.hpp's, with its signatures, validation and messages; the
 // communicator hands each validated call to NCCL (nccl::transport::run_native), so NCCL picks
-// its own algorithm and protocol (NCCL_ALGO and NCCL_PROTO steer it; forcing a ringzero
-// algorithm is refused). On top of NCCL:
+// its own algorithm and protocol (NCCL_ALGO and NCCL_PROTO steer it). options::algorithm ring or
+// tree runs ringzero's algorithm instead, over ncclSend/ncclRecv with ringzero's kernels
+// (nccl::transport::run_schedule; a fixed reduction order, which NCCL does not promise): the
+// reducing ones need <ringzero/kernels/cuda/device_reduction.cuh> in one .cu file of the
+// program. On top of NCCL:
 //   - every buffer is checked to be memory the communicator's GPU can address before anything
 //     is enqueued (invalid_argument);
 //   - by default a call returns once the result is in place, and a call that misses its deadline
@@ -24,6 +27,13 @@
 #include "ringzero/communicator.hpp"
 #include "ringzero/transport/nccl/communicator.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
+
+// In a CUDA translation unit the sharder's device memory space comes along (it launches kernels,
+// so a host compiler cannot take it): zero::sharder over nccl::communicator then keeps its
+// buffers on the GPU.
+#if defined(__CUDACC__)
+#include "ringzero/zero/cuda_space.cuh"
+#endif
 
 namespace ringzero::nccl {
 

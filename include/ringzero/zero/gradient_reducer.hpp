@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ringzero/collectives.hpp"
@@ -40,6 +41,7 @@
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/options.hpp"
@@ -48,14 +50,19 @@
 
 namespace ringzero::zero {
 
-template <class Comm, class G>
+// On a device space (device_space.hpp) the same happens in stream order, with no host waits:
+// gradients are accumulated on the compute stream; a complete bucket's reduction is enqueued on
+// the communication stream behind an event of the compute stream (its gradients are in); a bucket
+// buffer is reused once the compute stream waited for the event that ends its last reduction.
+template <class Comm, class G, memory_space Space = host_space>
 class gradient_reducer {
  public:
+  static constexpr bool device = on_device<Space>;
+
   /// `comm`, `plan`, `work`, `meter` and `replicate` must outlive the reducer; `work` may be
   /// constructed after it (only its address is taken here). `replicate`: the inter-group
   /// communicator of hybrid sharding, or null. `space`: where the gradients and bucket buffers
   /// are allocated (collectively, where it is collective()).
-  template <memory_space Space = host_space>
   gradient_reducer(Comm& comm, const partition_plan& plan, const stage_layout& stage,
                    const config& cfg, detail::worker& work, detail::buffer_meter& meter,
                    Comm* replicate = nullptr, const Space& space = Space{})
@@ -71,14 +78,16 @@ class gradient_reducer {
         inv_predivide_(1.0f / cfg.gradient_predivide),
         work_(work),
         meter_(meter),
-        allocate_local_([space](std::size_t n) { return space.template allocate_local<G>(n); }) {
+        space_(space) {
     grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
     if (sharded_)
-      for (int i = 0; i < cfg.reduce_buffers; ++i) add_buffer(allocate_local_(plan_.max_bucket()));
+      for (int i = 0; i < cfg.reduce_buffers; ++i)
+        add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
     const auto nb = plan_.buckets().size();
     missing_.resize(nb);
     bucket_buffer_.assign(nb, -1);
     got_.assign(plan_.params().size(), 0);
+    slot_zeroed_.assign(plan_.params().size(), false);
     reset_micro_batch();
   }
 
@@ -88,7 +97,10 @@ class gradient_reducer {
   /// Micro-batches ended since the last step.
   [[nodiscard]] int micro_batches() const noexcept { return micro_; }
   /// After step(): the next micro-batch starts a new accumulation.
-  void start_step() noexcept { micro_ = 0; }
+  void start_step() noexcept {
+    micro_ = 0;
+    std::fill(slot_zeroed_.begin(), slot_zeroed_.end(), false);
+  }
 
   /// The reduced gradient of a segment this rank updates (flat or shard position).
   [[nodiscard]] const G* gradient(const segment& s) const noexcept {
@@ -98,8 +110,32 @@ class gradient_reducer {
   /// `nonfinite` if any is inf or NaN: this rank's share of the step's global norm and overflow
   /// check.
   void add_stats(const std::vector<segment>& segs, float scale, double& sumsq,
-                 bool& nonfinite) const noexcept {
+                 bool& nonfinite) const noexcept requires(!device) {
     for (const auto& s : segs) grad_stats(gradient(s), s.count, scale, sumsq, nonfinite);
+  }
+  /// Device spaces: add_stats and agree_gradient_stats in one, on the communication stream (the
+  /// statistics are computed and all_reduced where they lie), then read back: the global result.
+  /// `run(f)` calls f(comm) in line with the other collectives; `o` is the all_reduce's options.
+  template <class Run>
+  [[nodiscard]] gradient_stats agree_stats(const std::vector<segment>& segs, float scale, Run&& run,
+                                           const ringzero::options& o) requires device {
+    const auto st = space_.comm_stream();
+    space_.stats_reset(st);
+    for (const auto& s : segs) space_.stats_add(st, gradient(s), s.count, scale);
+    const device_stats d = space_.stats();
+    run([&](auto& c) {
+      space_.enqueue(st, [c = &c, d, o](auto on) {
+        // The host's order: the overflow flag, then the sum of squares.
+        ringzero::all_reduce(*c, std::span<std::int32_t>(d.nonfinite, 1), op::max, on(o));
+        ringzero::all_reduce(*c, std::span<double>(d.sumsq, 1), op::sum, on(o));
+      });
+    });
+    gradient_stats r;
+    std::int32_t bad = 0;
+    space_.download(st, &r.sumsq, d.sumsq, 1);
+    space_.download(st, &bad, d.nonfinite, 1);
+    r.nonfinite = bad != 0;
+    return r;
   }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
@@ -107,38 +143,57 @@ class gradient_reducer {
 
   /// Hands over parameter `id`'s gradient for this micro-batch: at most once per use (a shared
   /// parameter has one per layer using it; the gradients of its uses are summed).
+  /// A gradient that is the span slot(id) returned is already in place: it is counted, not
+  /// copied.
   template <class S>
   void add(int id, std::span<const S> g) {
     const auto& pi = plan_.params()[static_cast<std::size_t>(id)];
     if (g.size() != pi.numel)
       throw invalid_argument(fmt::format("add_grad: {} has {} elements, the gradient {}", pi.name,
                                          pi.numel, g.size()));
-    if (micro_ >= accumulation_)
-      throw invalid_argument(
-          fmt::format("add_grad({}): all {} micro-batches of this step are done; call step()",
-                      pi.name, accumulation_));
+    check_open("add_grad", id, pi);
     auto& got = got_[static_cast<std::size_t>(id)];
-    if (got >= pi.uses)
-      throw invalid_argument(
-          pi.uses == 1
-              ? fmt::format("add_grad: {} was already added in this micro-batch", pi.name)
-              : fmt::format("add_grad: {} was already added {} times in this micro-batch, once "
-                            "per layer using it",
-                            pi.name, got));
     const bool first_use = got++ == 0;
     const auto b = static_cast<std::size_t>(pi.bucket);
-    if (!sharded_) {
-      accumulate(grads_.data() + pi.offset, g.data(), pi.numel, micro_ == 0 && first_use,
-                 inv_predivide_);
-    } else {
-      if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
-      G* bucket = pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data();
-      accumulate(bucket + (pi.offset - plan_.buckets()[b].offset), g.data(), pi.numel, first_use,
-                 inv_predivide_);
-    }
+    G* dst = destination(pi);
+    const bool in_place = static_cast<const void*>(g.data()) == static_cast<const void*>(dst);
+    if (in_place && (!std::is_same_v<S, G> || inv_predivide_ != 1.0f))
+      throw invalid_argument(fmt::format(
+          "add_grad({}): the gradient lies in its own slot but as another type or with a "
+          "gradient_predivide",
+          pi.name));
+    if (!in_place)
+      add_into(dst, g.data(), pi.numel,
+               (!sharded_ && micro_ == 0 && first_use) || (sharded_ && first_use));
     if (--missing_[b] == 0)
       while (next_bucket_ >= 0 && missing_[static_cast<std::size_t>(next_bucket_)] == 0)
         submit_bucket(next_bucket_--);
+  }
+
+  /// Where parameter `id`'s gradient of this micro-batch is summed, for backward to write into
+  /// instead of handing over a copy: the span holds the sum of what this step has handed over
+  /// for `id` so far (zero at its first use in the step, or in stages 2-3 in the micro-batch).
+  /// Add the gradient into it, then call add(id, span) with this span. On a device space it is
+  /// device memory, current on the compute stream. Needs gradient_predivide = 1 (the copy is what
+  /// applies it).
+  [[nodiscard]] std::span<G> slot(int id) {
+    const auto& pi = plan_.params()[static_cast<std::size_t>(id)];
+    check_open("gradient_slot", id, pi);
+    if (inv_predivide_ != 1.0f)
+      throw invalid_argument(fmt::format(
+          "gradient_slot({}): gradient_predivide is {}; a gradient written in place cannot be "
+          "divided on the way in (hand it over with add_grad)",
+          pi.name, 1.0f / inv_predivide_));
+    G* dst = destination(pi);
+    auto zeroed = slot_zeroed_[static_cast<std::size_t>(id)];
+    if (!sharded_ && micro_ == 0 && got_[static_cast<std::size_t>(id)] == 0 && !zeroed) {
+      if constexpr (device)
+        space_.zero(space_.compute_stream(), dst, pi.numel);
+      else
+        std::fill_n(dst, pi.numel, G{});
+    }
+    zeroed = true;
+    return {dst, pi.numel};
   }
 
   /// Ends a micro-batch: queues the buckets still waiting (missing gradients are zero).
@@ -153,7 +208,10 @@ class gradient_reducer {
         for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
           if (!got_[static_cast<std::size_t>(p)]) {
             const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
-            std::fill_n(grads_.data() + pi.offset, pi.numel, G{});
+            if constexpr (device)
+              space_.zero(space_.compute_stream(), grads_.data() + pi.offset, pi.numel);
+            else
+              std::fill_n(grads_.data() + pi.offset, pi.numel, G{});
           }
       submit_bucket(b);
     }
@@ -166,7 +224,43 @@ class gradient_reducer {
     buffer<G> data;
     detail::worker::ticket busy = 0;  ///< free once this ticket completed
     int bucket = -1;                  ///< the bucket filling it, or -1
+    /// Device spaces: the point of the communication stream after its last reduction.
+    typename device_traits<Space>::event done{};
   };
+
+  /// dst = src / predivide (first) or dst += that: on the caller's thread, or on a device space
+  /// enqueued on the compute stream, where the trainer's backward wrote `src`.
+  template <class S>
+  void add_into(G* dst, const S* src, std::size_t n, bool first) {
+    if constexpr (device)
+      space_.accumulate(space_.compute_stream(), dst, src, n, first, inv_predivide_);
+    else
+      accumulate(dst, src, n, first, inv_predivide_);
+  }
+
+  /// Refuses a gradient for `pi` once the step's micro-batches are done or it has them all.
+  void check_open(std::string_view what, int id, const param_info& pi) const {
+    if (micro_ >= accumulation_)
+      throw invalid_argument(
+          fmt::format("{}({}): all {} micro-batches of this step are done; call step()", what,
+                      pi.name, accumulation_));
+    const int got = got_[static_cast<std::size_t>(id)];
+    if (got >= pi.uses)
+      throw invalid_argument(
+          pi.uses == 1 ? fmt::format("{}: {} was already added in this micro-batch", what, pi.name)
+                       : fmt::format("{}: {} was already added {} times in this micro-batch, once "
+                                     "per layer using it",
+                                     what, pi.name, got));
+  }
+
+  /// Where `pi`'s gradient is summed: the flat gradients, or its bucket's buffer (taken now).
+  [[nodiscard]] G* destination(const param_info& pi) {
+    if (!sharded_) return grads_.data() + pi.offset;
+    const auto b = static_cast<std::size_t>(pi.bucket);
+    if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
+    return pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data() +
+           (pi.offset - plan_.buckets()[b].offset);
+  }
 
   void reset_micro_batch() {
     std::fill(got_.begin(), got_.end(), 0);
@@ -184,6 +278,10 @@ class gradient_reducer {
   /// reduce_scatter of its filled buffer, added into the gradient shard.
   void submit_bucket(int b) {
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    if constexpr (device) {
+      submit_device(b);
+      return;
+    }
     if (!sharded_) {
       if (micro_ + 1 < accumulation_) return;
       std::span<G> grads(grads_.data() + bk.offset, bk.padded);
@@ -220,8 +318,72 @@ class gradient_reducer {
     bucket_buffer_[static_cast<std::size_t>(b)] = -1;
   }
 
+  /// submit_bucket on a device space: everything enqueued on the communication stream behind the
+  /// compute stream's current point (the bucket's gradients), in the order of the host path.
+  void submit_device(int b) requires device {
+    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    const auto comm_stream = space_.comm_stream();
+    if (!sharded_) {
+      if (micro_ + 1 < accumulation_) return;
+      space_.wait(comm_stream, space_.record(space_.compute_stream()));
+      std::span<G> grads(grads_.data() + bk.offset, bk.padded);
+      const std::size_t slice = bk.slice;
+      space_.enqueue(comm_stream, [this, grads, slice](auto on) {
+        if (replicate_ == nullptr) {
+          ringzero::all_reduce(comm_, grads, op::sum, on(all_reduce_));
+          return;
+        }
+        std::span<G> own = grads.subspan(static_cast<std::size_t>(rank_) * slice, slice);
+        ringzero::reduce_scatter(comm_, grads, own, op::sum, on(reduce_scatter_));
+        ringzero::all_reduce(*replicate_, own, op::sum, on(all_reduce_));
+        ringzero::all_gather(comm_, std::span<const G>(own), grads, on(all_gather_));
+      });
+      return;
+    }
+    if (bucket_buffer_[static_cast<std::size_t>(b)] < 0) acquire_buffer(b);
+    const int k = bucket_buffer_[static_cast<std::size_t>(b)];
+    auto& entry = pool_[static_cast<std::size_t>(k)];
+    space_.wait(comm_stream, space_.record(space_.compute_stream()));
+    G* buf = entry.data.data();
+    std::span<G> own(buf + static_cast<std::size_t>(rank_) * bk.slice, bk.slice);
+    space_.enqueue(comm_stream, [this, buf, own, padded = bk.padded](auto on) {
+      ringzero::reduce_scatter(comm_, std::span<G>(buf, padded), own, op::sum, on(reduce_scatter_));
+      if (replicate_ != nullptr) ringzero::all_reduce(*replicate_, own, op::sum, on(all_reduce_));
+    });
+    space_.accumulate(comm_stream, grads_.data() + bk.shard_offset, own.data(), bk.slice,
+                      micro_ == 0, 1.0f);
+    entry.done = space_.record(comm_stream);
+    entry.bucket = -1;
+    bucket_buffer_[static_cast<std::size_t>(b)] = -1;
+  }
+
   /// A zeroed buffer for bucket b.
   void acquire_buffer(int b) {
+    if constexpr (device) {
+      // Every buffer is reusable in stream order: take the next one round the pool (the one
+      // whose reduction was enqueued longest ago) and make the compute stream wait for it.
+      int pick = -1;
+      for (std::size_t i = 0; i < pool_.size() && pick < 0; ++i) {
+        const std::size_t j = (next_pool_ + i) % pool_.size();
+        if (pool_[j].bucket < 0) pick = static_cast<int>(j);
+      }
+      if (pick < 0) {
+        log::warn(
+            "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
+            "(hand gradients over in backward order, or raise reduce_buffers)",
+            pool_.size() + 1);
+        add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
+        pick = static_cast<int>(pool_.size()) - 1;
+      }
+      next_pool_ = (static_cast<std::size_t>(pick) + 1) % pool_.size();
+      auto& e = pool_[static_cast<std::size_t>(pick)];
+      const auto compute = space_.compute_stream();
+      space_.wait(compute, e.done);
+      space_.zero(compute, e.data.data(), e.data.size());
+      e.bucket = b;
+      bucket_buffer_[static_cast<std::size_t>(b)] = pick;
+      return;
+    }
     int pick = -1;
     for (std::size_t i = 0; i < pool_.size() && pick < 0; ++i)
       if (pool_[i].bucket < 0 && work_.done(pool_[i].busy)) pick = static_cast<int>(i);
@@ -237,7 +399,7 @@ class gradient_reducer {
           "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
           "(hand gradients over in backward order, or raise reduce_buffers)",
           pool_.size() + 1);
-      add_buffer(allocate_local_(plan_.max_bucket()));
+      add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
       pick = static_cast<int>(pool_.size()) - 1;
     }
     auto& e = pool_[static_cast<std::size_t>(pick)];
@@ -258,14 +420,16 @@ class gradient_reducer {
   float inv_predivide_;
   detail::worker& work_;
   detail::buffer_meter& meter_;
-  std::function<buffer<G>(std::size_t)> allocate_local_;  // bucket buffers
+  Space space_;      // the gradients' and bucket buffers' memory
   buffer<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
   std::vector<pool_entry> pool_;
   std::vector<int> bucket_buffer_;
   std::vector<int> missing_;  // gradients (one per use of each parameter) a bucket still awaits
   std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
+  std::vector<bool> slot_zeroed_;  // slot() zeroed the parameter's flat gradient this step
   int next_bucket_ = -1;
   int micro_ = 0;
+  std::size_t next_pool_ = 0;  // device spaces: the buffer to try first
 };
 
 }  // namespace ringzero::zero

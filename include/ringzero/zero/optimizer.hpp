@@ -76,6 +76,31 @@ namespace ringzero::zero {
   return ks;
 }
 
+/// One optimizer step over n elements: gradients `grad`, fp32 master weights `w`, moments `m`
+/// and `v` (v unused by SGD), parameters `param` (written with the new master rounded to P; for an
+/// fp32 P, `param` is `w`). The host sharder and the emulated device space both run this loop.
+template <class P, class G>
+void update_elements(optimizer_kind kind, const G* grad, float* w, float* m, float* v, P* param,
+                     std::size_t n, const step_constants& c, bool decay) noexcept {
+  constexpr bool has_master = !std::is_same_v<P, float>;
+  if (kind == optimizer_kind::adamw) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto s = adamw_element(static_cast<float>(grad[i]), {w[i], m[i], v[i]}, c, decay);
+      w[i] = s.w;
+      m[i] = s.m;
+      v[i] = s.v;
+      if constexpr (has_master) param[i] = to_param<P>(s.w);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto s = sgd_element(static_cast<float>(grad[i]), {w[i], m[i], 0.0f}, c, decay);
+      w[i] = s.w;
+      m[i] = s.m;
+      if constexpr (has_master) param[i] = to_param<P>(s.w);
+    }
+  }
+}
+
 /// The fp32 state of the elements one rank updates (its shard, or everything in stage 0),
 /// addressed by local position: master weights (only for 16-bit P; an fp32 parameter is its own
 /// master) and one (SGD) or two (AdamW) moments.
@@ -122,25 +147,9 @@ class shard_optimizer {
   template <class G>
   void update(const G* grad, std::size_t local, P* param, std::size_t n, const step_constants& c,
               bool decay) noexcept {
-    float* w = master(local, param);
-    float* m = m1_.data() + local;
-    if (kind_ == optimizer_kind::adamw) {
-      float* v = m2_.data() + local;
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto s = adamw_element(static_cast<float>(grad[i]), {w[i], m[i], v[i]}, c, decay);
-        w[i] = s.w;
-        m[i] = s.m;
-        v[i] = s.v;
-        if constexpr (has_master) param[i] = to_param<P>(s.w);
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        const auto s = sgd_element(static_cast<float>(grad[i]), {w[i], m[i], 0.0f}, c, decay);
-        w[i] = s.w;
-        m[i] = s.m;
-        if constexpr (has_master) param[i] = to_param<P>(s.w);
-      }
-    }
+    update_elements<P>(kind_, grad, master(local, param), m1_.data() + local,
+                       kind_ == optimizer_kind::adamw ? m2_.data() + local : nullptr, param, n, c,
+                       decay);
   }
 
   /// Replaces the moments with staged copies laid out as local positions (a checkpoint load

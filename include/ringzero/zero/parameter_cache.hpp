@@ -24,6 +24,8 @@
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/device_space.hpp"
+#include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/plan.hpp"
 
 namespace ringzero::zero {
@@ -46,15 +48,21 @@ enum class pass : std::uint8_t { forward, backward, recompute };
   return "unknown";
 }
 
-template <class Comm, class P>
+// On a device space (device_space.hpp) gathered buckets are device memory, freed in
+// compute-stream order; a gather is enqueued on the communication stream behind the compute
+// stream's current point (a bucket gathered again in place may still be read there), and acquire
+// makes the compute stream wait for it instead of the host.
+template <class Comm, class P, memory_space Space = host_space>
 class parameter_cache {
  public:
+  static constexpr bool device = on_device<Space>;
+
   /// `shard` is this rank's parameter shard (plan.shard_size() elements). max_bytes = 0: two of
   /// the largest bucket. `comm`, `plan`, `shard`'s storage, `work` and `meter` must outlive the
   /// cache; `work` may be constructed after it.
   parameter_cache(Comm& comm, const partition_plan& plan, std::span<const P> shard,
                   const ringzero::options& all_gather, std::size_t max_bytes, detail::worker& work,
-                  detail::buffer_meter& meter)
+                  detail::buffer_meter& meter, const Space& space = Space{})
       : comm_(comm),
         plan_(plan),
         shard_(shard),
@@ -62,6 +70,7 @@ class parameter_cache {
         max_bytes_(max_bytes ? max_bytes : 2 * plan.max_bucket() * sizeof(P)),
         work_(work),
         meter_(meter),
+        space_(space),
         buckets_(plan.buckets().size()) {}
 
   parameter_cache(const parameter_cache&) = delete;
@@ -93,14 +102,18 @@ class parameter_cache {
       for (int c : with) start(c);
     }
     auto& g = buckets_[static_cast<std::size_t>(b)];
-    {
+    if constexpr (device) {
+      space_.wait(space_.compute_stream(), g.ready);
+      for (int c : with)
+        space_.wait(space_.compute_stream(), buckets_[static_cast<std::size_t>(c)].ready);
+    } else {
       const trace::scope phase(comm_, "gather", bucket_bytes(b));
       work_.wait(g.ticket);
       for (int c : with) work_.wait(buckets_[static_cast<std::size_t>(c)].ticket);
     }
     ++g.refs;
     for (int c : with) ++buckets_[static_cast<std::size_t>(c)].refs;
-    return g.data.data();
+    return data(b);
   }
 
   /// RINGZERO_CHECK=1: before a gather, every rank compares what it is about to gather (the
@@ -126,7 +139,7 @@ class parameter_cache {
       return fmt::format("layer {} '{}' (bucket {}, {} pass, gather #{})", e[1], name, e[2],
                          pass_name(static_cast<pass>(e[3])), e[0]);
     };
-    work_.wait(work_.submit([&] {
+    const auto exchange = [&] {
       try {
         ringzero::all_gather(comm_, std::span<const std::uint64_t>(mine),
                              std::span<std::uint64_t>(all), opt);
@@ -145,7 +158,12 @@ class parameter_cache {
           throw mismatch_error(fmt::format(
               "RINGZERO_CHECK: zero stage-3 gather: rank 0 gathers {} but rank {} gathers {}",
               describe(0), r, describe(r)));
-    }));
+    };
+    // In line with the gathers: on the communication thread, or a device's communication stream.
+    if constexpr (device)
+      space_.run_sync(space_.comm_stream(), exchange);
+    else
+      work_.wait(work_.submit(exchange));
   }
 
   void release(int b) noexcept { --buckets_[static_cast<std::size_t>(b)].refs; }
@@ -155,7 +173,10 @@ class parameter_cache {
   }
   /// Bucket b's full parameters while it is resident.
   [[nodiscard]] const P* data(int b) const noexcept {
-    return buckets_[static_cast<std::size_t>(b)].data.data();
+    if constexpr (device)
+      return buckets_[static_cast<std::size_t>(b)].dev.data();
+    else
+      return buckets_[static_cast<std::size_t>(b)].data.data();
   }
   [[nodiscard]] int references(int b) const noexcept {
     return buckets_[static_cast<std::size_t>(b)].refs;
@@ -178,6 +199,7 @@ class parameter_cache {
   /// Waits for every gather in flight. A prefetch reads the shard, so call this (the sharder
   /// drains its worker instead) before the optimizer writes to the shard.
   void settle() {
+    if constexpr (device) return;  // the optimizer runs behind the gathers on their stream
     for (const auto& g : buckets_)
       if (g.resident) work_.wait(g.ticket);
   }
@@ -201,8 +223,10 @@ class parameter_cache {
 
  private:
   struct bucket_state {
-    std::vector<P> data;
+    std::vector<P> data;  // host memory
+    buffer<P> dev;        // device spaces
     detail::worker::ticket ticket = 0;
+    typename device_traits<Space>::event ready{};  // device spaces: the gather's end
     int refs = 0;
     bool resident = false;
   };
@@ -215,6 +239,15 @@ class parameter_cache {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
     std::span<const P> in = shard_.subspan(bk.shard_offset, bk.slice);
+    if constexpr (device) {
+      const auto comm_stream = space_.comm_stream();
+      space_.wait(comm_stream, space_.record(space_.compute_stream()));
+      space_.enqueue(comm_stream, [this, in, out = g.dev.span()](auto on) {
+        ringzero::all_gather(comm_, in, out, on(all_gather_));
+      });
+      g.ready = space_.record(comm_stream);
+      return;
+    }
     std::span<P> out(g.data);
     g.ticket = work_.submit([this, in, out] { ringzero::all_gather(comm_, in, out, all_gather_); });
   }
@@ -222,7 +255,11 @@ class parameter_cache {
   void start(int b) {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     if (g.resident) return;
-    g.data.resize(plan_.buckets()[static_cast<std::size_t>(b)].padded);
+    if constexpr (device)
+      g.dev =
+          space_.template allocate_ordered<P>(plan_.buckets()[static_cast<std::size_t>(b)].padded);
+    else
+      g.data.resize(plan_.buckets()[static_cast<std::size_t>(b)].padded);
     g.resident = true;
     bytes_ += bucket_bytes(b);
     meter_.add(bucket_bytes(b));
@@ -232,8 +269,14 @@ class parameter_cache {
   void evict(int b) {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     if (!g.resident) return;
-    work_.wait(g.ticket);
-    std::vector<P>().swap(g.data);
+    if constexpr (device) {
+      // Freed in compute-stream order, once the compute stream has the gather behind it.
+      space_.wait(space_.compute_stream(), g.ready);
+      g.dev = buffer<P>{};
+    } else {
+      work_.wait(g.ticket);
+      std::vector<P>().swap(g.data);
+    }
     g.resident = false;
     bytes_ -= bucket_bytes(b);
     meter_.remove(bucket_bytes(b));
@@ -246,6 +289,7 @@ class parameter_cache {
   std::size_t max_bytes_;
   detail::worker& work_;
   detail::buffer_meter& meter_;
+  Space space_;
   std::vector<bucket_state> buckets_;
   std::size_t bytes_ = 0;
   std::uint64_t sequence_ = 0;  // gathers so far: what RINGZERO_CHECK compares them by
@@ -254,15 +298,15 @@ class parameter_cache {
 /// The parameters of one bucket, present while the handle exists: what the sharder's gather()
 /// returns. A handle of bucket -1 views the whole flat buffer (stages 0-2, where every parameter
 /// is always present) and holds nothing.
-template <class Comm, class P>
+template <class Comm, class P, class Space = host_space>
 class gathered_parameters {
  public:
   /// Holds bucket `bucket` of `cache` (acquired, released when the handle goes), whose full
   /// parameters start at `base`, flat position `base_offset`, and the buckets `shared` (acquired
   /// with it: those of parameters the layer shares); with bucket -1, no bucket. `plan` and
   /// `cache` must outlive the handle.
-  gathered_parameters(const partition_plan& plan, parameter_cache<Comm, P>* cache, int bucket,
-                      const P* base, std::size_t base_offset,
+  gathered_parameters(const partition_plan& plan, parameter_cache<Comm, P, Space>* cache,
+                      int bucket, const P* base, std::size_t base_offset,
                       std::span<const int> shared = {}) noexcept
       : plan_(&plan),
         cache_(cache),
@@ -322,7 +366,7 @@ class gathered_parameters {
   }
 
   const partition_plan* plan_;  // null once released
-  parameter_cache<Comm, P>* cache_;
+  parameter_cache<Comm, P, Space>* cache_;
   int bucket_;
   const P* base_;
   std::size_t base_offset_;

@@ -91,6 +91,7 @@
 #include "ringzero/zero/checkpoint.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
+#include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/gradient_reducer.hpp"
 #include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/model_state.hpp"
@@ -113,6 +114,22 @@ class sharder {
  public:
   using param_type = P;
   using space_type = Space;
+  /// Whether the buffers are device memory, worked on through the space's streams.
+  static constexpr bool device = on_device<Space>;
+
+ private:
+  [[nodiscard]] static constexpr bool transport_needs_device_memory() noexcept {
+    if constexpr (requires { Comm::transport_type::device_memory_only; })
+      return Comm::transport_type::device_memory_only;
+    else
+      return false;
+  }
+
+ public:
+  static_assert(device || !transport_needs_device_memory(),
+                "this communicator's collectives take GPU memory only (NCCL): compile the "
+                "translation unit that creates the sharder with nvcc, which brings the device "
+                "space (ringzero/zero/cuda_space.cuh), or name a device space as Space");
 
   /// Builds the partition plan and allocates this rank's buffers. Every parameter in `layout`
   /// must have type dtype_of<P>(). Every rank constructs with the same layout and config and
@@ -133,14 +150,37 @@ class sharder {
         steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
         reducer_(make_reducer()),
         cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
-               cfg_.max_gathered_bytes, worker_, meter_),
-        worker_(cfg_.comm_thread) {
+               cfg_.max_gathered_bytes, worker_, meter_, space_),
+        // A device space's streams order the collectives; the host thread only enqueues them.
+        worker_(!device && cfg_.comm_thread) {
     log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
               plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
   }
 
   sharder(const sharder&) = delete;
   sharder& operator=(const sharder&) = delete;
+
+  /// On a device space, waits for both streams first: their queued work uses the buffers.
+  ~sharder() {
+    if constexpr (device) {
+      try {
+        space_.synchronize();
+      } catch (const std::exception& e) {
+        log::warn("zero: the device reported a failure while the sharder closed: {}", e.what());
+      }
+    }
+  }
+
+  /// The memory space of the parameters and gradients (a device space's streams among them).
+  [[nodiscard]] const Space& space() const noexcept { return space_; }
+
+  /// Device spaces: waits on the host until everything the sharder enqueued on the compute and
+  /// communication streams has completed, and raises a failure of either. Host memory: waits
+  /// for the communication thread.
+  void synchronize() {
+    worker_.drain();
+    if constexpr (device) space_.synchronize();
+  }
 
   [[nodiscard]] const partition_plan& plan() const noexcept { return plan_; }
   [[nodiscard]] const config& configuration() const noexcept { return cfg_; }
@@ -187,9 +227,11 @@ class sharder {
                                          pi.numel, values.size()));
     quiesce();
     state_.set(id, values);
+    if constexpr (device) space_.synchronize();
   }
 
-  /// A parameter's full value in stages 0-2 (stage 3 keeps only shards: use gather()).
+  /// A parameter's full value in stages 0-2 (stage 3 keeps only shards: use gather()). On a
+  /// device space it is device memory, current on the compute stream.
   [[nodiscard]] std::span<const P> parameter(int id) const {
     const auto& pi = param(id, "parameter");
     if (stage_.sharded_parameters)
@@ -202,7 +244,7 @@ class sharder {
   /// The parameters of one bucket, present while a handle exists. In stages 0-2 every
   /// parameter is always present and the handle is free. A handle held across step() reads the
   /// updated weights afterwards (stage 3 gathers its bucket again).
-  using gathered = gathered_parameters<Comm, P>;
+  using gathered = gathered_parameters<Comm, P, Space>;
 
   /// Makes layer `layer`'s parameters present and returns a handle to them. Stage 3: all_gathers
   /// the layer's bucket unless it is still present; forward and backward passes free buckets the
@@ -240,6 +282,36 @@ class sharder {
     std::visit([&](auto& r) { r.add(id, g); }, reducer_);
   }
 
+  /// Where parameter `id`'s gradient is summed, for backward to write into instead of handing
+  /// over a copy (what DDP and FSDP do with gradient buckets): the span holds the sum of what
+  /// this step handed over for `id` so far (zero at its first use of the step, in stages 2-3 of
+  /// the micro-batch). Add the gradient into it, then call add_grad(id, span) with this span,
+  /// which counts it without copying. G must be the type gradients are reduced in (P, or float
+  /// with reduce_dtype float32), and gradient_predivide 1. On a device space the span is device
+  /// memory, current on the compute stream.
+  template <class G>
+  [[nodiscard]] std::span<G> gradient_slot(int id) {
+    check_trainable(cfg_, param(id, "gradient_slot"));
+    return std::visit(
+        [&](auto& r) -> std::span<G> {
+          using R = std::remove_cvref_t<decltype(r)>;
+          if constexpr (std::is_same_v<R, gradient_reducer<Comm, G, Space>>) {
+            return r.slot(id);
+          } else {
+            throw invalid_argument(fmt::format(
+                "gradient_slot<{}>: this sharder reduces gradients in {} (config::reduce_dtype)",
+                dtype_name(dtype_of<G>()), dtype_name(cfg_.reduce_dtype.value_or(dtype_of<P>()))));
+          }
+        },
+        reducer_);
+  }
+
+  /// Hands over a gradient written into gradient_slot(id): `g` must be that span.
+  template <class G>
+  void add_grad(int id, std::span<G> g) requires(!std::is_const_v<G>) {
+    add_grad(id, std::span<const G>(g));
+  }
+
   /// Ends a micro-batch: queues the buckets still waiting (missing gradients are zero).
   void end_micro_batch() {
     std::visit([](auto& r) { r.end_micro_batch(); }, reducer_);
@@ -257,9 +329,13 @@ class sharder {
                       micro_batches(), cfg_.accumulation_steps));
     const trace::scope phase(comm_, "step", state_.optimizer_bytes());
     worker_.drain();
+    // Device spaces: the step runs on the communication stream once the compute stream is done
+    // with this step's parameters; the next forward on the compute stream waits for the step.
+    if constexpr (device) space_.wait(space_.comm_stream(), space_.record(space_.compute_stream()));
     const step_result res =
         std::visit([&](auto& r) { return steps_.take(state_, r, shard_runner()); }, reducer_);
     if (!res.skipped && stage_.sharded_parameters) cache_.refresh();
+    if constexpr (device) space_.wait(space_.compute_stream(), space_.record(space_.comm_stream()));
     return res;
   }
 
@@ -268,7 +344,12 @@ class sharder {
   template <class F>
   decltype(auto) run_collective(F&& f) {
     using R = std::invoke_result_t<F&, Comm&>;
-    if constexpr (std::is_void_v<R>) {
+    if constexpr (device) {
+      // On the communication stream, after everything enqueued there; its collectives run with
+      // their own options, which on a stream-ordered backend means the communicator's own
+      // stream: the space's communication stream is that stream.
+      return space_.run_sync(space_.comm_stream(), [&]() -> R { return f(comm_); });
+    } else if constexpr (std::is_void_v<R>) {
       worker_.wait(worker_.submit([&] { f(comm_); }));
     } else {
       std::optional<R> r;
@@ -339,13 +420,15 @@ class sharder {
     quiesce();
     const checkpoint_manifest m =
         load_state(shard_runner(), collective_runner(), cfg_, dir, state_, steps_);
+    if constexpr (device) space_.synchronize();
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", steps_.step_count(),
               dir.string(), m.world_size, m.stage);
   }
 
  private:
   // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
-  using reducer_type = std::variant<gradient_reducer<Comm, P>, gradient_reducer<Comm, float>>;
+  using reducer_type =
+      std::variant<gradient_reducer<Comm, P, Space>, gradient_reducer<Comm, float, Space>>;
 
   [[nodiscard]] reducer_type make_reducer() {
     if (cfg_.reduce_dtype == dtype::float32)
@@ -392,6 +475,7 @@ class sharder {
   /// Waits for queued work and drops gathered buckets, before touching the weights directly.
   void quiesce() {
     worker_.drain();
+    if constexpr (device) space_.synchronize();
     if (stage_.sharded_parameters) {
       if (cache_.any_held())
         throw invalid_argument("zero: a gathered handle is still alive; release it first");
@@ -431,11 +515,11 @@ class sharder {
   shard_groups<Comm> groups_;
   partition_plan plan_;
   Space space_;
-  model_state<P> state_;
+  model_state<P, Space> state_;
   stepper steps_;
   detail::buffer_meter meter_;
   reducer_type reducer_;
-  parameter_cache<Comm, P> cache_;
+  parameter_cache<Comm, P, Space> cache_;
   detail::worker worker_;
 };
 

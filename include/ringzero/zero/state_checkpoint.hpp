@@ -22,9 +22,9 @@ namespace ringzero::zero {
 /// reports the bytes of this rank's shard file to `on_written`. `run(f)` calls f(comm) in line
 /// with the caller's other collectives. Raises checkpoint_error on every rank if any rank fails;
 /// the checkpoint `dir` held before stays loadable.
-template <class P, class Run, class OnWritten>
+template <class P, class Space, class Run, class OnWritten>
 void save_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
-                model_state<P>& state, const stepper& steps, OnWritten&& on_written) {
+                model_state<P, Space>& state, const stepper& steps, OnWritten&& on_written) {
   const auto& plan = state.plan();
   save_checkpoint(
       run, cfg.collectives.all_gather, dir, plan, state.rank(), steps.step_count(),
@@ -49,9 +49,9 @@ void save_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
 /// incomplete, corrupt or incompatible with this model. `run` as for save_state, over the ranks
 /// `state` is sharded over; `agree` likewise, over every rank that loads (the world, under hybrid
 /// sharding, where each group reads the checkpoint on its own).
-template <class P, class Run, class Agree>
+template <class P, class Space, class Run, class Agree>
 checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg,
-                               const std::filesystem::path& dir, model_state<P>& state,
+                               const std::filesystem::path& dir, model_state<P, Space>& state,
                                stepper& steps) {
   const auto& plan = state.plan();
   // Read into staging arrays laid out as the optimizer state, so a refused checkpoint leaves
@@ -82,9 +82,9 @@ checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg,
 }
 
 /// load_state with one communicator for reading and agreeing.
-template <class P, class Run>
+template <class P, class Space, class Run>
 checkpoint_manifest load_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
-                               model_state<P>& state, stepper& steps) {
+                               model_state<P, Space>& state, stepper& steps) {
   return load_state(run, run, cfg, dir, state, steps);
 }
 

@@ -28,12 +28,6 @@
 
 namespace ringzero::zero {
 
-/// A rank's share of a step's gradient checks, or, once agreed, every rank's.
-struct gradient_stats {
-  double sumsq = 0.0;      ///< sum of squares of the unscaled gradients
-  bool nonfinite = false;  ///< some gradient is inf or NaN
-};
-
 /// Collective: makes `s` global, the sum of every rank's sums of squares and nonfinite if any
 /// rank's is. `o` is the all_reduce's options.
 template <class Comm>
@@ -106,15 +100,21 @@ class stepper {
   /// sharded over: with hybrid sharding every group holds the same reduced gradients, so each
   /// group's norm and overflow check equal the world's. A skipped step changes only the counters
   /// and the loss scale.
-  template <class P, class Grads, class Run>
-  step_result take(model_state<P>& state, Grads& grads, Run&& run) {
+  template <class P, class Space, class Grads, class Run>
+  step_result take(model_state<P, Space>& state, Grads& grads, Run&& run) {
     step_result res;
     res.loss_scale = scaler_.scale();
     const float unscale =
         gradient_unscale(cfg_, state.plan().world_size() * replicas_, scaler_.scale());
     gradient_stats stats;
-    grads.add_stats(state.own(), unscale, stats.sumsq, stats.nonfinite);
-    run([&](auto& c) { agree_gradient_stats(c, stats, cfg_.collectives.all_reduce); });
+    if constexpr (on_device<Space>) {
+      // Computed and agreed on where the gradients lie; the host reads two scalars back, the
+      // one wait of a step (whether to skip it decides what is enqueued next).
+      stats = grads.agree_stats(state.own(), unscale, run, cfg_.collectives.all_reduce);
+    } else {
+      grads.add_stats(state.own(), unscale, stats.sumsq, stats.nonfinite);
+      run([&](auto& c) { agree_gradient_stats(c, stats, cfg_.collectives.all_reduce); });
+    }
     res.grad_norm = std::sqrt(stats.sumsq);
     grads.start_step();
     const std::uint64_t at = step_;
@@ -130,11 +130,11 @@ class stepper {
     ++optimizer_steps_;
     const auto ks = group_step_constants(cfg_, group_lr_, at, optimizer_steps_,
                                          unscale * clip_factor(cfg_.max_grad_norm, res.grad_norm));
-    for (const auto& s : state.local()) {
-      const auto& pi = state.plan().params()[static_cast<std::size_t>(s.param)];
-      if (frozen(cfg_, pi.group)) continue;
-      state.update(s, grads.gradient(s), ks[static_cast<std::size_t>(pi.group)], pi.weight_decay);
-    }
+    state.update_all([&](const segment& s) { return grads.gradient(s); }, ks,
+                     [&](const segment& s) {
+                       return frozen(
+                           cfg_, state.plan().params()[static_cast<std::size_t>(s.param)].group);
+                     });
     state.share_updates(run, cfg_.collectives.all_gather);
     return res;
   }

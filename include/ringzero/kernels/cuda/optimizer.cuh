@@ -25,10 +25,11 @@ namespace ringzero::kernels::cuda {
 
 /// One contiguous run of the shard: `count` elements of one parameter (or of several with the
 /// same decay flag). `moment2` is unused by SGD (its `moment1` is the momentum buffer); `param`
-/// is unused when P is float (the master is the parameter). All device pointers.
-template <class P>
+/// is unused when P is float (the master is the parameter). All device pointers. Gradients are
+/// in G: the parameter type, or float where they were reduced in fp32.
+template <class P, class G = P>
 struct optimizer_segment {
-  const P* grad = nullptr;
+  const G* grad = nullptr;
   float* master = nullptr;
   float* moment1 = nullptr;
   float* moment2 = nullptr;
@@ -62,11 +63,11 @@ inline constexpr int optimizer_vector = 4;
 /// (under 4 KB); long ones the large (under the 32 KB that CUDA 12.1+ accepts on sm_70 and
 /// newer), so a shard of many tensors is one launch per 400 of them: each launch ends with a
 /// partly idle wave, which cost half the bandwidth with 1000 tensors in batches of 48.
-template <class P, int Capacity>
+template <class P, class G, int Capacity>
 struct segment_batch {
   static constexpr int capacity = Capacity;
   struct entry {
-    const P* grad;
+    const G* grad;
     float* master;
     float* moment1;
     float* moment2;
@@ -106,9 +107,9 @@ __device__ __forceinline__ void update(const Entry& s, std::size_t i, const opti
 // forward: the segment table is a kernel argument, and a binary search per chunk in a table of
 // 400 segments (dependent constant-cache misses) held 1000 tensors to 52 % of the copy
 // bandwidth on an H100, against 67 % with runs (docs/performance.md).
-template <class P, method M, int Capacity>
+template <class P, class G, method M, int Capacity>
 __global__ void __launch_bounds__(block_threads)
-    optimizer_kernel(const segment_batch<P, Capacity> b, const optimizer_constants c) {
+    optimizer_kernel(const segment_batch<P, G, Capacity> b, const optimizer_constants c) {
   constexpr int V = optimizer_vector;
   const std::size_t total = b.first_chunk[b.size];
   const std::size_t per_block = (total + gridDim.x - 1) / gridDim.x;
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(block_threads)
     std::size_t i = begin + threadIdx.x * static_cast<std::size_t>(V);
     if (s.vector) {
       for (; i + V <= end; i += static_cast<std::size_t>(blockDim.x) * V) {
-        const vec<P, V> g = load<P, V>(s.grad + i);
+        const vec<G, V> g = load<G, V>(s.grad + i);
         vec<float, V> ma = load<float, V>(s.master + i);
         vec<float, V> m1 = load<float, V>(s.moment1 + i);
         vec<float, V> m2;
@@ -161,19 +162,19 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
-template <class P, method M, int Capacity>
-void launch_batches(std::span<const optimizer_segment<P>> segments, const optimizer_constants& c,
+template <class P, class G, method M, int Capacity>
+void launch_batches(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
                     cudaStream_t stream, const char* what) {
   constexpr std::size_t V = optimizer_vector;
-  static_assert(sizeof(segment_batch<P, Capacity>) + sizeof(optimizer_constants) <= 32000,
+  static_assert(sizeof(segment_batch<P, G, Capacity>) + sizeof(optimizer_constants) <= 32000,
                 "kernel arguments are limited to 32 KB");
-  segment_batch<P, Capacity> b{};
+  segment_batch<P, G, Capacity> b{};
   auto flush = [&] {
     if (b.size == 0 || b.first_chunk[b.size] == 0) {
       b.size = 0;
       return;
     }
-    optimizer_kernel<P, M, Capacity>
+    optimizer_kernel<P, G, M, Capacity>
         <<<grid_for(b.first_chunk[b.size] * block_threads), block_threads, 0, stream>>>(b, c);
     check_launch(what);
     b.size = 0;
@@ -190,7 +191,7 @@ void launch_batches(std::span<const optimizer_segment<P>> segments, const optimi
     // misaligned (a tensor at an odd offset of a flat buffer) is split: up to three elements
     // one by one, the rest four at a time.
     auto vector_at = [&](std::size_t h) {
-      return aligned(s.grad + h, V * sizeof(P)) && aligned16(s.master + h) &&
+      return aligned(s.grad + h, V * sizeof(G)) && aligned16(s.master + h) &&
              aligned16(s.moment1 + h) && (!need_v || aligned16(s.moment2 + h)) &&
              (!need_param || aligned(s.param + h, V * sizeof(P)));
     };
@@ -222,13 +223,13 @@ void launch_batches(std::span<const optimizer_segment<P>> segments, const optimi
   flush();
 }
 
-template <class P, method M>
-void launch_optimizer(std::span<const optimizer_segment<P>> segments, const optimizer_constants& c,
-                      cudaStream_t stream, const char* what) {
+template <class P, class G, method M>
+void launch_optimizer(std::span<const optimizer_segment<P, G>> segments,
+                      const optimizer_constants& c, cudaStream_t stream, const char* what) {
   if (segments.size() <= 16)  // at most 32 entries once misaligned segments are split
-    launch_batches<P, M, 32>(segments, c, stream, what);
+    launch_batches<P, G, M, 32>(segments, c, stream, what);
   else
-    launch_batches<P, M, 400>(segments, c, stream, what);
+    launch_batches<P, G, M, 400>(segments, c, stream, what);
 }
 
 template <class P>
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class P, class S>
 __global__ void accumulate_kernel(P* __restrict__ dst, const S* __restrict__ src, std::size_t n,
-                                  bool first, bool vector) {
+                                  bool first, bool vector, float scale) {
   constexpr int V = static_cast<int>(16 / sizeof(P));
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -314,36 +315,40 @@ __global__ void accumulate_kernel(P* __restrict__ dst, const S* __restrict__ src
       vec<P, V> d{};
       if (!first) d = load<P, V>(dst + i * V);
 #pragma unroll
-      for (int k = 0; k < V; ++k) d.v[k] = kernels::accumulate<P>(d.v[k], x.v[k], first);
+      for (int k = 0; k < V; ++k) d.v[k] = kernels::accumulate<P>(d.v[k], x.v[k], first, scale);
       store<P, V>(dst + i * V, d);
     }
     from = nv * V;
   }
   for (std::size_t i = from + tid; i < n; i += stride)
-    dst[i] = kernels::accumulate<P>(first ? P{} : dst[i], src[i], first);
+    dst[i] = kernels::accumulate<P>(first ? P{} : dst[i], src[i], first, scale);
 }
 
 }  // namespace detail
 
 /// One AdamW step over every segment, enqueued on `stream` (one launch per 32 segments).
-template <class P>
-void adamw_step(std::span<const optimizer_segment<P>> segments, const optimizer_constants& c,
+template <class P, class G = P>
+void adamw_step(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
                 cudaStream_t stream = nullptr) {
-  detail::launch_optimizer<P, detail::method::adamw>(segments, c, stream,
-                                                     "kernels::cuda::adamw_step");
+  detail::launch_optimizer<P, G, detail::method::adamw>(segments, c, stream,
+                                                        "kernels::cuda::adamw_step");
 }
 
 /// One SGD step over every segment, enqueued on `stream`.
-template <class P>
-void sgd_step(std::span<const optimizer_segment<P>> segments, const optimizer_constants& c,
+template <class P, class G = P>
+void sgd_step(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
               cudaStream_t stream = nullptr) {
-  detail::launch_optimizer<P, detail::method::sgd>(segments, c, stream, "kernels::cuda::sgd_step");
+  detail::launch_optimizer<P, G, detail::method::sgd>(segments, c, stream,
+                                                      "kernels::cuda::sgd_step");
 }
 
-/// dst = src (first micro-batch) or dst += src in P, enqueued on `stream` (S is P or float).
+/// dst = src * scale (first micro-batch) or dst += src * scale in P, enqueued on `stream` (S is P
+/// or float, or any 16-bit type into fp32; a scale of 1 multiplies nothing, as on the host).
 template <class P, class S>
-void accumulate(P* dst, const S* src, std::size_t n, bool first, cudaStream_t stream = nullptr) {
-  static_assert(std::is_same_v<S, P> || std::is_same_v<S, float>, "gradients come as P or float");
+void accumulate(P* dst, const S* src, std::size_t n, bool first, cudaStream_t stream = nullptr,
+                float scale = 1.0f) {
+  static_assert(std::is_same_v<S, P> || std::is_same_v<S, float> || std::is_same_v<P, float>,
+                "gradients come as P or float (or, into fp32 gradients, as any parameter type)");
   if (n == 0) return;
   if (dst == nullptr || src == nullptr)
     throw invalid_argument("kernels::cuda::accumulate: null buffer with " + std::to_string(n) +
@@ -352,7 +357,7 @@ void accumulate(P* dst, const S* src, std::size_t n, bool first, cudaStream_t st
   const bool vector = detail::aligned16(dst) && detail::aligned16(src);
   detail::accumulate_kernel<P, S>
       <<<detail::grid_for(vector ? n / V + n % V : n), detail::block_threads, 0, stream>>>(
-          dst, src, n, first, vector);
+          dst, src, n, first, vector, scale);
   detail::check_launch("kernels::cuda::accumulate");
 }
 

@@ -3,7 +3,8 @@
 // blocking call has a deadline (RINGZERO_TIMEOUT) after which the communicator is aborted, where
 // NCCL alone would leave the GPU spinning forever on a peer that never came. It is a transport
 // with native collectives (transport/native.hpp): ringzero::communicator validates each call
-// and hands it to run_native().
+// and hands it to run_native(), or to run_schedule() when options::algorithm asks for one of
+// ringzero's algorithms (algorithms/schedule.hpp).
 //
 //   auto comm = ringzero::nccl::communicator::from_env();   // torchrun / Slurm / Open MPI env
 //   ringzero::all_reduce(comm, std::span<float>(grads, n), ringzero::op::sum);
@@ -22,6 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,15 +33,18 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/native.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
+#include "ringzero/transport/nccl/executor.hpp"
 
 namespace ringzero::nccl {
 
@@ -164,6 +170,14 @@ template <class Op>
 class transport {
  public:
   using from_env_options = config;
+  /// Its collectives take GPU memory only (small blocking control data aside: see
+  /// host_staging_bytes); the sharder refuses to be built over it with host buffers.
+  static constexpr bool device_memory_only = true;
+  /// The most bytes (inputs and outputs together) of a blocking all_reduce, reduce_scatter,
+  /// all_gather or broadcast on plain host memory that are staged through device memory instead
+  /// of refused: control data such as a checkpoint's agreement or a caller's flag. Bulk data on
+  /// host memory is still refused, so it never takes a hidden copy.
+  static constexpr std::size_t host_staging_bytes = std::size_t{1} << 20;
 
   /// Rank `rank` of `size`: rank 0 creates the NCCL unique id and publishes it in `store`, the
   /// others read it there. Every rank must construct its communicators in the same order.
@@ -295,6 +309,7 @@ class transport {
   /// checked to be memory this rank's GPU can address before anything is enqueued; in place is
   /// NCCL's (same pointer, or this rank's block).
   void run_native(const native_call& c, const ringzero::options& opt) {
+    if (staged_through_device(c, opt)) return;
     const std::string_view what = collective_name(c.kind);
     const std::size_t es = dtype_size(c.type);
     const ncclDataType_t type = detail::to_nccl(c.type);
@@ -307,33 +322,27 @@ class transport {
     };
     switch (c.kind) {
       case collective::all_reduce:
-        check("input", in, c.count);
-        if (out != in) check("output", out, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           return ncclAllReduce(in, out, c.count, type, detail::to_nccl(c.reduction), h, s);
         });
       case collective::reduce_scatter:
-        check("input", in, c.count * n);
-        if (out != in + c.count * es * static_cast<std::size_t>(rank_))
-          check("output", out, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           return ncclReduceScatter(in, out, c.count, type, detail::to_nccl(c.reduction), h, s);
         });
       case collective::all_gather:
-        check("output", out, c.count * n);
-        if (in != out + c.count * es * static_cast<std::size_t>(rank_)) check("input", in, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           return ncclAllGather(in, out, c.count, type, h, s);
         });
       case collective::broadcast:
-        if (is_root && in != out) check("input", in, c.count);
-        check("output", out, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           return ncclBroadcast(is_root ? in : out, out, c.count, type, c.root, h, s);
         });
       case collective::reduce:
-        check("input", in, c.count);
-        if (is_root && out != in) check("output", out, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           return ncclReduce(in, is_root ? out : nullptr, c.count, type,
                             detail::to_nccl(c.reduction), c.root, h, s);
@@ -434,6 +443,51 @@ class transport {
     throw unsupported(fmt::format("nccl: {} has no NCCL collective", what));
   }
 
+  /// One validated call run by ringzero's schedule options::algorithm names
+  /// (algorithms/schedule.hpp; the communicator has checked that one implements the
+  /// collective): each step one NCCL group of ncclSend/ncclRecv, reductions by ringzero's
+  /// kernels, all on the options' stream, with the options' async flag and deadline as
+  /// run_native. Buffers are checked as run_native checks them. Scratch is stream-ordered device
+  /// memory (cudaMallocAsync) for the call. A failure partway aborts the communicator, since
+  /// the peers may be left inside the schedule.
+  void run_schedule(const native_call& c, const ringzero::options& opt) {
+    const std::string_view what = collective_name(c.kind);
+    ensure_usable(what);
+    check_operands(c);
+    const kernels::device_reduction* reductions = kernels::registered_device_reduction();
+    if (algorithms::schedule::reduces(c.kind) && reductions == nullptr)
+      throw unsupported(fmt::format(
+          "{}: algorithm '{}' on GPU buffers reduces with ringzero's CUDA kernels, and this "
+          "program has none: include <ringzero/kernels/cuda/device_reduction.cuh> in one .cu "
+          "file compiled by nvcc (CMake: link ringzero::cuda)",
+          what, algorithm_name(opt.algorithm)));
+    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    const auto deadline = clock::now() + limit;
+    detail::device_guard guard(device_);
+    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    auto settle_step = [&](ncclResult_t r) { settle(what, r, deadline, limit); };
+    try {
+      visit_dtype(c.type, [&](auto zero) {
+        using E = decltype(zero);
+        const algorithms::call<E> k = algorithms::schedule::call_of<E>(c, rank_, size_);
+        const std::size_t elems = algorithms::schedule::scratch_elems(opt.algorithm, k, size_);
+        std::optional<detail::stream_scratch> scratch;
+        if (elems > 0) scratch.emplace(device_, s, elems * sizeof(E));
+        detail::executor<E, decltype(settle_step)> x(comm_, s, rank_, size_, reductions,
+                                                     settle_step);
+        algorithms::schedule::run(
+            x, opt.algorithm, k,
+            std::span<E>(scratch ? static_cast<E*>(scratch->data()) : nullptr, elems));
+      });
+    } catch (const std::exception& e) {
+      if (!aborted())
+        abort_with(fmt::format("{} ({}) on rank {} of {} (device {}): {}", what,
+                               algorithm_name(opt.algorithm), rank_, size_, device_, e.what()));
+      throw;
+    }
+    if (!opt.async) wait(what, s, deadline, limit);
+  }
+
   /// Every rank's `mine` (at most 16 bytes), in rank order, into `all` on the host: how
   /// RINGZERO_CHECK compares call signatures through NCCL.
   void all_gather_bytes(std::span<const std::byte> mine, std::span<std::byte> all,
@@ -477,6 +531,99 @@ class transport {
     const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
     settle("creating the NCCL communicator", r, deadline, timeout_);
     log::info("nccl: rank {} of {} ready on device {}", rank_, size_, device_);
+  }
+
+  /// Runs `c` on device copies of its buffers when they are small, plain host memory and the call
+  /// is blocking (host_staging_bytes); returns false to leave it to the normal path (which refuses
+  /// host memory). The in-place forms keep their meaning: an input inside the output is copied
+  /// with it.
+  bool staged_through_device(const native_call& c, const ringzero::options& opt) {
+    if (opt.async || c.count == 0) return false;
+    const std::size_t es = dtype_size(c.type);
+    const auto n = static_cast<std::size_t>(size_);
+    std::size_t in_len = c.count, out_len = c.count;
+    switch (c.kind) {
+      case collective::all_reduce:
+        break;
+      case collective::reduce_scatter:
+        in_len = c.count * n;
+        break;
+      case collective::all_gather:
+        out_len = c.count * n;
+        break;
+      case collective::broadcast:
+        if (rank_ != c.root) in_len = 0;
+        break;
+      default:
+        return false;
+    }
+    const std::size_t in_bytes = in_len * es, out_bytes = out_len * es;
+    const auto* in = static_cast<const std::byte*>(c.in);
+    auto* out = static_cast<std::byte*>(c.out);
+    const bool in_inside = in_len > 0 && in >= out && in + in_bytes <= out + out_bytes;
+    if (in_bytes + out_bytes > host_staging_bytes || !detail::plain_host(out, out_bytes) ||
+        (in_len > 0 && !in_inside && !detail::plain_host(in, in_bytes)))
+      return false;
+    const std::string_view what = collective_name(c.kind);
+    ensure_usable(what);
+    detail::device_guard guard(device_);
+    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    const detail::stream_scratch scratch(device_, s, out_bytes + (in_inside ? 0 : in_bytes));
+    auto* dout = static_cast<std::byte*>(scratch.data());
+    std::byte* din = in_inside ? dout + (in - out) : dout + out_bytes;
+    if (in_inside)
+      detail::check_cuda(cudaMemcpyAsync(dout, out, out_bytes, cudaMemcpyHostToDevice, s),
+                         "nccl: staging host memory");
+    else if (in_len > 0)
+      detail::check_cuda(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, s),
+                         "nccl: staging host memory");
+    native_call d = c;
+    d.in = in_len > 0 ? din : dout;
+    d.out = dout;
+    run_native(d, {.timeout = opt.timeout, .stream = s});
+    detail::check_cuda(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, s),
+                       "nccl: staging host memory");
+    detail::check_cuda(cudaStreamSynchronize(s), "nccl: staging host memory");
+    return true;
+  }
+
+  /// Refuses any buffer of an all_reduce, reduce_scatter, all_gather, broadcast or reduce that
+  /// this rank's GPU cannot address; the one the call shares in place is checked once.
+  void check_operands(const native_call& c) const {
+    const std::string_view what = collective_name(c.kind);
+    const std::size_t es = dtype_size(c.type);
+    const auto n = static_cast<std::size_t>(size_);
+    const bool is_root = rank_ == c.root;
+    const auto* in = static_cast<const std::byte*>(c.in);
+    const auto* out = static_cast<const std::byte*>(c.out);
+    const auto check = [&](std::string_view name, const void* p, std::size_t elems) {
+      detail::check_device_buffer(what, name, p, elems * es, device_);
+    };
+    switch (c.kind) {
+      case collective::all_reduce:
+        check("input", in, c.count);
+        if (out != in) check("output", out, c.count);
+        return;
+      case collective::reduce_scatter:
+        check("input", in, c.count * n);
+        if (out != in + c.count * es * static_cast<std::size_t>(rank_))
+          check("output", out, c.count);
+        return;
+      case collective::all_gather:
+        check("output", out, c.count * n);
+        if (in != out + c.count * es * static_cast<std::size_t>(rank_)) check("input", in, c.count);
+        return;
+      case collective::broadcast:
+        if (is_root && in != out) check("input", in, c.count);
+        check("output", out, c.count);
+        return;
+      case collective::reduce:
+        check("input", in, c.count);
+        if (is_root && out != in) check("output", out, c.count);
+        return;
+      default:
+        return;
+    }
   }
 
   void ensure_usable(std::string_view what) const {

@@ -107,6 +107,20 @@ class device_guard {
 /// CUDA context. Both ends of the range are checked, which also catches a span longer than its
 /// allocation in the common case. Costs two cudaPointerGetAttributes calls (well under a
 /// microsecond each).
+/// Whether [data, data + bytes) is host memory CUDA does not know (not device, managed or
+/// registered host memory): what NCCL cannot read.
+[[nodiscard]] inline bool plain_host(const void* data, std::size_t bytes) {
+  if (bytes == 0) return true;
+  const auto* first = static_cast<const std::byte*>(data);
+  for (const std::byte* p : {first, first + bytes - 1}) {
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) static_cast<void>(cudaGetLastError());
+    if (e == cudaSuccess && attr.type != cudaMemoryTypeUnregistered) return false;
+  }
+  return true;
+}
+
 inline void check_device_buffer(std::string_view what, std::string_view name, const void* data,
                                 std::size_t bytes, int device) {
   if (bytes == 0) return;

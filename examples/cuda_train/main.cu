@@ -1,0 +1,187 @@
+// ringzero-cuda-train: the sharder on GPU memory over NCCL, as a CUDA trainer uses it. Each
+// layer's weights are gathered on the device, a "backward" kernel on the trainer's stream writes
+// the layer's gradient into device memory, add_grad hands that buffer over (accumulated on the
+// same stream, reduced on the communicator's), and step() runs the fused optimizer on the shard.
+// The model fits random targets (a quadratic loss with noisy samples), so the loss must fall.
+//
+//   ringzero-cuda-train [--stage 0-3] [--steps N] [--micro-batches K] [--save DIR]
+//   ringzero-run -n 2 ringzero-cuda-train --stage 3       (one rank per GPU)
+//
+// Without a GPU it says so and exits with status 77 (a skip, for test drivers).
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+
+#include <ringzero/kernels/element.hpp>
+#include <ringzero/ringzero.hpp>
+#include <ringzero/transport/nccl.hpp>
+#include <ringzero/zero/sharder.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+namespace zero = ringzero::zero;
+using ringzero::bfloat16;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+__device__ float target_of(int param, std::size_t i) {
+  return 0.25f * __sinf(0.37f * static_cast<float>(param + 1) * static_cast<float>(i + 1));
+}
+
+__device__ float sample_noise(int sample, std::size_t i) {
+  return 0.05f * __cosf(1.3f * static_cast<float>(sample + 3) * static_cast<float>(i + 7));
+}
+
+/// grad[i] = loss_scale * mean over this rank's samples of (w[i] - target + noise), and the
+/// loss 0.5 * (w - target)^2 summed into *loss.
+__global__ void backward(const bfloat16* w, float* grad, float* loss, std::size_t n, int param,
+                         int first_sample, int samples, float loss_scale) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float d = ringzero::kernels::to_float(w[i]) - target_of(param, i);
+    float g = 0.0f;
+    for (int s = first_sample; s < first_sample + samples; ++s) g += d + sample_noise(s, i);
+    grad[i] = loss_scale * g / static_cast<float>(samples);
+    atomicAdd(loss, 0.5f * d * d);
+  }
+}
+
+struct args {
+  int stage = 2;
+  int steps = 20;
+  int micro_batches = 2;
+  std::string save;
+};
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (v == nullptr) throw ringzero::invalid_argument(fmt::format("{} needs a value", k));
+    if (k == "--stage")
+      a.stage = std::atoi(v);
+    else if (k == "--steps")
+      a.steps = std::atoi(v);
+    else if (k == "--micro-batches")
+      a.micro_batches = std::atoi(v);
+    else if (k == "--save")
+      a.save = v;
+    else
+      throw ringzero::invalid_argument(fmt::format("unknown option {}", k));
+    ++i;
+  }
+  return a;
+}
+
+int run(const args& a) {
+  // docs-begin: setup
+  auto comm = ringzero::nccl::communicator::from_env();
+  const int rank = comm.rank();
+
+  zero::model_layout layout;
+  const std::vector<std::vector<std::size_t>> layers{{4096, 64}, {65536}, {1000, 3, 30000}};
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    layout.add_layer(fmt::format("layer{}", l));
+    for (std::size_t p = 0; p < layers[l].size(); ++p)
+      layout.add({.name = fmt::format("l{}.p{}", l, p),
+                  .shape = {layers[l][p]},
+                  .type = ringzero::dtype::bfloat16,
+                  .weight_decay = p == 0});
+  }
+  zero::config cfg;
+  cfg.stage = a.stage;
+  cfg.optimizer.lr = 1e-2f;
+  cfg.accumulation_steps = a.micro_batches;
+  cfg.max_grad_norm = 1.0f;
+  cfg.reduce_dtype = ringzero::dtype::float32;  // bf16 parameters, fp32 gradient reduction
+
+  // The trainer's stream: forward and backward run there, the sharder orders its work with it.
+  cudaStream_t compute = nullptr;
+  check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate");
+  zero::sharder<ringzero::nccl::communicator, bfloat16> shd(comm, layout, cfg);
+  shd.space().set_compute_stream(compute);
+  const auto& plan = shd.plan();
+  for (std::size_t p = 0; p < plan.params().size(); ++p)
+    shd.set_parameter(static_cast<int>(p), std::vector<float>(plan.params()[p].numel, 0.0f));
+
+  // docs-end: setup
+  // One device gradient buffer per parameter, as a framework's .grad tensors, and the loss.
+  std::vector<float*> grads(plan.params().size());
+  for (std::size_t p = 0; p < grads.size(); ++p)
+    check(cudaMalloc(&grads[p], plan.params()[p].numel * sizeof(float)), "cudaMalloc");
+  float* loss = nullptr;
+  check(cudaMalloc(&loss, sizeof(float)), "cudaMalloc");
+
+  constexpr int batch = 64;
+  const int per = batch / (comm.size() * a.micro_batches);
+  const int nl = static_cast<int>(plan.layers().size());
+  // docs-begin: loop
+  for (int step = 0; step < a.steps; ++step) {
+    check(cudaMemsetAsync(loss, 0, sizeof(float), compute), "cudaMemsetAsync");
+    for (int m = 0; m < a.micro_batches; ++m) {
+      for (int l = 0; l < nl; ++l) (void)shd.gather(l);  // forward: the layer is present
+      for (int l = nl - 1; l >= 0; --l) {
+        auto w = shd.gather(l, zero::pass::backward);
+        const auto& li = plan.layers()[static_cast<std::size_t>(l)];
+        for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
+          const auto wp = w.param(p);
+          const std::size_t n = wp.size();
+          backward<<<static_cast<unsigned>((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), 256, 0,
+                     compute>>>(wp.data(), grads[static_cast<std::size_t>(p)], loss, n, p,
+                                (m * comm.size() + rank) * per, per, shd.loss_scale());
+          check(cudaGetLastError(), "backward");
+          shd.add_grad(p, std::span<const float>(grads[static_cast<std::size_t>(p)], n));
+        }
+      }
+      shd.end_micro_batch();
+    }
+    const auto r = shd.step();
+    // The loss summed over ranks, on the device, in line with the sharder's collectives.
+    check(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
+    shd.run_collective(
+        [&](auto& c) { ringzero::all_reduce(c, std::span<float>(loss, 1), ringzero::op::sum); });
+    float host_loss = 0.0f;
+    check(cudaMemcpy(&host_loss, loss, sizeof host_loss, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    if (rank == 0)
+      fmt::print("step {:3d}  loss {:.6f}  grad norm {:.4f}{}\n", step, host_loss / a.micro_batches,
+                 r.grad_norm, r.skipped ? "  (skipped)" : "");
+  }
+  // docs-end: loop
+  if (!a.save.empty()) shd.save(a.save);
+  const auto m = shd.memory();
+  if (rank == 0)
+    fmt::print("rank 0 holds {} B of parameters, {} B of gradients, {} B of optimizer state\n",
+               m.parameters, m.gradients, m.optimizer);
+  shd.synchronize();
+  for (float* g : grads) static_cast<void>(cudaFree(g));
+  static_cast<void>(cudaFree(loss));
+  static_cast<void>(cudaStreamDestroy(compute));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const args a = parse(argc, argv);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      std::fprintf(stderr, "ringzero-cuda-train: skipped: no CUDA device is visible\n");
+      return 77;
+    }
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringzero-cuda-train: %s\n", e.what());
+    return 1;
+  }
+}
