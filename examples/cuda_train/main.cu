@@ -125,6 +125,7 @@ int run(const args& a) {
   constexpr int batch = 64;
   const int per = batch / (comm.size() * a.micro_batches);
   const int nl = static_cast<int>(plan.layers().size());
+  float first_loss = 0.0f, last_loss = 0.0f;
   // docs-begin: loop
   for (int step = 0; step < a.steps; ++step) {
     check(cudaMemsetAsync(loss, 0, sizeof(float), compute), "cudaMemsetAsync");
@@ -155,6 +156,7 @@ int run(const args& a) {
     if (rank == 0)
       fmt::print("step {:3d}  loss {:.6f}  grad norm {:.4f}{}\n", step, host_loss / a.micro_batches,
                  r.grad_norm, r.skipped ? "  (skipped)" : "");
+    (step == 0 ? first_loss : last_loss) = host_loss;
   }
   // docs-end: loop
   if (!a.save.empty()) shd.save(a.save);
@@ -162,11 +164,16 @@ int run(const args& a) {
   if (rank == 0)
     fmt::print("rank 0 holds {} B of parameters, {} B of gradients, {} B of optimizer state\n",
                m.parameters, m.gradients, m.optimizer);
+  // A fitting run lowers the loss: a sharder that dropped gradients or updates would not.
+  const bool learned = a.steps < 2 || last_loss < 0.8f * first_loss;
+  if (rank == 0 && !learned)
+    std::fprintf(stderr, "ringzero-cuda-train: the loss did not fall (%g -> %g)\n", first_loss,
+                 last_loss);
   shd.synchronize();
   for (float* g : grads) static_cast<void>(cudaFree(g));
   static_cast<void>(cudaFree(loss));
   static_cast<void>(cudaStreamDestroy(compute));
-  return 0;
+  return learned ? 0 : 1;
 }
 
 }  // namespace

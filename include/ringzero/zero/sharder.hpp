@@ -61,7 +61,9 @@
 // default) becomes algorithm::automatic, so the transport takes the call: its reductions sum
 // every element in rank order, the same order in all_reduce and reduce_scatter, which keeps the
 // stages bitwise equal (see docs/zero.md for buckets beyond the transport's segment size).
-// RINGZERO_ALGO=ring sends every call back to the ring.
+// RINGZERO_ALGO=ring sends every call back to the ring. On NCCL they become automatic on every
+// communicator (NCCL's own collectives; NCCL does not fix its reduction order, so there the
+// stages agree to rounding, not bitwise).
 //
 // Every element is reduced along the same ring path whether its bucket is all_reduced or
 // reduce_scattered, and the optimizer arithmetic is element-wise and shared, so with one
@@ -444,8 +446,12 @@ class sharder {
   [[nodiscard]] Space choose_memory() {
     Comm& shard = groups_.shard();
     if constexpr (requires { typename Comm::transport_type; }) {
-      if constexpr (ringzero::some_native_collectives<typename Comm::transport_type>) {
-        if (shard.comm_id() == 0 && shard.size() > 1)
+      constexpr bool all_native = ringzero::native_collectives<typename Comm::transport_type>;
+      if constexpr (all_native ||
+                    ringzero::some_native_collectives<typename Comm::transport_type>) {
+        // NCCL: its own collectives are the default on GPUs (a forced ring would run ringzero's
+        // unpipelined schedule); shm: the world's calls in its segment.
+        if (all_native || (shard.comm_id() == 0 && shard.size() > 1))
           for (auto* o : {&cfg_.collectives.all_reduce, &cfg_.collectives.reduce_scatter,
                           &cfg_.collectives.all_gather})
             if (o->algorithm == algorithm::ring) o->algorithm = algorithm::automatic;
