@@ -326,18 +326,19 @@ __global__ void accumulate_kernel(P* __restrict__ dst, const S* __restrict__ src
 
 }  // namespace detail
 
-/// One AdamW step over every segment, enqueued on `stream` (one launch per 32 segments).
+/// One AdamW step over every segment, enqueued on `stream` (one launch per 32 segments). P and G
+/// are named, not deduced (G defaults to P), so a vector of segments converts to the span.
 template <class P, class G = P>
-void adamw_step(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
-                cudaStream_t stream = nullptr) {
+void adamw_step(std::type_identity_t<std::span<const optimizer_segment<P, G>>> segments,
+                const optimizer_constants& c, cudaStream_t stream = nullptr) {
   detail::launch_optimizer<P, G, detail::method::adamw>(segments, c, stream,
                                                         "kernels::cuda::adamw_step");
 }
 
 /// One SGD step over every segment, enqueued on `stream`.
 template <class P, class G = P>
-void sgd_step(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
-              cudaStream_t stream = nullptr) {
+void sgd_step(std::type_identity_t<std::span<const optimizer_segment<P, G>>> segments,
+              const optimizer_constants& c, cudaStream_t stream = nullptr) {
   detail::launch_optimizer<P, G, detail::method::sgd>(segments, c, stream,
                                                       "kernels::cuda::sgd_step");
 }
