@@ -29,8 +29,7 @@ file(GLOB_RECURSE ringzero_component_headers CONFIGURE_DEPENDS
      "${PROJECT_SOURCE_DIR}/include/ringzero/transport/nccl/*.hpp"
      "${PROJECT_SOURCE_DIR}/include/ringzero/reduce/cuda*"
      "${PROJECT_SOURCE_DIR}/include/ringzero/reduce/cuda/*"
-     "${PROJECT_SOURCE_DIR}/include/ringzero/kernels/cuda/*.cuh"
-     "${PROJECT_SOURCE_DIR}/include/ringzero/zero/*.cuh")
+     "${PROJECT_SOURCE_DIR}/include/ringzero/*.cuh")  # CUDA headers, wherever they sit
 list(REMOVE_DUPLICATES ringzero_component_headers)
 foreach(header IN LISTS ringzero_component_headers)
   get_filename_component(header_dir "${header}" DIRECTORY)
