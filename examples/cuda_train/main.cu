@@ -16,6 +16,9 @@
 #include <ringzero/transport/nccl.hpp>
 #include <ringzero/zero/sharder.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -55,6 +58,41 @@ __global__ void backward(const bfloat16* w, float* grad, float* loss, std::size_
   }
 }
 
+/// A CUDA stream that is destroyed with its scope.
+class owned_stream {
+ public:
+  owned_stream() {
+    check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~owned_stream() { static_cast<void>(cudaStreamDestroy(s_)); }
+  owned_stream(const owned_stream&) = delete;
+  owned_stream& operator=(const owned_stream&) = delete;
+  [[nodiscard]] cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+/// What each step cost the device (zero::device_counters) and how long it took, from the first
+/// micro-batch to step()'s return. From the third step on, a step must wait on the host once (the
+/// overflow and norm verdict), launch the statistics once, and create no event and take no
+/// memory from the driver: the first two steps warm the pools.
+struct step_budget {
+  static constexpr int warm = 2;
+  std::vector<zero::device_counters> per_step;
+  std::vector<double> ms;
+  std::vector<std::uint64_t> reserved;
+
+  void add(int, const zero::device_counters& a, const zero::device_counters& b,
+           std::uint64_t pool_bytes, std::chrono::steady_clock::duration took) {
+    per_step.push_back({b.launches - a.launches, b.statistics_launches - a.statistics_launches,
+                        b.host_syncs - a.host_syncs, b.events_created - a.events_created,
+                        b.driver_allocations - a.driver_allocations});
+    ms.push_back(std::chrono::duration<double, std::milli>(took).count());
+    reserved.push_back(pool_bytes);
+  }
+};
+
 struct args {
   int stage = 2;
   int steps = 20;
@@ -83,6 +121,35 @@ args parse(int argc, char** argv) {
   return a;
 }
 
+/// Prints the budget line the GPU check reads, and whether every warm step kept to it.
+bool report_budget(int rank, const args& a, const step_budget& b) {
+  bool ok = true;
+  double total_ms = 0;
+  std::size_t warm_steps = 0;
+  zero::device_counters worst{};
+  for (std::size_t s = step_budget::warm; s < b.per_step.size(); ++s) {
+    const auto& c = b.per_step[s];
+    ok = ok && c.host_syncs == 1 && c.statistics_launches == 1 && c.events_created == 0 &&
+         c.driver_allocations == 0 && b.reserved[s] == b.reserved[step_budget::warm - 1];
+    worst.launches = std::max(worst.launches, c.launches);
+    worst.statistics_launches = std::max(worst.statistics_launches, c.statistics_launches);
+    worst.host_syncs = std::max(worst.host_syncs, c.host_syncs);
+    worst.events_created = std::max(worst.events_created, c.events_created);
+    worst.driver_allocations = std::max(worst.driver_allocations, c.driver_allocations);
+    total_ms += b.ms[s];
+    ++warm_steps;
+  }
+  if (rank == 0 && warm_steps > 0)
+    fmt::print(
+        "budget: stage {}, {} warm steps, {:.3f} ms per step; per step at most {} launches, {} "
+        "statistics launch(es), {} host sync(s), {} events created, {} driver allocations; pool "
+        "{} B -> {} B: {}\n",
+        a.stage, warm_steps, total_ms / static_cast<double>(warm_steps), worst.launches,
+        worst.statistics_launches, worst.host_syncs, worst.events_created, worst.driver_allocations,
+        b.reserved[step_budget::warm - 1], b.reserved.back(), ok ? "ok" : "OVER BUDGET");
+  return ok;
+}
+
 int run(const args& a) {
   // docs-begin: setup
   auto comm = ringzero::nccl::communicator::from_env();
@@ -106,8 +173,10 @@ int run(const args& a) {
   cfg.reduce_dtype = ringzero::dtype::float32;  // bf16 parameters, fp32 gradient reduction
 
   // The trainer's stream: forward and backward run there, the sharder orders its work with it.
-  cudaStream_t compute = nullptr;
-  check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "cudaStreamCreate");
+  // Declared before the sharder so that it outlives it: the sharder's destructor waits on it and
+  // frees stage-3 buckets in its order.
+  const owned_stream stream;
+  cudaStream_t compute = stream.get();
   zero::sharder<ringzero::nccl::communicator, bfloat16> shd(comm, layout, cfg);
   shd.space().set_compute_stream(compute);
   const auto& plan = shd.plan();
@@ -126,8 +195,11 @@ int run(const args& a) {
   const int per = batch / (comm.size() * a.micro_batches);
   const int nl = static_cast<int>(plan.layers().size());
   float first_loss = 0.0f, last_loss = 0.0f;
+  step_budget budget;
   // docs-begin: loop
   for (int step = 0; step < a.steps; ++step) {
+    const auto before = shd.space().counters();
+    const auto started = std::chrono::steady_clock::now();
     check(cudaMemsetAsync(loss, 0, sizeof(float), compute), "cudaMemsetAsync");
     for (int m = 0; m < a.micro_batches; ++m) {
       for (int l = 0; l < nl; ++l) (void)shd.gather(l);  // forward: the layer is present
@@ -147,6 +219,8 @@ int run(const args& a) {
       shd.end_micro_batch();
     }
     const auto r = shd.step();
+    budget.add(step, before, shd.space().counters(), shd.space().pool_reserved_bytes(),
+               std::chrono::steady_clock::now() - started);
     // The loss summed over ranks, on the device, in line with the sharder's collectives.
     check(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
     shd.run_collective(
@@ -172,8 +246,8 @@ int run(const args& a) {
   shd.synchronize();
   for (float* g : grads) static_cast<void>(cudaFree(g));
   static_cast<void>(cudaFree(loss));
-  static_cast<void>(cudaStreamDestroy(compute));
-  return learned ? 0 : 1;
+  const bool in_budget = report_budget(rank, a, budget);
+  return learned && in_budget ? 0 : 1;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,43 @@ TEST_CASE("device space: checkpoints round-trip through host staging, across spa
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE(
+    "device space: a warm step waits on the host once, launches the statistics once, and "
+    "takes no memory from the driver") {
+  // Many small segments per rank (a shard of 40 tensors), so a launch per segment would show.
+  std::vector<std::size_t> many(40, 33);
+  const auto layout = zt::make_layout<bfloat16>({many, {129, 7}, {3, 61, 1}});
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const int world : {1, 3}) {
+      zt::run_options o;
+      o.world = world;
+      o.stage = stage;
+      o.steps = 5;
+      o.accumulation = 2;
+      o.clip = 1.0f;
+      o.bucket_bytes = 512;  // several buckets: stage 3 gathers and frees each every step
+      std::mutex m;
+      std::vector<std::string> over;
+      o.on_counters = [&](int rank, int step, const zt::zero::device_counters& start,
+                          const zt::zero::device_counters& before,
+                          const zt::zero::device_counters& after) {
+        const std::lock_guard lock(m);
+        const auto say = [&](const char* what, std::uint64_t got, std::uint64_t want) {
+          if (got != want)
+            over.push_back(fmt::format("stage {} world {} rank {} step {}: {} {} (want {})", stage,
+                                       world, rank, step, what, got, want));
+        };
+        say("host waits in step()", after.host_syncs - before.host_syncs, 1);
+        say("statistics launches", after.statistics_launches - start.statistics_launches, 1);
+        if (step >= 2)
+          say("driver allocations", after.driver_allocations - start.driver_allocations, 0);
+      };
+      (void)zt::train<bfloat16, emulated_device_space>(layout, o);
+      for (const auto& line : over) FAIL_CHECK(line);
+    }
+  }
+}
+
 TEST_CASE("device space: a failed collective surfaces as an error from the sharder, no hang") {
   // Rank 1 hands over a gradient of the wrong length: an invalid_argument on that rank before
   // anything is enqueued; the others' collectives then miss their peer and time out.
@@ -225,6 +263,7 @@ TEST_CASE("gradient slots: wrong type, predivide and a second hand-over are refu
   ringzero::loopback::world w(1);
   w.run([&](zt::communicator& comm) {
     zt::zero::config cfg;
+    cfg.reduce_dtype = ringzero::dtype::bfloat16;
     zt::zero::sharder<zt::communicator, bfloat16> shd(comm, layout, cfg);
     CHECK_THROWS_WITH_AS((void)shd.gradient_slot<float>(0),
                          doctest::Contains("reduces gradients in bfloat16"),
@@ -235,6 +274,7 @@ TEST_CASE("gradient slots: wrong type, predivide and a second hand-over are refu
     CHECK_THROWS_WITH_AS((void)shd.gradient_slot<bfloat16>(0), doctest::Contains("already added"),
                          ringzero::invalid_argument);
     zt::zero::config pre;
+    pre.reduce_dtype = ringzero::dtype::bfloat16;
     pre.gradient_predivide = 2.0f;
     zt::zero::sharder<zt::communicator, bfloat16> shd2(comm, layout, pre);
     CHECK_THROWS_WITH_AS((void)shd2.gradient_slot<bfloat16>(1),

@@ -1,16 +1,20 @@
 #include <doctest/doctest.h>
 
 #include "checks.hpp"
+#include "recording_transport.hpp"
 #include "zero_harness.hpp"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 using ringzero::bfloat16;
@@ -253,6 +257,7 @@ TEST_CASE("memory per rank matches the ZeRO formulas within 5%") {
   w.run([&](zt::communicator& comm) {
     zt::zero::config cfg;
     cfg.bucket_bytes = 1 << 20;
+    cfg.reduce_dtype = ringzero::dtype::bfloat16;  // the formulas' 16-bit gradients
     for (int stage = 0; stage <= 3; ++stage) {
       cfg.stage = stage;
       zt::zero::sharder<zt::communicator, bfloat16> shd(comm, layout, cfg);
@@ -515,15 +520,17 @@ zt::zero::step_result one_step(int stage, std::optional<ringzero::dtype> reduce,
 
 }  // namespace
 
-TEST_CASE("reduce_dtype float32: bf16 gradients summed without 16-bit rounding") {
+TEST_CASE("reduce_dtype float32 (the default): bf16 gradients summed without 16-bit rounding") {
   // 256 + 1 + 1 + 1: bf16 has 8 significant bits, so every partial sum rounds back to 256.
   auto value = [](int r) { return r == 0 ? 256.0f : 1.0f; };
   const double exact = 259.0 * std::sqrt(32.0);
   for (int stage : {0, 2, 3}) {
     CAPTURE(stage);
-    const auto in16 = one_step<bfloat16>(stage, std::nullopt, 1.0f, value);
+    const auto in16 = one_step<bfloat16>(stage, ringzero::dtype::bfloat16, 1.0f, value);
     const auto in32 = one_step<bfloat16>(stage, ringzero::dtype::float32, 1.0f, value);
+    const auto by_default = one_step<bfloat16>(stage, std::nullopt, 1.0f, value);
     CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
+    CHECK(by_default.grad_norm == in32.grad_norm);
     CHECK(std::abs(in16.grad_norm - exact) > 1.0);
   }
 }
@@ -534,11 +541,12 @@ TEST_CASE("fp16: a sum that overflows in fp16 is kept by fp32 reduction or by pr
   const double exact = 120000.0 * std::sqrt(32.0);
   for (int stage : {1, 3}) {
     CAPTURE(stage);
-    CHECK(one_step<float16>(stage, std::nullopt, 1.0f, value).skipped);
+    CHECK(one_step<float16>(stage, ringzero::dtype::float16, 1.0f, value).skipped);
     const auto in32 = one_step<float16>(stage, ringzero::dtype::float32, 1.0f, value);
     CHECK_FALSE(in32.skipped);
     CHECK(in32.grad_norm == doctest::Approx(exact).epsilon(1e-6));
-    const auto pre = one_step<float16>(stage, std::nullopt, 4.0f, value);
+    CHECK_FALSE(one_step<float16>(stage, std::nullopt, 1.0f, value).skipped);
+    const auto pre = one_step<float16>(stage, ringzero::dtype::float16, 4.0f, value);
     CHECK_FALSE(pre.skipped);
     CHECK(pre.grad_norm == doctest::Approx(exact).epsilon(1e-3));
   }
@@ -1146,4 +1154,65 @@ TEST_CASE("RINGZERO_CHECK: a rank skipping a gather, or in another pass, fails o
   }
   CHECK(test_support::contains(said[0], "rank 0 was gathering layer 'layer3'"));
   CHECK(said[0].starts_with("ringzero: RINGZERO_CHECK: rank 0 called all_gather"));
+}
+
+namespace {
+
+/// A loopback transport that says it runs some collectives itself (as the native shm transport
+/// does) and counts the calls it is offered, running none of them.
+struct offering_transport : ringzero::testing::recording<ringzero::loopback::transport> {
+  using recording::recording;
+  std::shared_ptr<std::atomic<int>> offered = std::make_shared<std::atomic<int>>(0);
+  bool try_native(const ringzero::native_call&, const ringzero::options&) {
+    ++*offered;
+    return false;
+  }
+};
+static_assert(ringzero::some_native_collectives<offering_transport>);
+
+}  // namespace
+
+TEST_CASE("collectives left unset go to the transport's own; a named ring stays the ring") {
+  const auto layout = small_model<float>();
+  const auto run = [&](std::optional<ringzero::algorithm> named) {
+    int offered = 0;
+    ringzero::algorithm resolved{};
+    ringzero::loopback::world w(2);
+    w.run([&](zt::communicator& c) {
+      ringzero::communicator<offering_transport> comm(offering_transport(c.transport()));
+      zt::run_options o;
+      o.world = 2;
+      o.stage = 1;
+      auto cfg = zt::make_config(o);
+      if (named)
+        for (auto* x : {&cfg.collectives.all_reduce, &cfg.collectives.reduce_scatter,
+                        &cfg.collectives.all_gather})
+          x->algorithm = *named;
+      zt::zero::sharder<ringzero::communicator<offering_transport>, float> shd(comm, layout, cfg);
+      for (int p = static_cast<int>(shd.plan().params().size()) - 1; p >= 0; --p) {
+        std::vector<float> g(shd.plan().params()[static_cast<std::size_t>(p)].numel, 0.25f);
+        shd.add_grad(p, std::span<const float>(g));
+      }
+      shd.end_micro_batch();
+      (void)shd.step();
+      if (comm.rank() == 0) {
+        offered = *comm.transport().offered;
+        resolved = shd.configuration().collectives.all_reduce.algorithm;
+      }
+    });
+    return std::pair(offered, resolved);
+  };
+  const auto [unset_offered, unset_algo] = run(std::nullopt);
+  CHECK(unset_offered > 0);
+  CHECK(unset_algo == ringzero::algorithm::automatic);
+  const auto [ring_offered, ring_algo] = run(ringzero::algorithm::ring);
+  CHECK_MESSAGE(ring_offered == 0, "a named ring was handed to the transport's own collectives");
+  CHECK(ring_algo == ringzero::algorithm::ring);
+  // On a transport with no collectives of its own, unset is the ring (the stages then agree).
+  ringzero::loopback::world w(1);
+  w.run([&](zt::communicator& comm) {
+    zt::zero::sharder<zt::communicator, float> shd(comm, layout, zt::zero::config{});
+    CHECK(shd.configuration().collectives.all_reduce.algorithm == ringzero::algorithm::ring);
+    CHECK(shd.configuration().reduce_dtype == ringzero::dtype::float32);
+  });
 }

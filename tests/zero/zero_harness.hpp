@@ -84,6 +84,11 @@ struct run_options {
   /// Writes each gradient into gradient_slot<float>(p) and hands the slot over, instead of
   /// add_grad with a copy (needs gradients reduced in fp32).
   bool use_slots = false;
+  /// Device spaces: called on every rank after each step with the space's counters at the
+  /// step's start (before its first micro-batch), just before step() and just after it.
+  std::function<void(int rank, int step, const zero::device_counters& start,
+                     const zero::device_counters& before, const zero::device_counters& after)>
+      on_counters;
 };
 
 struct run_result {
@@ -139,7 +144,14 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
   const auto sync_compute = [&] {
     if constexpr (Sharder::device) shd.space().synchronize(shd.space().compute_stream());
   };
+  const auto counters = [&] {
+    if constexpr (Sharder::device)
+      return shd.space().counters();
+    else
+      return zero::device_counters{};
+  };
   for (int s = first; s < first + o.steps; ++s) {
+    const zero::device_counters at_start = counters();
     for (int m = 0; m < o.accumulation; ++m) {
       for (int l = 0; l < nl; ++l) (void)shd.gather(l);
       for (int l = nl - 1; l >= 0; --l) {
@@ -184,7 +196,9 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
     std::optional<typename Sharder::gathered> held;
     if (o.gather_before_step) held.emplace(shd.gather(0));
     if (!o.hold_across_step) held.reset();
+    const zero::device_counters before_step = counters();
     const auto r = shd.step();
+    if (o.on_counters) o.on_counters(comm.rank(), s, at_start, before_step, counters());
     if (held) {
       sync_compute();
       const auto v = held->param(0);

@@ -9,25 +9,35 @@
 // such a translation unit with nvcc (this header launches kernels); ringzero/transport/nccl.hpp
 // includes it there by itself.
 //
-// Streams: the communication stream is the NCCL communicator's own (comm.transport().stream()),
-// so a collective issued with default options is ordered with the sharder's work. The compute
-// stream defaults to the legacy default stream (a trainer that never names a stream is correct,
-// though then nothing overlaps); set_compute_stream(s) names the trainer's.
+// Streams: the communication stream is the NCCL communicator's own (comm.transport().stream(),
+// non-blocking), so a collective issued with default options is ordered with the sharder's work.
+// The compute stream defaults to the default stream of the translation unit that builds the
+// sharder (the legacy stream, or the thread's own under --default-stream per-thread), so a
+// trainer that never names a stream is correct; set_compute_stream(s) names the trainer's. New
+// memory is zeroed in compute-stream order, never with a plain cudaMemset.
+//
+// Waits: every host wait goes through the communicator (nccl::transport::wait_idle): a deadline,
+// NCCL's asynchronous errors, and an abort when either fires. A dead peer makes step(),
+// synchronize() and the sharder's destructor raise instead of hanging.
 //
 // Memory: parameters and gradients come from ncclMemAlloc and are registered with the
 // communicator (ncclCommRegister) where NCCL has both (2.19 and later), so NCCL can take its
 // zero-copy paths on them; other buffers from cudaMalloc, and gathered stage-3 buckets from the
-// stream-ordered allocator on the compute stream. Host values travel through a pinned staging
-// buffer. The only host waits are the ones the sharder asks for: reading the two gradient
-// statistics once per step, copies to and from the host, and synchronize().
+// stream-ordered allocator on the compute stream, whose pool keeps freed memory (no driver call
+// after the first step). Host values travel through a pinned staging buffer. The only host waits
+// are the ones the sharder asks for: reading the gradient statistics once per step (one copy),
+// copies to and from the host, and synchronize(). Events come from a pool and are reused.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -35,6 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/detail/env.hpp"
+#include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/cuda/detail/launch.cuh"
 #include "ringzero/kernels/cuda/optimizer.cuh"
@@ -43,11 +55,19 @@
 #include "ringzero/zero/memory_space.hpp"
 
 #if __has_include(<nccl.h>)
-#include <nccl.h>
 #define RINGZERO_CUDA_SPACE_NCCL 1
 #endif
 
 namespace ringzero::zero {
+
+/// Memory a communicator wants parameters and gradients in (NCCL: ncclMemAlloc, registered with
+/// the communicator so its zero-copy paths apply). `free` must stay safe after the communicator
+/// failed or went: it deregisters only through a handle that is still alive.
+struct registered_allocator {
+  std::function<void*(std::size_t bytes, void** handle)> allocate;
+  std::function<void(void* p, void* handle)> free;
+  explicit operator bool() const noexcept { return static_cast<bool>(allocate); }
+};
 
 namespace detail::cuda_space {
 
@@ -69,21 +89,26 @@ __global__ void set_values_kernel(P* param, float* master, const float* values, 
   }
 }
 
-/// The device's shared state: streams, the statistics accumulator, the pinned staging buffer.
+/// The device's shared state: streams, the statistics accumulator, the pinned staging buffer,
+/// the event pool, the counters, and what the communicator lent (its allocator and its waits).
 struct state {
   int device = 0;
-  cudaStream_t compute = nullptr;  // null: the legacy default stream
+  cudaStream_t compute = nullptr;  // null: the default stream of the including translation unit
   cudaStream_t comm = nullptr;
-#ifdef RINGZERO_CUDA_SPACE_NCCL
-  ncclComm_t nccl = nullptr;  // registers parameter and gradient memory; null: no registration
-#endif
+  registered_allocator allocator;               // empty: cudaMalloc
+  std::function<void(cudaStream_t)> wait_idle;  // empty: poll with RINGZERO_TIMEOUT
   std::unique_ptr<kernels::cuda::grad_stats_accumulator> stats;
   std::mutex staging_mutex;
   void* staging = nullptr;
   std::size_t staging_bytes = 0;
+  std::mutex events_mutex;
+  std::vector<cudaEvent_t> free_events;  // recorded before, complete or not: reusable
+  std::atomic<std::uint64_t> launches{0}, statistics{0}, host_syncs{0}, events_created{0},
+      driver_allocations{0};
 
   ~state() {
     if (staging != nullptr) static_cast<void>(cudaFreeHost(staging));
+    for (cudaEvent_t e : free_events) static_cast<void>(cudaEventDestroy(e));
   }
 };
 
@@ -103,6 +128,48 @@ class device_guard {
   int previous_ = 0;
 };
 
+/// The pool stream-ordered allocations come from keeps what is freed instead of giving it back
+/// to the driver at every synchronization (its default release threshold is 0): a stage-3 step
+/// gathers and frees every bucket, and would otherwise map them afresh each time.
+inline void keep_pool_memory(int device) {
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t keep = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute(release threshold)");
+}
+
+/// Bytes the device's default pool holds from the driver.
+[[nodiscard]] inline std::uint64_t pool_reserved(int device) {
+  cudaMemPool_t pool = nullptr;
+  std::uint64_t bytes = 0;
+  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes),
+        "cudaMemPoolGetAttribute(reserved)");
+  return bytes;
+}
+
+/// Waits until `s` is idle, polling, and raises timeout_error after RINGZERO_TIMEOUT: a stream
+/// held by a collective whose peer died never drains, and cudaStreamSynchronize would block
+/// forever. Spaces lent by a communicator wait through it instead (its abort path).
+inline void poll_idle(cudaStream_t s, const char* what) {
+  const auto limit = ringzero::detail::env_timeout();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  ringzero::detail::backoff b;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check(q, what);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw timeout_error(std::string("zero (CUDA device space): ") + what +
+                              ": the stream did not drain within " +
+                              std::to_string(std::chrono::duration<double>(limit).count()) +
+                              " s (RINGZERO_TIMEOUT)",
+                          -1);
+    b.pause();
+  }
+}
+
 }  // namespace detail::cuda_space
 
 /// CUDA device memory with a compute and a communication stream: see the header comment.
@@ -110,69 +177,58 @@ class cuda_device_space {
  public:
   static constexpr bool host_accessible = false;
   using stream = cudaStream_t;
-  /// A recorded point of a stream; shared, destroyed once the last copy goes (CUDA releases a
-  /// recorded event's resources only once it completed).
+  /// A recorded point of a stream; shared, and returned to the space's pool once the last copy
+  /// goes (a later record reuses it: a wait already enqueued keeps the point it was given).
   using event = std::shared_ptr<CUevent_st>;
 
   /// Device `device`; `comm_stream` is the communicator's stream (never null for NCCL).
-  cuda_device_space(int device, cudaStream_t comm_stream, cudaStream_t compute_stream = nullptr)
+  /// `allocator`: where parameters and gradients come from (empty: cudaMalloc); `wait_idle`:
+  /// how a host wait on a stream is made, with its deadline (empty: poll for RINGZERO_TIMEOUT).
+  cuda_device_space(int device, cudaStream_t comm_stream, cudaStream_t compute_stream = nullptr,
+                    registered_allocator allocator = {},
+                    std::function<void(cudaStream_t)> wait_idle = {})
       : state_(std::make_shared<detail::cuda_space::state>()) {
     state_->device = device;
     state_->comm = comm_stream;
     state_->compute = compute_stream;
+    state_->allocator = std::move(allocator);
+    state_->wait_idle = std::move(wait_idle);
     const detail::cuda_space::device_guard guard(device);
-    state_->stats = std::make_unique<kernels::cuda::grad_stats_accumulator>();
+    detail::cuda_space::keep_pool_memory(device);
+    state_->stats = std::make_unique<kernels::cuda::grad_stats_accumulator>(comm_stream);
   }
 
-#ifdef RINGZERO_CUDA_SPACE_NCCL
-  /// Registers the parameters and gradients with `comm` (ncclCommRegister), which must outlive
-  /// every buffer allocated here.
-  void register_with(ncclComm_t comm) noexcept {
-    state_->nccl = comm;
-  }
-#endif
-
-  [[nodiscard]] static constexpr bool collective() noexcept {
-    return false;
-  }
-  [[nodiscard]] int device() const noexcept {
-    return state_->device;
-  }
-  [[nodiscard]] stream compute_stream() const noexcept {
-    return state_->compute;
-  }
-  [[nodiscard]] stream comm_stream() const noexcept {
-    return state_->comm;
-  }
+  [[nodiscard]] static constexpr bool collective() noexcept { return false; }
+  [[nodiscard]] int device() const noexcept { return state_->device; }
+  [[nodiscard]] stream compute_stream() const noexcept { return state_->compute; }
+  [[nodiscard]] stream comm_stream() const noexcept { return state_->comm; }
   /// The trainer's stream: forward and backward read parameters and write gradients there. Set
-  /// it before the first gather or add_grad of a step; every copy of this space sees it.
-  void set_compute_stream(cudaStream_t s) const noexcept {
+  /// it before the first gather or add_grad of a step; every copy of this space sees it. The new
+  /// stream waits for what the old one and the communication stream have queued (zeroed and
+  /// initial parameters), so the switch needs no synchronization from the trainer.
+  void set_compute_stream(cudaStream_t s) const {
+    if (s == state_->compute) return;
+    wait(s, record(state_->compute));
+    wait(s, record(state_->comm));
     state_->compute = s;
   }
 
-  /// Zeroed device memory for the parameters and gradients (NCCL-registered where it can be).
+  /// Zeroed device memory for the parameters and gradients (the communicator's registered
+  /// memory where it lent an allocator).
   template <class T>
   [[nodiscard]] buffer<T> allocate(std::size_t n) const {
+    if (!state_->allocator) return allocate_local<T>(n);
     const detail::cuda_space::device_guard guard(state_->device);
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(T), 1);
-    void* p = nullptr;
-#if defined(RINGZERO_CUDA_SPACE_NCCL) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
-    if (state_->nccl != nullptr) {
-      if (ncclMemAlloc(&p, bytes) != ncclSuccess)
-        throw transport_error("zero (CUDA device space): ncclMemAlloc of " + std::to_string(bytes) +
-                              " bytes failed");
-      void* handle = nullptr;
-      if (ncclCommRegister(state_->nccl, p, bytes, &handle) != ncclSuccess) handle = nullptr;
-      detail::cuda_space::check(cudaMemset(p, 0, bytes), "cudaMemset");
-      std::shared_ptr<void> owner(p, [st = state_, handle](void* q) noexcept {
-        const detail::cuda_space::device_guard g(st->device);
-        if (handle != nullptr) static_cast<void>(ncclCommDeregister(st->nccl, handle));
-        static_cast<void>(ncclMemFree(q));
-      });
-      return {std::span<T>(static_cast<T*>(p), n), std::move(owner), false};
-    }
-#endif
-    return allocate_local<T>(n);
+    ++state_->driver_allocations;
+    void* handle = nullptr;
+    void* p = state_->allocator.allocate(bytes, &handle);
+    std::shared_ptr<void> owner(p, [st = state_, handle](void* q) noexcept {
+      const detail::cuda_space::device_guard g(st->device);
+      st->allocator.free(q, handle);
+    });
+    zero_new(p, bytes);
+    return {std::span<T>(static_cast<T*>(p), n), std::move(owner), false};
   }
 
   /// Zeroed device memory from cudaMalloc.
@@ -181,24 +237,32 @@ class cuda_device_space {
     const detail::cuda_space::device_guard guard(state_->device);
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(T), 1);
     void* p = nullptr;
+    ++state_->driver_allocations;
     detail::cuda_space::check(cudaMalloc(&p, bytes), "cudaMalloc");
-    detail::cuda_space::check(cudaMemset(p, 0, bytes), "cudaMemset");
     std::shared_ptr<void> owner(p, [device = state_->device](void* q) noexcept {
       const detail::cuda_space::device_guard g(device);
       static_cast<void>(cudaFree(q));
     });
+    zero_new(p, bytes);
     return {std::span<T>(static_cast<T*>(p), n), std::move(owner), false};
   }
 
-  /// Zeroed device memory allocated and freed in compute-stream order (cudaMallocAsync /
-  /// cudaFreeAsync): the free follows every kernel enqueued there before the last handle went.
+  /// Device memory allocated and freed in compute-stream order (cudaMallocAsync / cudaFreeAsync):
+  /// the free follows every kernel enqueued there before the last handle went. The pool keeps
+  /// freed memory (keep_pool_memory), so after the first step this asks nothing of the driver;
+  /// a call that grew the pool counts as a driver allocation.
   template <class T>
-  [[nodiscard]] buffer<T> allocate_ordered(std::size_t n) const {
+  [[nodiscard]] buffer<T> allocate_ordered(std::size_t n, fill how = fill::zeroed) const {
     const detail::cuda_space::device_guard guard(state_->device);
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(T), 1);
+    const std::uint64_t before = detail::cuda_space::pool_reserved(state_->device);
     void* p = nullptr;
     detail::cuda_space::check(cudaMallocAsync(&p, bytes, state_->compute), "cudaMallocAsync");
-    detail::cuda_space::check(cudaMemsetAsync(p, 0, bytes, state_->compute), "cudaMemsetAsync");
+    if (detail::cuda_space::pool_reserved(state_->device) > before) ++state_->driver_allocations;
+    if (how == fill::zeroed) {
+      ++state_->launches;
+      detail::cuda_space::check(cudaMemsetAsync(p, 0, bytes, state_->compute), "cudaMemsetAsync");
+    }
     std::shared_ptr<void> owner(p, [st = state_](void* q) noexcept {
       const detail::cuda_space::device_guard g(st->device);
       static_cast<void>(cudaFreeAsync(q, st->compute));
@@ -206,12 +270,30 @@ class cuda_device_space {
     return {std::span<T>(static_cast<T*>(p), n), std::move(owner), false};
   }
 
+  /// Records `s`'s current point in an event from the pool (created only when none is free).
   [[nodiscard]] event record(stream s) const {
     const detail::cuda_space::device_guard guard(state_->device);
     cudaEvent_t e = nullptr;
-    detail::cuda_space::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-                              "cudaEventCreateWithFlags");
-    event owned(e, [](cudaEvent_t q) noexcept { static_cast<void>(cudaEventDestroy(q)); });
+    {
+      const std::lock_guard lock(state_->events_mutex);
+      if (!state_->free_events.empty()) {
+        e = state_->free_events.back();
+        state_->free_events.pop_back();
+      }
+    }
+    if (e == nullptr) {
+      ++state_->events_created;
+      detail::cuda_space::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags");
+    }
+    event owned(e, [st = state_](cudaEvent_t q) noexcept {
+      try {
+        const std::lock_guard lock(st->events_mutex);
+        st->free_events.push_back(q);
+      } catch (...) {
+        static_cast<void>(cudaEventDestroy(q));
+      }
+    });
     detail::cuda_space::check(cudaEventRecord(e, s), "cudaEventRecord");
     return owned;
   }
@@ -220,19 +302,24 @@ class cuda_device_space {
     const detail::cuda_space::device_guard guard(state_->device);
     detail::cuda_space::check(cudaStreamWaitEvent(s, e.get(), 0), "cudaStreamWaitEvent");
   }
+  /// Waits on the host until `s` is idle, with the deadline and abort path of the communicator
+  /// that lent this space (or RINGZERO_TIMEOUT): never a bare cudaStreamSynchronize.
   void synchronize(stream s) const {
-    const detail::cuda_space::device_guard guard(state_->device);
-    detail::cuda_space::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    ++state_->host_syncs;
+    idle(s, "synchronize");
   }
+  /// Both streams.
   void synchronize() const {
-    synchronize(state_->compute);
-    synchronize(state_->comm);
+    ++state_->host_syncs;
+    idle(state_->compute, "synchronize");
+    idle(state_->comm, "synchronize");
   }
 
   template <class T>
   void zero(stream s, T* p, std::size_t n) const {
     if (n == 0) return;
     const detail::cuda_space::device_guard guard(state_->device);
+    ++state_->launches;
     // All bits zero is 0 for every element type the sharder keeps.
     detail::cuda_space::check(cudaMemsetAsync(p, 0, n * sizeof(T), s), "cudaMemsetAsync");
   }
@@ -245,7 +332,7 @@ class cuda_device_space {
       detail::cuda_space::check(cudaMemcpyAsync(reinterpret_cast<std::byte*>(dst) + at, pinned, len,
                                                 cudaMemcpyHostToDevice, s),
                                 "cudaMemcpyAsync (host to device)");
-      detail::cuda_space::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      idle(s, "upload");
     });
   }
   /// Device to host through the pinned staging buffer, in `s`'s order; returns once it is there.
@@ -256,14 +343,16 @@ class cuda_device_space {
           cudaMemcpyAsync(pinned, reinterpret_cast<const std::byte*>(src) + at, len,
                           cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync (device to host)");
-      detail::cuda_space::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      idle(s, "download");
       std::memcpy(reinterpret_cast<std::byte*>(host) + at, pinned, len);
     });
   }
 
   template <class D, class S>
   void accumulate(stream s, D* dst, const S* src, std::size_t n, bool first, float scale) const {
+    if (n == 0) return;
     const detail::cuda_space::device_guard guard(state_->device);
+    ++state_->launches;
     kernels::cuda::accumulate<D, S>(dst, src, n, first, s, scale);
   }
 
@@ -276,6 +365,7 @@ class cuda_device_space {
     void* tmp = nullptr;
     detail::cuda_space::check(cudaMallocAsync(&tmp, n * sizeof(float), s), "cudaMallocAsync");
     upload(s, static_cast<float*>(tmp), values, n);
+    ++state_->launches;
     detail::cuda_space::set_values_kernel<P>
         <<<kernels::cuda::detail::grid_for(n), kernels::cuda::detail::block_threads, 0, s>>>(
             param, master, static_cast<const float*>(tmp), n);
@@ -285,16 +375,31 @@ class cuda_device_space {
 
   void stats_reset(stream s) const {
     const detail::cuda_space::device_guard guard(state_->device);
+    ++state_->launches;
     state_->stats->reset(s);
   }
+  /// Every run's statistics in one launch (per 400 runs).
   template <class G>
-  void stats_add(stream s, const G* g, std::size_t n, float scale) const {
+  void stats_add(stream s, std::span<const device_run<G>> runs, float scale) const {
+    if (runs.empty()) return;
     const detail::cuda_space::device_guard guard(state_->device);
-    state_->stats->add(g, n, scale, s);
+    static_assert(sizeof(device_run<G>) == sizeof(kernels::cuda::stats_segment<G>));
+    std::vector<kernels::cuda::stats_segment<G>> list;
+    list.reserve(runs.size());
+    for (const auto& r : runs) list.push_back({r.data, r.count});
+    ++state_->launches;
+    ++state_->statistics;
+    state_->stats->add<G>(list, scale, s);
   }
   [[nodiscard]] device_stats stats() const noexcept {
     kernels::cuda::grad_stats* r = state_->stats->result();
     return {&r->sumsq, &r->nonfinite};
+  }
+  /// Both statistics in one copy and one host wait.
+  [[nodiscard]] gradient_stats read_stats(stream s) const {
+    kernels::cuda::grad_stats r;
+    download(s, &r, state_->stats->result(), 1);
+    return {r.sumsq, r.nonfinite != 0};
   }
 
   template <class P, class G>
@@ -318,6 +423,7 @@ class cuda_device_space {
     c.nesterov = k.nesterov;
     c.weight_decay = k.weight_decay;
     const std::span<const kernels::cuda::optimizer_segment<P, G>> view(list);
+    ++state_->launches;
     if (kind == optimizer_kind::adamw)
       kernels::cuda::adamw_step<P, G>(view, c, s);
     else
@@ -341,12 +447,40 @@ class cuda_device_space {
     return std::forward<F>(f)();
   }
 
+  /// What this device was asked to do so far (device_space.hpp's device_counters).
+  [[nodiscard]] device_counters counters() const noexcept {
+    return {state_->launches.load(), state_->statistics.load(), state_->host_syncs.load(),
+            state_->events_created.load(), state_->driver_allocations.load()};
+  }
+  /// Bytes the device's stream-ordered pool holds from the driver (constant once warm).
+  [[nodiscard]] std::uint64_t pool_reserved_bytes() const {
+    return detail::cuda_space::pool_reserved(state_->device);
+  }
+
  private:
+  void idle(stream s, const char* what) const {
+    const detail::cuda_space::device_guard guard(state_->device);
+    if (state_->wait_idle)
+      state_->wait_idle(s);
+    else
+      detail::cuda_space::poll_idle(s, what);
+  }
+
+  /// New memory zeroed in compute-stream order, and the communication stream behind it: a
+  /// plain cudaMemset is ordered only with the legacy default stream, which non-blocking
+  /// streams and per-thread default streams do not wait for.
+  void zero_new(void* p, std::size_t bytes) const {
+    ++state_->launches;
+    detail::cuda_space::check(cudaMemsetAsync(p, 0, bytes, state_->compute), "cudaMemsetAsync");
+    if (state_->comm != state_->compute) wait(state_->comm, record(state_->compute));
+  }
+
   /// Runs copy(offset, length, pinned) over `bytes` in pieces of the staging buffer's size,
-  /// one copy at a time (the buffer is shared by every copy of this space).
+  /// one copy at a time (the buffer is shared by every copy of this space). One host wait.
   template <class Copy>
   void staged(stream, std::size_t bytes, Copy&& copy) const {
     if (bytes == 0) return;
+    ++state_->host_syncs;
     constexpr std::size_t piece = std::size_t{64} << 20;
     const detail::cuda_space::device_guard guard(state_->device);
     const std::lock_guard lock(state_->staging_mutex);
@@ -374,14 +508,41 @@ class cuda_device_space {
 namespace ringzero::nccl {
 
 /// The sharder's memory on an NCCL communicator: device memory of its GPU, the communicator's
-/// stream as the communication stream, parameters and gradients registered with NCCL (the world
-/// communicator only: a split one shares its transport's handle, and registration is per
-/// handle).
+/// stream as the communication stream, every host wait through the communicator's (its deadline,
+/// and its abort when the deadline passes or NCCL fails), parameters and gradients from
+/// ncclMemAlloc and registered with NCCL (the world communicator only: a split one shares its
+/// transport's handle, and registration is per handle). The communicator must outlive the
+/// sharder; the memory may outlive the communicator's handle (a failure aborts it), and then
+/// frees without deregistering.
 [[nodiscard]] inline zero::cuda_device_space memory_space_for(
     ringzero::communicator<transport>& comm) {
-  zero::cuda_device_space space(comm.transport().device(), comm.transport().stream());
-  if (comm.comm_id() == 0) space.register_with(comm.transport().native_handle());
-  return space;
+  transport& t = comm.transport();
+  zero::registered_allocator memory;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
+  if (comm.comm_id() == 0) {
+    memory.allocate = [live = t.live()](std::size_t bytes, void** handle) -> void* {
+      void* p = nullptr;
+      if (ncclMemAlloc(&p, bytes) != ncclSuccess)
+        throw transport_error("zero (CUDA device space): ncclMemAlloc of " + std::to_string(bytes) +
+                              " bytes failed");
+      *handle = nullptr;
+      const std::lock_guard lock(live->mutex);
+      if (live->comm != nullptr && ncclCommRegister(live->comm, p, bytes, handle) != ncclSuccess)
+        *handle = nullptr;
+      return p;
+    };
+    memory.free = [live = t.live()](void* p, void* handle) noexcept {
+      {
+        const std::lock_guard lock(live->mutex);
+        if (handle != nullptr && live->comm != nullptr)
+          static_cast<void>(ncclCommDeregister(live->comm, handle));
+      }
+      static_cast<void>(ncclMemFree(p));
+    };
+  }
+#endif
+  return zero::cuda_device_space(t.device(), t.stream(), nullptr, std::move(memory),
+                                 [&t](cudaStream_t s) { t.wait_idle(s); });
 }
 
 }  // namespace ringzero::nccl

@@ -21,13 +21,16 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <thread>
@@ -63,6 +66,30 @@ struct gradient_stats {
   bool nonfinite = false;  ///< some gradient is inf or NaN
 };
 
+/// One run of device gradients whose statistics are taken: `count` elements at `data`.
+template <class G>
+struct device_run {
+  const G* data = nullptr;
+  std::size_t count = 0;
+};
+
+/// What a device space was asked to do, for tests and the GPU check to hold a step to its
+/// budget: a step should cost a fixed number of launches, one host synchronization (the
+/// overflow and norm verdict), no new events and no memory from the driver once warm.
+struct device_counters {
+  std::uint64_t launches = 0;             ///< element work enqueued (kernels, memsets)
+  std::uint64_t statistics_launches = 0;  ///< of which gradient statistics (one per step)
+  /// The space's own host waits: synchronize, copies to or from the host, the statistics. A
+  /// blocking collective a trainer runs through run_collective waits in the communicator.
+  std::uint64_t host_syncs = 0;
+  std::uint64_t events_created = 0;      ///< events made (recorded ones are reused)
+  std::uint64_t driver_allocations = 0;  ///< allocations the pool could not serve from its cache
+};
+
+/// How allocate_ordered leaves new memory: zeroed, or as it is where the first use overwrites
+/// all of it (a gathered bucket), which saves a pass over it.
+enum class fill { zeroed, uninitialized };
+
 /// The gradient statistics as the device holds them: every rank's share is all_reduced where it
 /// lies (max over `nonfinite`, sum over `sumsq`) before the host reads the result.
 struct device_stats {
@@ -88,10 +115,12 @@ concept device_space =
   s.accumulate(st, f, cf, n, true, 1.0f);
   s.set_values(st, b, f, cf, n);
   s.stats_reset(st);
-  s.stats_add(st, cf, n, 1.0f);
+  s.stats_add(st, std::span<const device_run<float>>(), 1.0f);
   { s.stats() } -> std::same_as<device_stats>;
+  { s.read_stats(st) } -> std::same_as<gradient_stats>;
   s.optimizer_step(st, optimizer_kind::adamw, segs, k);
-  { s.template allocate_ordered<float>(n) } -> std::same_as<buffer<float>>;
+  { s.template allocate_ordered<float>(n, fill::uninitialized) } -> std::same_as<buffer<float>>;
+  { s.counters() } -> std::same_as<device_counters>;
 };
 
 /// Whether Space is a device space (the sharder then works through its streams).
@@ -161,11 +190,16 @@ class device_optimizer {
 /// CUDA error is sticky. Copies are cheap handles onto one device (its two streams).
 class emulated_device_space {
   struct state {
-    detail::worker compute{true};
-    detail::worker comm{true};
+    // The pool before the streams: a stream's last queued free returns memory to it.
+    std::mutex pool_mutex;
+    std::multimap<std::size_t, std::shared_ptr<std::byte[]>> pool;  // freed ordered blocks
+    std::atomic<std::uint64_t> launches{0}, statistics{0}, host_syncs{0}, events{0},
+        driver_allocations{0};
     double sumsq = 0.0;
     std::int32_t nonfinite = 0;
     std::chrono::microseconds latency{0};  // before each compute-stream task
+    detail::worker compute{true};
+    detail::worker comm{true};
   };
 
  public:
@@ -192,40 +226,74 @@ class emulated_device_space {
   /// goes, which the sharder does only once its streams are idle.
   template <class T>
   [[nodiscard]] buffer<T> allocate(std::size_t n) const {
+    ++state_->driver_allocations;
     return host_space::allocate<T>(n);
   }
   template <class T>
   [[nodiscard]] buffer<T> allocate_local(std::size_t n) const {
+    ++state_->driver_allocations;
     return host_space::allocate<T>(n);
   }
-  /// Zeroed memory freed in compute-stream order (cudaFreeAsync on the compute stream): the
-  /// memory outlives every task enqueued there before the last handle went.
+  /// Memory freed in compute-stream order (cudaFreeAsync on the compute stream): it outlives
+  /// every task enqueued there before the last handle went. Like CUDA's stream-ordered pool with
+  /// its release threshold raised (cuda_space.cuh), freed blocks stay cached for the next
+  /// allocation of the same size, and only a miss counts as memory from the driver. Zeroing is
+  /// compute-stream work, as cudaMemsetAsync is.
   template <class T>
-  [[nodiscard]] buffer<T> allocate_ordered(std::size_t n) const {
-    auto* v = new std::vector<T>(n, T{});
-    const std::span<T> view(*v);
-    std::shared_ptr<void> owner(v, [st = state_](void* p) noexcept {
-      auto* mem = static_cast<std::vector<T>*>(p);
+  [[nodiscard]] buffer<T> allocate_ordered(std::size_t n, fill how = fill::zeroed) const {
+    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= alignof(std::max_align_t));
+    const std::size_t bytes = std::max<std::size_t>(n * sizeof(T), 1);
+    std::shared_ptr<std::byte[]> block;
+    {
+      const std::lock_guard lock(state_->pool_mutex);
+      if (auto it = state_->pool.find(bytes); it != state_->pool.end()) {
+        block = std::move(it->second);
+        state_->pool.erase(it);
+      }
+    }
+    if (!block) {
+      ++state_->driver_allocations;
+      block = std::shared_ptr<std::byte[]>(new std::byte[bytes]);
+    }
+    auto* p = reinterpret_cast<T*>(block.get());
+    // The queued free owns the block: a stream that failed drops its tasks, and the block with
+    // them. The state outlives every task its streams run (they are joined first).
+    std::shared_ptr<void> owner(p, [st = state_, block, bytes](void*) noexcept {
       try {
-        st->compute.submit([mem] { delete mem; });
+        st->compute.submit([pool = st.get(), block, bytes] {
+          const std::lock_guard lock(pool->pool_mutex);
+          pool->pool.emplace(bytes, block);
+        });
       } catch (...) {
-        delete mem;  // the stream failed: nothing runs on it any more
+        // The stream failed: nothing runs on it any more, and the block goes with `block`.
       }
     });
-    return {view, std::move(owner), false};
+    if (how == fill::zeroed) zero(compute_stream(), p, n);
+    return {std::span<T>(p, n), std::move(owner), false};
+  }
+
+  /// What this device was asked to do so far (see device_counters).
+  [[nodiscard]] device_counters counters() const noexcept {
+    return {state_->launches.load(), state_->statistics.load(), state_->host_syncs.load(),
+            state_->events.load(), state_->driver_allocations.load()};
   }
 
   [[nodiscard]] event record(stream s) const {
-    // The submitted no-op's ticket: complete once everything enqueued before it ran.
+    // The submitted no-op's ticket: complete once everything enqueued before it ran. A ticket is
+    // a number, so nothing is created (CUDA's spaces reuse their events likewise).
     return {s, post(s, [] {})};
   }
   void wait(stream s, const event& e) const {
     if (e.on == nullptr || e.on == s) return;  // one stream is ordered already
     post(s, [e] { e.on->wait(e.at); });
   }
-  void synchronize(stream s) const { s->drain(); }
-  /// Both streams.
+  void synchronize(stream s) const {
+    ++state_->host_syncs;
+    s->drain();
+  }
+  /// Both streams (one host wait).
   void synchronize() const {
+    ++state_->host_syncs;
     state_->compute.drain();
     state_->comm.drain();
   }
@@ -233,25 +301,27 @@ class emulated_device_space {
   template <class T>
   void zero(stream s, T* p, std::size_t n) const {
     if (n == 0) return;
-    post(s, [p, n] { std::fill_n(p, n, T{}); });
+    launch(s, [p, n] { std::fill_n(p, n, T{}); });
   }
   /// Copies n elements from host memory; returns once `host` may be reused.
   template <class T>
   void upload(stream s, T* dst, const T* host, std::size_t n) const {
     if (n == 0) return;
+    ++state_->host_syncs;
     s->wait(post(s, [dst, host, n] { std::memcpy(dst, host, n * sizeof(T)); }));
   }
   /// Copies n elements to host memory; returns once they are there.
   template <class T>
   void download(stream s, T* host, const T* src, std::size_t n) const {
     if (n == 0) return;
+    ++state_->host_syncs;
     s->wait(post(s, [host, src, n] { std::memcpy(host, src, n * sizeof(T)); }));
   }
   /// dst = src * scale (first) or dst += src * scale, in D (the sharder's accumulate()).
   template <class D, class S>
   void accumulate(stream s, D* dst, const S* src, std::size_t n, bool first, float scale) const {
     if (n == 0) return;
-    post(s, [=] { zero::accumulate(dst, src, n, first, scale); });
+    launch(s, [=] { zero::accumulate(dst, src, n, first, scale); });
   }
   /// Sets n parameters (and, when `master` is not null, their fp32 master weights) from host fp32
   /// values; returns once `values` may be reused.
@@ -259,7 +329,7 @@ class emulated_device_space {
   void set_values(stream s, P* param, float* master, const float* values, std::size_t n) const {
     if (n == 0) return;
     std::vector<float> copy(values, values + n);
-    post(s, [param, master, n, v = std::move(copy)] {
+    launch(s, [param, master, n, v = std::move(copy)] {
       for (std::size_t i = 0; i < n; ++i) {
         if (master != nullptr) master[i] = v[i];
         param[i] = to_param<P>(v[i]);
@@ -268,28 +338,41 @@ class emulated_device_space {
   }
 
   void stats_reset(stream s) const {
-    post(s, [st = state_.get()] {
+    launch(s, [st = state_.get()] {
       st->sumsq = 0.0;
       st->nonfinite = 0;
     });
   }
-  /// Adds g's share of the gradient statistics (the host sharder's grad_stats, segment by segment
-  /// in the same order, so the same bits).
+  /// Adds the runs' share of the gradient statistics, one task for all of them (the host
+  /// sharder's grad_stats, run by run in the same order, so the same bits).
   template <class G>
-  void stats_add(stream s, const G* g, std::size_t n, float scale) const {
-    post(s, [st = state_.get(), g, n, scale] {
-      bool bad = st->nonfinite != 0;
-      grad_stats(g, n, scale, st->sumsq, bad);
-      st->nonfinite = bad ? 1 : 0;
-    });
+  void stats_add(stream s, std::span<const device_run<G>> runs, float scale) const {
+    if (runs.empty()) return;
+    ++state_->statistics;
+    launch(s,
+           [st = state_.get(), scale, list = std::vector<device_run<G>>(runs.begin(), runs.end())] {
+             bool bad = st->nonfinite != 0;
+             for (const auto& r : list) grad_stats(r.data, r.count, scale, st->sumsq, bad);
+             st->nonfinite = bad ? 1 : 0;
+           });
   }
   [[nodiscard]] device_stats stats() const noexcept { return {&state_->sumsq, &state_->nonfinite}; }
+  /// The statistics, once `s` got there: one host wait.
+  [[nodiscard]] gradient_stats read_stats(stream s) const {
+    gradient_stats r;
+    ++state_->host_syncs;
+    s->wait(post(s, [&r, st = state_.get()] {
+      r.sumsq = st->sumsq;
+      r.nonfinite = st->nonfinite != 0;
+    }));
+    return r;
+  }
 
   template <class P, class G>
   void optimizer_step(stream s, optimizer_kind kind, std::span<const device_segment<P, G>> segs,
                       const step_constants& k) const {
     if (segs.empty()) return;
-    post(s, [kind, k, list = std::vector<device_segment<P, G>>(segs.begin(), segs.end())] {
+    launch(s, [kind, k, list = std::vector<device_segment<P, G>>(segs.begin(), segs.end())] {
       for (const auto& g : list)
         update_elements<P>(kind, g.grad, g.master, g.moment1, g.moment2, g.param, g.count, k,
                            g.decay);
@@ -307,6 +390,8 @@ class emulated_device_space {
   /// leaves the stream usable (a refused checkpoint is not a device failure).
   template <class F>
   decltype(auto) run_sync(stream s, F&& f) const {
+    // Not counted as a host wait: on a GPU, f runs on the calling thread and enqueues; the wait
+    // here only hands f to the emulated stream's thread.
     using R = std::invoke_result_t<F&>;
     std::exception_ptr error;
     if constexpr (std::is_void_v<R>) {
@@ -333,6 +418,13 @@ class emulated_device_space {
   }
 
  private:
+  /// Queues element work (what a kernel or memset would be on a GPU) on s, and counts it.
+  template <class F>
+  void launch(stream s, F&& f) const {
+    ++state_->launches;
+    post(s, std::forward<F>(f));
+  }
+
   /// Queues f on s (with the compute stream's latency, if any).
   template <class F>
   detail::worker::ticket post(stream s, F&& f) const {

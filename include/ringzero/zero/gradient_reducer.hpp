@@ -121,7 +121,10 @@ class gradient_reducer {
                                            const ringzero::options& o) requires device {
     const auto st = space_.comm_stream();
     space_.stats_reset(st);
-    for (const auto& s : segs) space_.stats_add(st, gradient(s), s.count, scale);
+    // Every segment in one launch: a shard of many tensors would otherwise cost a launch each.
+    runs_.clear();
+    for (const auto& s : segs) runs_.push_back({gradient(s), s.count});
+    space_.stats_add(st, std::span<const device_run<G>>(runs_), scale);
     const device_stats d = space_.stats();
     run([&](auto& c) {
       space_.enqueue(st, [c = &c, d, o](auto on) {
@@ -130,12 +133,8 @@ class gradient_reducer {
         ringzero::all_reduce(*c, std::span<double>(d.sumsq, 1), op::sum, on(o));
       });
     });
-    gradient_stats r;
-    std::int32_t bad = 0;
-    space_.download(st, &r.sumsq, d.sumsq, 1);
-    space_.download(st, &bad, d.nonfinite, 1);
-    r.nonfinite = bad != 0;
-    return r;
+    // The step's one host wait: the verdict (skip or apply, the clipping factor) is the host's.
+    return space_.read_stats(st);
   }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
@@ -426,7 +425,8 @@ class gradient_reducer {
   std::vector<int> bucket_buffer_;
   std::vector<int> missing_;  // gradients (one per use of each parameter) a bucket still awaits
   std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
-  std::vector<bool> slot_zeroed_;  // slot() zeroed the parameter's flat gradient this step
+  std::vector<bool> slot_zeroed_;    // slot() zeroed the parameter's flat gradient this step
+  std::vector<device_run<G>> runs_;  // device spaces: the step's segments for the statistics
   int next_bucket_ = -1;
   int micro_ = 0;
   std::size_t next_pool_ = 0;  // device spaces: the buffer to try first

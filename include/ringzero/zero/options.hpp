@@ -124,10 +124,14 @@ struct loss_scaling {
 /// outcomes. An algorithm must implement its kind (checked when the sharder is built).
 /// The ring for all three keeps the reduction order of an element the same whether it is
 /// all_reduced (stages 0-1) or reduce_scattered (2-3): the stages then agree bit for bit.
+/// Left at algorithm::automatic (the default), each is the communicator's default for the
+/// sharder: its own collectives where the transport runs them itself (NCCL; the native shm
+/// transport's world), else the ring. An algorithm named here is run as named: `ring` on NCCL is
+/// ringzero's fixed-order ring, not NCCL's choice (configuration() shows what was resolved).
 struct collective_options {
-  ringzero::options all_reduce{.algorithm = ringzero::algorithm::ring};
-  ringzero::options reduce_scatter{.algorithm = ringzero::algorithm::ring};
-  ringzero::options all_gather{.algorithm = ringzero::algorithm::ring};
+  ringzero::options all_reduce{};
+  ringzero::options reduce_scatter{};
+  ringzero::options all_gather{};
 };
 
 /// Throws invalid_argument naming the field whose algorithm cannot run its kind of collective.
@@ -205,10 +209,13 @@ struct config {
   int reduce_buffers = 2;
   /// Run collectives on a communication thread so they overlap backward; false runs them inline.
   bool comm_thread = true;
-  /// The type gradients are reduced and accumulated in: empty (the parameter type) or
-  /// dtype::float32, which keeps the sum of N ranks' and K micro-batches' 16-bit gradients from
-  /// rounding (bf16) or overflowing (fp16) at the price of twice the gradient memory and traffic
-  /// (FSDP's MixedPrecisionPolicy(reduce_dtype=float32)).
+  /// The type gradients are reduced and accumulated in: the parameter type or dtype::float32.
+  /// Empty (the default) is float32: the sum of N ranks' and K micro-batches' 16-bit gradients
+  /// is then neither rounded after every micro-batch (bf16) nor overflowed (fp16), as DeepSpeed's
+  /// fp32 gradient accumulation and FSDP's MixedPrecisionPolicy(reduce_dtype=float32) do. The
+  /// cost, for 16-bit parameters: twice the gradient memory and twice the bytes each gradient
+  /// collective moves. Name the parameter type to reduce in 16 bits (half the memory and
+  /// traffic, rounding as it goes). check_config() resolves the default.
   std::optional<dtype> reduce_dtype;
   /// Every gradient is multiplied by 1/gradient_predivide before it is reduced, and the step
   /// multiplies it back: with fp16 gradients reduced in fp16, a predivide of N*K (a power of two
@@ -239,6 +246,7 @@ struct config {
     throw invalid_argument(
         fmt::format("zero: reduce_dtype {} (expected the parameter type {} or float32)",
                     dtype_name(*cfg.reduce_dtype), dtype_name(param_type)));
+  if (!cfg.reduce_dtype) cfg.reduce_dtype = dtype::float32;
   if (!(cfg.gradient_predivide > 0) || !std::isfinite(cfg.gradient_predivide))
     throw invalid_argument(
         fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));

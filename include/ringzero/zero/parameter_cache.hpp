@@ -255,9 +255,10 @@ class parameter_cache {
   void start(int b) {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     if (g.resident) return;
+    // The all_gather writes every element of the padded bucket: nothing to zero first.
     if constexpr (device)
-      g.dev =
-          space_.template allocate_ordered<P>(plan_.buckets()[static_cast<std::size_t>(b)].padded);
+      g.dev = space_.template allocate_ordered<P>(
+          plan_.buckets()[static_cast<std::size_t>(b)].padded, fill::uninitialized);
     else
       g.data.resize(plan_.buckets()[static_cast<std::size_t>(b)].padded);
     g.resident = true;

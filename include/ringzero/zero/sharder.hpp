@@ -441,22 +441,22 @@ class sharder {
   }
 
   /// The buffers' space: the communicator's choice where Space is the one it chooses, else a
-  /// Space of its own. Also lets the transport run the collectives left at the ring (the
-  /// default) where it runs them itself (see the header comment); cfg_ is complete by then.
+  /// Space of its own. Also resolves the collectives left unset (algorithm::automatic, see
+  /// collective_options): the transport's own where it runs them itself, else the ring. One the
+  /// caller named is kept. cfg_ is complete by then.
   [[nodiscard]] Space choose_memory() {
     Comm& shard = groups_.shard();
+    bool native = false;
     if constexpr (requires { typename Comm::transport_type; }) {
       constexpr bool all_native = ringzero::native_collectives<typename Comm::transport_type>;
-      if constexpr (all_native ||
-                    ringzero::some_native_collectives<typename Comm::transport_type>) {
-        // NCCL: its own collectives are the default on GPUs (a forced ring would run ringzero's
-        // unpipelined schedule); shm: the world's calls in its segment.
-        if (all_native || (shard.comm_id() == 0 && shard.size() > 1))
-          for (auto* o : {&cfg_.collectives.all_reduce, &cfg_.collectives.reduce_scatter,
-                          &cfg_.collectives.all_gather})
-            if (o->algorithm == algorithm::ring) o->algorithm = algorithm::automatic;
-      }
+      if constexpr (all_native || ringzero::some_native_collectives<typename Comm::transport_type>)
+        // NCCL: its own collectives (ringzero's schedules are unpipelined); shm: the world's
+        // calls in its segment.
+        native = all_native || (shard.comm_id() == 0 && shard.size() > 1);
     }
+    for (auto* o : {&cfg_.collectives.all_reduce, &cfg_.collectives.reduce_scatter,
+                    &cfg_.collectives.all_gather})
+      if (o->algorithm == algorithm::automatic && !native) o->algorithm = algorithm::ring;
     if constexpr (std::is_same_v<Space, memory_space_t<Comm>>)
       return memory_space_for(shard);
     else

@@ -232,37 +232,73 @@ void launch_optimizer(std::span<const optimizer_segment<P, G>> segments,
     launch_batches<P, G, M, 400>(segments, c, stream, what);
 }
 
-template <class P>
+/// Up to `Capacity` gradient runs for one statistics launch, laid out in chunks as the
+/// optimizer's segment_batch lays out its segments.
+template <class P, int Capacity>
+struct stats_batch {
+  static constexpr int capacity = Capacity;
+  struct entry {
+    const P* g;
+    std::size_t count;
+    bool vector;
+  };
+  entry seg[Capacity];
+  std::size_t first_chunk[Capacity + 1];
+  int size;
+};
+
+/// The sum of squares and the non-finite flag of every run of `b`, added into `out`. Each block
+/// takes an equal run of consecutive chunks (as optimizer_kernel does), sums it with a fixed
+/// tree, and the last block to finish adds the blocks' partial sums in block order: the same
+/// bits on every run with the same segments and grid.
+template <class P, int Capacity>
 __global__ void __launch_bounds__(block_threads)
-    grad_stats_kernel(const P* __restrict__ g, std::size_t n, float scale, bool vector,
-                      double* partial, std::int32_t* partial_bad, unsigned* done, grad_stats* out) {
+    grad_stats_kernel(const stats_batch<P, Capacity> b, float scale, double* partial,
+                      std::int32_t* partial_bad, unsigned* done, grad_stats* out) {
   constexpr int V = static_cast<int>(16 / sizeof(P));
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t total = b.first_chunk[b.size];
+  const std::size_t per_block = (total + gridDim.x - 1) / gridDim.x;
+  const std::size_t first = blockIdx.x * per_block;
+  const std::size_t last = first + per_block < total ? first + per_block : total;
   double s = 0.0;
   bool bad = false;
-  std::size_t from = 0;
-  if (vector) {
-    const std::size_t nv = n / V;
-    for (std::size_t i = tid; i < nv; i += stride) {
-      const vec<P, V> x = load<P, V>(g + i * V);
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float f = unscaled(x.v[k], scale);
-        bad |= !is_finite(f);
-        s = add(s, mul(static_cast<double>(f), static_cast<double>(f)));
-      }
-    }
-    from = nv * V;
-  }
-  for (std::size_t i = from + tid; i < n; i += stride) {
-    const float f = unscaled(g[i], scale);
+  auto one = [&](float f) {
     bad |= !is_finite(f);
     s = add(s, mul(static_cast<double>(f), static_cast<double>(f)));
+  };
+  if (first < last) {
+    int si = 0;
+    for (int hi = b.size - 1; si < hi;) {
+      const int mid = (si + hi + 1) / 2;
+      if (b.first_chunk[mid] <= first)
+        si = mid;
+      else
+        hi = mid - 1;
+    }
+    for (std::size_t chunk = first; chunk < last; ++chunk) {
+      while (b.first_chunk[si + 1] <= chunk) ++si;
+      const auto& e = b.seg[si];
+      const std::size_t begin = (chunk - b.first_chunk[si]) * chunk_elems;
+      const std::size_t end = begin + chunk_elems < e.count ? begin + chunk_elems : e.count;
+      std::size_t from = begin;
+      if (e.vector) {
+        // chunk_elems is a multiple of V, so every chunk of an aligned run starts aligned.
+        const std::size_t whole = begin + (end - begin) / V * V;
+        for (std::size_t i = begin + threadIdx.x * static_cast<std::size_t>(V); i < whole;
+             i += static_cast<std::size_t>(blockDim.x) * V) {
+          const vec<P, V> x = load<P, V>(e.g + i);
+#pragma unroll
+          for (int k = 0; k < V; ++k) one(unscaled(x.v[k], scale));
+        }
+        from = whole;
+      }
+      for (std::size_t i = from + threadIdx.x; i < end; i += blockDim.x)
+        one(unscaled(e.g[i], scale));
+    }
   }
   // A fixed tree per block and a fixed order over blocks: the same bits on every run.
   __shared__ double sh[block_threads];
-  __shared__ bool last;
+  __shared__ bool last_block;
   sh[threadIdx.x] = s;
   const int any_bad = __syncthreads_or(bad ? 1 : 0);
   for (int w = block_threads / 2; w > 0; w /= 2) {
@@ -274,10 +310,10 @@ __global__ void __launch_bounds__(block_threads)
     partial[blockIdx.x] = sh[0];
     partial_bad[blockIdx.x] = any_bad;
     __threadfence();
-    last = atomicAdd(done, 1u) == gridDim.x - 1;
+    last_block = atomicAdd(done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  if (!last_block) return;
   __threadfence();
   const volatile double* vp = partial;
   const volatile std::int32_t* vb = partial_bad;
@@ -362,22 +398,27 @@ void accumulate(P* dst, const S* src, std::size_t n, bool first, cudaStream_t st
   detail::check_launch("kernels::cuda::accumulate");
 }
 
+/// One run of gradients for the statistics: `count` elements at device pointer `data`.
+template <class P>
+struct stats_segment {
+  const P* data = nullptr;
+  std::size_t count = 0;
+};
+
 /// Device memory for the gradient statistics: the result and each block's partial sums. One
 /// accumulator serves one stream at a time (its launches share the partials).
 class grad_stats_accumulator {
  public:
-  grad_stats_accumulator() {
-    int device = 0;
-    int sms = 0;
-    detail::check(cudaGetDevice(&device), "cudaGetDevice");
-    detail::check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                  "cudaDeviceGetAttribute(multiprocessor count)");
-    blocks_ = static_cast<unsigned>(sms) * 8;
+  /// The memory is zeroed in `stream`'s order (a plain cudaMemset would be ordered only with
+  /// the legacy default stream, not with a non-blocking or per-thread one).
+  explicit grad_stats_accumulator(cudaStream_t stream = nullptr) {
+    blocks_ = static_cast<unsigned>(detail::multiprocessors()) * 8;
     const std::size_t bytes = sizeof(grad_stats) +
                               blocks_ * (sizeof(double) + sizeof(std::int32_t)) + sizeof(unsigned) +
                               16;
     detail::check(cudaMalloc(&mem_, bytes), "grad_stats_accumulator: cudaMalloc");
-    detail::check(cudaMemset(mem_, 0, bytes), "grad_stats_accumulator: cudaMemset");
+    detail::check(cudaMemsetAsync(mem_, 0, bytes, stream),
+                  "grad_stats_accumulator: cudaMemsetAsync");
   }
   grad_stats_accumulator(const grad_stats_accumulator&) = delete;
   grad_stats_accumulator& operator=(const grad_stats_accumulator&) = delete;
@@ -392,21 +433,23 @@ class grad_stats_accumulator {
                   "grad_stats_accumulator::reset");
   }
 
-  /// Adds the squares of g[i] * scale to sumsq (summed in double) and sets nonfinite if any is
-  /// inf or NaN, enqueued on `stream`; one pass over g.
+  /// Adds the squares of g[i] * scale over every segment to sumsq (summed in double) and sets
+  /// nonfinite if any is inf or NaN, enqueued on `stream`: one pass over the gradients and one
+  /// launch per 400 segments (a shard's segments together, not a launch each).
+  template <class P>
+  void add(std::type_identity_t<std::span<const stats_segment<P>>> segments, float scale,
+           cudaStream_t stream = nullptr) {
+    if (segments.size() <= 16)
+      add_batches<P, 16>(segments, scale, stream);
+    else
+      add_batches<P, 400>(segments, scale, stream);
+  }
+
+  /// The same for one run of n elements.
   template <class P>
   void add(const P* g, std::size_t n, float scale, cudaStream_t stream = nullptr) {
-    if (n == 0) return;
-    if (g == nullptr)
-      throw invalid_argument("grad_stats_accumulator::add: null buffer with " + std::to_string(n) +
-                             " elements");
-    constexpr std::size_t V = 16 / sizeof(P);
-    const bool vector = detail::aligned16(g);
-    unsigned grid = detail::grid_for(vector ? n / V + n % V : n);
-    if (grid > blocks_) grid = blocks_;
-    detail::grad_stats_kernel<P><<<grid, detail::block_threads, 0, stream>>>(
-        g, n, scale, vector, partial(), partial_bad(), counter(), result());
-    detail::check_launch("grad_stats_accumulator::add");
+    const stats_segment<P> one{g, n};
+    add<P>(std::span<const stats_segment<P>>(&one, 1), scale, stream);
   }
 
   /// Copies the result to the host; waits for `stream`.
@@ -427,6 +470,42 @@ class grad_stats_accumulator {
   }
   [[nodiscard]] unsigned* counter() const noexcept {
     return reinterpret_cast<unsigned*>(partial_bad() + blocks_);
+  }
+
+  template <class P, int Capacity>
+  void add_batches(std::span<const stats_segment<P>> segments, float scale, cudaStream_t stream) {
+    constexpr std::size_t V = 16 / sizeof(P);
+    static_assert(detail::chunk_elems % V == 0, "aligned runs keep every chunk aligned");
+    static_assert(sizeof(detail::stats_batch<P, Capacity>) <= 30000,
+                  "kernel arguments are limited to 32 KB");
+    detail::stats_batch<P, Capacity> b{};
+    auto flush = [&] {
+      const std::size_t chunks = b.size == 0 ? 0 : b.first_chunk[b.size];
+      if (chunks > 0) {
+        const auto wanted = static_cast<unsigned>(chunks < static_cast<std::size_t>(blocks_)
+                                                      ? chunks
+                                                      : static_cast<std::size_t>(blocks_));
+        detail::grad_stats_kernel<P, Capacity><<<wanted, detail::block_threads, 0, stream>>>(
+            b, scale, partial(), partial_bad(), counter(), result());
+        detail::check_launch("grad_stats_accumulator::add");
+      }
+      b.size = 0;
+    };
+    for (const auto& s : segments) {
+      if (s.count == 0) continue;
+      if (s.data == nullptr)
+        throw invalid_argument("grad_stats_accumulator::add: null buffer with " +
+                               std::to_string(s.count) + " elements");
+      auto& e = b.seg[b.size];
+      e.g = s.data;
+      e.count = s.count;
+      e.vector = detail::aligned16(s.data);
+      if (b.size == 0) b.first_chunk[0] = 0;
+      b.first_chunk[b.size + 1] =
+          b.first_chunk[b.size] + (s.count + detail::chunk_elems - 1) / detail::chunk_elems;
+      if (++b.size == Capacity) flush();
+    }
+    flush();
   }
 
   void* mem_ = nullptr;

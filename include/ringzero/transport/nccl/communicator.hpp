@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -222,8 +224,9 @@ class transport {
     detail::check_nccl(ncclCommCount(comm, &size_), "nccl: ncclCommCount");
     detail::check_nccl(ncclCommCuDevice(comm, &device_), "nccl: ncclCommCuDevice");
     detail::device_guard guard(device_);
-    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault),
+    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                        "nccl: cudaStreamCreateWithFlags");
+    live_->comm = comm_;
   }
 
   /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs.
@@ -304,6 +307,20 @@ class transport {
     detail::device_guard guard(device_);
     wait(what, s != nullptr ? s : stream_, clock::now() + limit, limit);
   }
+
+  /// Waits until exactly `s` is idle (a null `s` is the default stream, not the communicator's),
+  /// with the deadline, NCCL's asynchronous errors and the abort of synchronize(): how memory
+  /// the sharder keeps on this communicator's GPU waits for its streams.
+  void wait_idle(cudaStream_t s, std::chrono::nanoseconds timeout = {}) {
+    constexpr std::string_view what = "synchronize";
+    ensure_usable(what);
+    const std::chrono::nanoseconds limit = timeout.count() > 0 ? timeout : timeout_;
+    detail::device_guard guard(device_);
+    wait(what, s, clock::now() + limit, limit);
+  }
+
+  /// The handle while it is alive (see detail::live_handle), for memory registered with it.
+  [[nodiscard]] std::shared_ptr<detail::live_handle> live() const noexcept { return live_; }
 
   /// One validated collective (transport/native.hpp), as NCCL's own call. Every buffer is
   /// checked to be memory this rank's GPU can address before anything is enqueued; in place is
@@ -522,7 +539,9 @@ class transport {
     size_ = size;
     owned_ = true;
     detail::device_guard guard(device_);
-    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamDefault),
+    // Non-blocking: work the trainer puts on the legacy default stream must not serialize with
+    // NCCL's, and the sharder orders the two with events.
+    detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                        "nccl: cudaStreamCreateWithFlags");
     ncclConfig_t c = cfg.nccl;
     c.blocking = 0;
@@ -530,6 +549,7 @@ class transport {
     const auto deadline = clock::now() + timeout_;
     const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
     settle("creating the NCCL communicator", r, deadline, timeout_);
+    live_->comm = comm_;
     log::info("nccl: rank {} of {} ready on device {}", rank_, size_, device_);
   }
 
@@ -583,7 +603,8 @@ class transport {
     run_native(d, {.timeout = opt.timeout, .stream = s});
     detail::check_cuda(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, s),
                        "nccl: staging host memory");
-    detail::check_cuda(cudaStreamSynchronize(s), "nccl: staging host memory");
+    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    wait("staging host memory", s, clock::now() + limit, limit);
     return true;
   }
 
@@ -703,6 +724,7 @@ class transport {
   void abort_with(const std::string& reason) noexcept {
     failure_ = reason;
     if (comm_ == nullptr) return;
+    retire();
     int previous = device_;
     static_cast<void>(cudaGetDevice(&previous));
     static_cast<void>(cudaSetDevice(device_));
@@ -719,6 +741,7 @@ class transport {
     int previous = device_;
     static_cast<void>(cudaGetDevice(&previous));
     static_cast<void>(cudaSetDevice(device_));
+    retire();
     if (comm_ != nullptr && owned_) {
       ncclResult_t r = ncclCommFinalize(comm_);
       const auto deadline = clock::now() + timeout_;
@@ -743,7 +766,15 @@ class transport {
     static_cast<void>(cudaSetDevice(previous));
   }
 
+  /// Marks the handle gone for the memory registered with it, before it is freed.
+  void retire() noexcept {
+    if (!live_) return;
+    const std::lock_guard lock(live_->mutex);
+    live_->comm = nullptr;
+  }
+
   void steal(transport& o) noexcept {
+    live_ = std::move(o.live_);
     comm_ = std::exchange(o.comm_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
     scratch_ = std::exchange(o.scratch_, nullptr);
@@ -767,6 +798,7 @@ class transport {
   }
 
   ncclComm_t comm_ = nullptr;
+  std::shared_ptr<detail::live_handle> live_ = std::make_shared<detail::live_handle>();
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   int rank_ = 0;

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -82,6 +84,15 @@ inline void check_cuda(cudaError_t e, std::string_view what) {
   if (last != nullptr && *last != '\0') s += fmt::format("; NCCL's last error: {}", last);
   return s;
 }
+
+/// A communicator's handle for as long as it may be used: null once the communicator was aborted
+/// or closed (ncclCommAbort and ncclCommDestroy free it). Memory registered through it
+/// deregisters under the mutex, and only while the handle is set: a sharder's buffers freed
+/// after a failure must not reach a freed communicator.
+struct live_handle {
+  std::mutex mutex;
+  ncclComm_t comm = nullptr;
+};
 
 /// Makes `device` current for a scope. CUDA's current device is per thread and NCCL enqueues on
 /// whatever device is current, so every entry point pins the communicator's own.

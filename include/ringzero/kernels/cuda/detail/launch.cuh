@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,16 +25,28 @@ inline void check_launch(const char* what) {
 
 inline constexpr int block_threads = 256;
 
+/// The multiprocessor count of the current device, asked of the driver once per device: a
+/// launch should not pay for two driver queries (a step launches dozens of kernels).
+inline int multiprocessors() {
+  constexpr int cached_devices = 64;
+  static std::atomic<int> known[cached_devices] = {};
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (device >= 0 && device < cached_devices) {
+    if (const int n = known[device].load(std::memory_order_relaxed); n > 0) return n;
+  }
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute(multiprocessor count)");
+  if (device >= 0 && device < cached_devices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
 /// Enough blocks to fill every SM several times over, and no more than there is work for: the
 /// kernels loop over the rest (grid-stride), so one launch shape serves every size.
 inline unsigned grid_for(std::size_t items) {
-  int device = 0;
-  int sms = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute(multiprocessor count)");
   const std::size_t wanted = (items + block_threads - 1) / block_threads;
-  const std::size_t cap = static_cast<std::size_t>(sms) * 8;
+  const std::size_t cap = static_cast<std::size_t>(multiprocessors()) * 8;
   return static_cast<unsigned>(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
 }
 

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# The GPU check: everything in ringzero that only a GPU can show, in one run of under 8 minutes
+# on a machine with one NVIDIA GPU, ending with a summary. Run it first wherever a GPU is
+# available and record its figures in docs/performance.md with the date and the card.
+#
+#   scripts/gpu_check.sh                 build the GPU targets in build/gpu-check, then run
+#   scripts/gpu_check.sh --prebuilt DIR  run binaries already built in DIR (a build made on
+#                                        another machine: a GPU machine without compilers or
+#                                        network, say), with their libraries in DIR/lib if any
+#
+# What runs: every GPU test (NCCL, the CUDA kernels, the sharder on device memory and its
+# --default-stream per-thread build, libfabric on device memory), ringzero-cuda-train at stages
+# 0-3 with its per-step time and device budget, ringzero-perf on device memory (NCCL, one rank),
+# processes sharing the GPU over libfabric (device buffers staged through the host), and the
+# kernel benchmarks; under compute-sanitizer where it is installed. A GPU test that skips while
+# a GPU is visible is a failure. Without a GPU it says so, runs nothing, and exits 0.
+# GPU_CHECK_ONLY=REGEX runs only the steps whose names match.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+prebuilt=""
+while (($#)); do
+  case $1 in
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU is visible (nvidia-smi finds none): every GPU step skipped"
+  echo "gpu_check: 0 passed, 0 failed, all skipped"
+  exit 0
+fi
+
+SECONDS=0
+results=()
+failed=0
+passed=0
+record() {  # record <name> <PASS|FAIL|N/A> <seconds> [note]; N/A counts as neither
+  results+=("$(printf '%-34s %-4s %5ss  %s' "$1" "$2" "$3" "${4:-}")")
+  case $2 in
+    PASS) passed=$((passed + 1)) ;;
+    FAIL) failed=$((failed + 1)) ;;
+  esac
+}
+
+echo "=== the machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)
+
+# NCCL: the system's, else PyPI's wheel (installed if pip can reach PyPI). The wheel ships
+# libnccl.so.2 only; a folder with the unversioned name lets CMake's find_library see it.
+nccl_dir=""
+find_wheel_nccl() {
+  python3 - <<'EOF' 2>/dev/null
+import importlib.util, os
+for name in ("nvidia.nccl",):
+    spec = importlib.util.find_spec(name)
+    if spec and spec.submodule_search_locations:
+        print(list(spec.submodule_search_locations)[0])
+EOF
+}
+if [[ -z $prebuilt ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2'; then
+  nccl_dir=$(find_wheel_nccl)
+  if [[ -z $nccl_dir ]]; then
+    python3 -m pip install -q nvidia-nccl-cu13 || python3 -m pip install -q nvidia-nccl-cu12
+    nccl_dir=$(find_wheel_nccl)
+  fi
+fi
+if [[ -z $nccl_dir ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2'; then
+  nccl_dir=$(find_wheel_nccl)
+fi
+if [[ -n $nccl_dir ]]; then
+  mkdir -p build/nccl-wheel
+  ln -sf "$nccl_dir/include" build/nccl-wheel/include
+  mkdir -p build/nccl-wheel/lib
+  ln -sf "$nccl_dir/lib/libnccl.so.2" build/nccl-wheel/lib/libnccl.so
+  ln -sf "$nccl_dir/lib/libnccl.so.2" build/nccl-wheel/lib/libnccl.so.2
+  export NCCL_HOME=$PWD/build/nccl-wheel
+  export LD_LIBRARY_PATH=$nccl_dir/lib:${LD_LIBRARY_PATH:-}
+  echo "NCCL from PyPI's wheel: $nccl_dir"
+fi
+
+if [[ -n $prebuilt ]]; then
+  build=$(realpath "$prebuilt")
+  [[ -d $build/lib ]] && export LD_LIBRARY_PATH=$build/lib:${LD_LIBRARY_PATH:-}
+  echo "=== prebuilt binaries in $build"
+else
+  build=build/gpu-check
+  echo "=== building the GPU targets for sm_$arch in $build"
+  if [[ -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null; then
+    export PATH=/usr/local/cuda/bin:$PATH
+  fi
+  if command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]]; then bash scripts/deps.sh || true; fi
+  start=$SECONDS
+  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DRINGZERO_WITH_NCCL=ON -DRINGZERO_WITH_CUDA=ON >"$build.configure.log" 2>&1 &&
+    cmake --build "$build" -j "$(nproc)" --target test_nccl_gpu test_cuda_kernels \
+      test_zero_sharder_cuda test_zero_sharder_cuda_per_thread ringzero-cuda-train ringzero-perf \
+      ringzero-run ringzero-bench-kernels ringzero-bench-nccl >"$build.log" 2>&1; then
+    record build PASS $((SECONDS - start))
+  else
+    tail -n 30 "$build.configure.log" "$build.log"
+    record build FAIL $((SECONDS - start)) "see $build.log"
+  fi
+  # Optional targets: libfabric's (only where libfabric is installed).
+  cmake --build "$build" -j "$(nproc)" --target test_libfabric_hmem_gpu ringzero-bench-staged \
+    >>"$build.log" 2>&1 || true
+fi
+
+sanitizer=""
+command -v compute-sanitizer >/dev/null && sanitizer=compute-sanitizer
+for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+  [[ -z $sanitizer && -x $d/compute-sanitizer ]] && sanitizer=$d/compute-sanitizer
+done
+
+log_dir=${GPU_CHECK_LOGS:-$build/gpu-check-logs}
+mkdir -p "$log_dir"
+
+# step <name> <timeout s> <command...>: runs it, logs it, fails on a skip while a GPU is visible.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  [[ -n ${GPU_CHECK_ONLY:-} && ! $name =~ $GPU_CHECK_ONLY ]] && return
+  local exe=$1
+  if [[ ! -x $exe ]] && ! command -v "$exe" >/dev/null; then
+    record "$name" N/A 0 "not built ($exe)"
+    return
+  fi
+  local log="$log_dir/$name.log" start=$SECONDS rc
+  timeout "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  local took=$((SECONDS - start))
+  if grep -Eq "no CUDA device is visible|skipped: no CUDA" "$log"; then
+    record "$name" FAIL "$took" "skipped although a GPU is visible"
+  elif ((rc == 0)) && grep -q "skipped: no libfabric provider" "$log"; then
+    record "$name" N/A "$took" "no libfabric provider here registers CUDA memory (FI_HMEM)"
+  elif ((rc == 124)); then
+    record "$name" FAIL "$took" "timed out after ${limit}s"
+  elif ((rc != 0)); then
+    record "$name" FAIL "$took" "exit $rc: $(grep -m1 -E 'ERROR|error|FAILED' "$log" | cut -c1-80)"
+  else
+    record "$name" PASS "$took" "$(grep -m1 -E '^budget:|test cases:' "$log" | cut -c1-110)"
+  fi
+  echo "--- $name ($took s, exit $rc)"
+  # A failure shows its first report whole (a sanitizer's error with its backtrace).
+  ((rc != 0)) && grep -m 1 -A 14 -E '^========= (Invalid|Program hit|Error|Race)|ERROR:' "$log"
+  tail -n "${GPU_CHECK_TAIL:-12}" "$log"
+}
+
+echo "=== GPU tests"
+step test_zero_sharder_cuda 120 "$build/tests/zero/test_zero_sharder_cuda"
+step test_zero_sharder_cuda_per_thread 120 "$build/tests/zero/test_zero_sharder_cuda_per_thread"
+step test_nccl_gpu 240 "$build/tests/transport/test_nccl_gpu"
+step test_cuda_kernels 240 "$build/tests/kernels/test_cuda_kernels"
+step test_libfabric_hmem_gpu 120 "$build/tests/transport/test_libfabric_hmem_gpu"
+
+echo "=== ringzero-cuda-train, stages 0-3 (per-step time and device budget)"
+for s in 0 1 2 3; do
+  step "cuda_train_stage$s" 90 "$build/examples/ringzero-cuda-train" --stage "$s" --steps 20
+done
+
+if [[ -n $sanitizer ]]; then
+  echo "=== compute-sanitizer ($sanitizer)"
+  # --report-api-errors no: NCCL probes kernels that its build has for other architectures
+  # (cudaFuncGetAttributes answering cudaErrorNoKernelImageForDevice, inside libnccl.so.2, 24
+  # times in test_zero_sharder_cuda on an H200); those are NCCL's by design, not memory errors.
+  step memcheck_sharder_cuda 150 "$sanitizer" --tool memcheck --report-api-errors no \
+    --error-exitcode 9 \
+    "$build/tests/zero/test_zero_sharder_cuda" -tc='*budget*'
+  step memcheck_cuda_train_stage3 120 "$sanitizer" --tool memcheck --report-api-errors no \
+    --error-exitcode 9 \
+    "$build/examples/ringzero-cuda-train" --stage 3 --steps 4
+  step racecheck_cuda_train_stage3 120 "$sanitizer" --tool racecheck --error-exitcode 9 \
+    "$build/examples/ringzero-cuda-train" --stage 3 --steps 6
+else
+  echo "=== compute-sanitizer is not installed: sanitizer steps not run"
+fi
+
+echo "=== ringzero-perf on device memory"
+step perf_nccl_all_reduce 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
+  -b 8 -e 256M -f 8 -n 20 -w 5 -c 1
+step perf_nccl_all_reduce_bf16_avg 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
+  -b 1K -e 256M -f 16 -n 20 -w 5 -c 1 -d bfloat16 -o avg
+step perf_nccl_ring_schedule 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
+  -b 1K -e 64M -f 16 -n 10 -w 3 -c 1 -A ring
+if [[ -x $build/tools/run/ringzero-run ]]; then
+  step staged_libfabric_shm_2 120 "$build/tools/run/ringzero-run" -n 2 --timeout 110 -- \
+    "$build/bench/gpu/ringzero-bench-staged" -p shm -A ring -b 4K -e 64M -f 16 -r 10
+fi
+
+echo "=== kernel benchmarks"
+step bench_kernels 180 "$build/bench/gpu/ringzero-bench-kernels"
+
+echo
+echo "=== summary: $card, $(date -u +%Y-%m-%d), ${SECONDS}s"
+for r in "${results[@]}"; do echo "$r"; done
+echo "gpu_check: $passed passed, $failed failed"
+((failed == 0))

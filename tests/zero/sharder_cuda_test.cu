@@ -1,0 +1,254 @@
+// The sharder on a real GPU (zero::cuda_device_space over a one-rank NCCL communicator): what only
+// a device shows. Built wherever nvcc and NCCL are, run by scripts/gpu_check.sh; without a GPU
+// every case says so and CTest reports a skip. The same file is compiled a second time with
+// --default-stream per-thread (test_zero_sharder_cuda_per_thread), where the default stream a
+// trainer's unqualified work goes to is the thread's own and not the legacy stream.
+//
+//   - the weights equal those of host memory, bit for bit, at every stage (one rank, no
+//     clipping: every value is element-wise arithmetic the kernels share with the host);
+//   - a warm step waits on the host once, launches the statistics once, creates no event and
+//     takes no memory from the driver (device_counters and the pool's reserved bytes);
+//   - a stream that never drains makes step(), synchronize() and the destructor raise
+//     timeout_error within the deadline instead of hanging, and destroying the sharder after
+//     the abort does not reach the freed NCCL communicator.
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <ringzero/transport/loopback.hpp>
+#include <ringzero/transport/nccl.hpp>
+#include <ringzero/zero/sharder.hpp>
+
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace zero = ringzero::zero;
+namespace nccl = ringzero::nccl;
+using ringzero::bfloat16;
+using namespace std::chrono_literals;
+
+bool have_gpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return true;
+  static_cast<void>(cudaGetLastError());
+  MESSAGE("no CUDA device is visible; skipping");
+  return false;
+}
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(e));
+}
+
+zero::model_layout layout() {
+  zero::model_layout l;
+  const std::vector<std::vector<std::size_t>> layers{{4096, 63}, {20000}, {1000, 3, 7001}};
+  for (std::size_t li = 0; li < layers.size(); ++li) {
+    l.add_layer("layer" + std::to_string(li));
+    for (std::size_t p = 0; p < layers[li].size(); ++p)
+      l.add({.name = "l" + std::to_string(li) + ".p" + std::to_string(p),
+             .shape = {layers[li][p]},
+             .type = ringzero::dtype::bfloat16,
+             .weight_decay = p == 0});
+  }
+  return l;
+}
+
+zero::config config(int stage) {
+  zero::config c;
+  c.stage = stage;
+  c.optimizer.lr = 1e-2f;
+  c.accumulation_steps = 2;
+  c.bucket_bytes = 16 << 10;  // several buckets, so stage 3 gathers and frees each step
+  return c;
+}
+
+/// The gradient of element i of parameter p at (step, micro-batch): any fixed values do.
+float grad_value(int p, std::size_t i, int step, int micro) {
+  const auto x = static_cast<std::uint32_t>(i * 2654435761u + static_cast<std::uint32_t>(p) * 97u +
+                                            static_cast<std::uint32_t>(step * 31 + micro));
+  return static_cast<float>(static_cast<int>(x % 2001u) - 1000) * 1e-3f;
+}
+
+float initial_value(int p, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(p) * 13) % 101) -
+                            50) *
+         1e-2f;
+}
+
+/// Trains `steps` steps and returns the final parameters (as float, in layout order). `on_step`
+/// sees the sharder after each step.
+template <class Comm, class Hand, class After>
+std::vector<float> train(zero::sharder<Comm, bfloat16>& shd, int steps, Hand&& hand,
+                         After&& after) {
+  const auto& plan = shd.plan();
+  const int n = static_cast<int>(plan.params().size());
+  for (int p = 0; p < n; ++p) {
+    std::vector<float> v(plan.params()[static_cast<std::size_t>(p)].numel);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = initial_value(p, i);
+    shd.set_parameter(p, v);
+  }
+  for (int s = 0; s < steps; ++s) {
+    for (int m = 0; m < 2; ++m) {
+      for (int l = static_cast<int>(plan.layers().size()) - 1; l >= 0; --l) {
+        auto held = shd.gather(l, zero::pass::backward);
+        const auto& li = plan.layers()[static_cast<std::size_t>(l)];
+        for (int p = li.first_param + li.param_count - 1; p >= li.first_param; --p) {
+          std::vector<float> g(plan.params()[static_cast<std::size_t>(p)].numel);
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(p, i, s, m);
+          hand(p, g);
+        }
+      }
+      shd.end_micro_batch();
+    }
+    (void)shd.step();
+    after(s);
+  }
+  return shd.full_parameters();
+}
+
+std::vector<float> on_host(int stage, int steps) {
+  std::vector<float> r;
+  ringzero::loopback::world w(1);
+  w.run([&](ringzero::loopback::communicator& comm) {
+    zero::sharder<ringzero::loopback::communicator, bfloat16> shd(comm, layout(), config(stage));
+    r = train(
+        shd, steps, [&](int p, const std::vector<float>& g) { shd.add_grad(p, std::span(g)); },
+        [](int) {});
+  });
+  return r;
+}
+
+/// A host function that holds its stream until opened (or 20 s passed).
+struct stream_gate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB hold(void* p) {
+    auto* g = static_cast<stream_gate*>(p);
+    const auto give_up = std::chrono::steady_clock::now() + 20s;
+    while (!g->open.load() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(1ms);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "on a GPU: every stage gives the weights of host memory, and a warm step keeps to its budget") {
+  if (!have_gpu()) return;
+  constexpr int steps = 6;
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    const auto host = on_host(stage, steps);
+    auto comm = nccl::communicator::single();
+    zero::sharder<nccl::communicator, bfloat16> shd(comm, layout(), config(stage));
+    // The trainer's work goes to this translation unit's default stream (the compute stream's
+    // default): the legacy stream, or the thread's own under --default-stream per-thread.
+    float* dev = nullptr;
+    ok(cudaMalloc(&dev, 20000 * sizeof(float)), "cudaMalloc");
+    std::vector<zero::device_counters> per_step;
+    std::vector<std::uint64_t> reserved;
+    zero::device_counters before = shd.space().counters();
+    const auto got = train(
+        shd, steps,
+        [&](int p, const std::vector<float>& g) {
+          ok(cudaMemcpyAsync(dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
+                             shd.space().compute_stream()),
+             "cudaMemcpyAsync");
+          shd.add_grad(p, std::span<const float>(dev, g.size()));
+          // The pageable copy above returns once the source is read; the next one may reuse dev
+          // only after add_grad's accumulation, which is ordered behind it on the same stream.
+        },
+        [&](int) {
+          const auto now = shd.space().counters();
+          per_step.push_back(
+              {now.launches - before.launches, now.statistics_launches - before.statistics_launches,
+               now.host_syncs - before.host_syncs, now.events_created - before.events_created,
+               now.driver_allocations - before.driver_allocations});
+          reserved.push_back(shd.space().pool_reserved_bytes());
+          before = now;
+        });
+    REQUIRE(got.size() == host.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      differ += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(host[i]);
+    CHECK_MESSAGE(differ == 0, differ, " of ", got.size(), " weights differ from host memory's");
+    for (std::size_t s = 2; s < per_step.size(); ++s) {
+      CAPTURE(s);
+      CHECK(per_step[s].host_syncs == 1);
+      CHECK(per_step[s].statistics_launches == 1);
+      CHECK(per_step[s].events_created == 0);
+      CHECK(per_step[s].driver_allocations == 0);
+      CHECK(reserved[s] == reserved[1]);
+    }
+    MESSAGE("stage ", stage, ": a warm step launches ", per_step.back().launches,
+            " kernels or memsets, waits on the host ", per_step.back().host_syncs,
+            " time(s); pool ", reserved.back(), " B");
+    ok(cudaFree(dev), "cudaFree");
+  }
+}
+
+TEST_CASE("on a GPU: a stream that never drains times out in step(), and the sharder closes") {
+  if (!have_gpu()) return;
+  // in_step: the communication stream is held, so step()'s statistics never arrive; otherwise
+  // the trainer's stream is held and synchronize() waits on it. Before the waits had deadlines,
+  // both returned normally once the gate opened (or never, had it stayed shut).
+  for (const bool in_step : {true, false}) {
+    CAPTURE(in_step);
+    auto comm = nccl::communicator(nccl::transport::single({.timeout = 1s}));
+    cudaStream_t trainer = nullptr;
+    ok(cudaStreamCreateWithFlags(&trainer, cudaStreamNonBlocking), "cudaStreamCreate");
+    float* dev = nullptr;
+    ok(cudaMalloc(&dev, 20000 * sizeof(float)), "cudaMalloc");
+    stream_gate gate;
+    std::thread opener;
+    {
+      zero::config cfg = config(0);
+      cfg.accumulation_steps = 1;
+      for (auto* o : {&cfg.collectives.all_reduce, &cfg.collectives.reduce_scatter,
+                      &cfg.collectives.all_gather})
+        o->timeout = 1s;
+      zero::sharder<nccl::communicator, bfloat16> shd(comm, layout(), cfg);
+      shd.space().set_compute_stream(trainer);
+      const auto start = std::chrono::steady_clock::now();
+      ok(cudaLaunchHostFunc(in_step ? comm.transport().stream() : trainer, &stream_gate::hold,
+                            &gate),
+         "cudaLaunchHostFunc");
+      // Opens the gate late whatever happens: ncclCommAbort waits for the work queued ahead of
+      // NCCL's on its stream, so the abort returns once the gate opens.
+      opener = std::thread([&] {
+        std::this_thread::sleep_for(4s);
+        gate.open = true;
+      });
+      try {
+        if (in_step) {
+          const auto& plan = shd.plan();
+          for (int p = static_cast<int>(plan.params().size()) - 1; p >= 0; --p)
+            shd.add_grad(
+                p, std::span<const float>(dev, plan.params()[static_cast<std::size_t>(p)].numel));
+          shd.end_micro_batch();
+          (void)shd.step();
+        } else {
+          shd.synchronize();
+        }
+        FAIL("expected timeout_error");
+      } catch (const ringzero::timeout_error& e) {
+        const auto waited = std::chrono::steady_clock::now() - start;
+        MESSAGE("raised after ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                " ms: ", e.what());
+      }
+      CHECK(comm.transport().aborted());
+      // The sharder goes here, after the abort freed the communicator: its registered memory
+      // must not be deregistered through the freed handle, and its destructor must not hang.
+    }
+    opener.join();
+    ok(cudaStreamSynchronize(trainer), "cudaStreamSynchronize");
+    ok(cudaStreamDestroy(trainer), "cudaStreamDestroy");
+    ok(cudaFree(dev), "cudaFree");
+  }
+}
