@@ -4,9 +4,11 @@
 //   - hands the call to the transport's own collective where it has one (NCCL; shm in its
 //     segment where that path applies, transport/native.hpp), else picks one of ringzero's
 //     algorithms (options::algorithm, else RINGZERO_ALGO, else the cost model, all from the
-//     one algorithm table, algorithms/table.hpp) and runs it over messages; on NCCL an
-//     options::algorithm of ring or tree runs ringzero's schedule on the GPU buffers instead
-//     (algorithms/schedule.hpp);
+//     one algorithm table, algorithms/table.hpp) and runs it over messages;
+//   - on GPU buffers runs ringzero's algorithms as schedules (algorithms/schedule.hpp) on the
+//     executor the transport offers (ringzero/executor.hpp): on NCCL when options::algorithm
+//     names ring or tree, on a messaging transport that moves device memory (libfabric opened
+//     with options::device_memory) whenever the buffers are device memory;
 //   - leaves bitwise identical results on every rank that receives them;
 //   - fails with timeout_error naming the step and peer if a peer stops answering.
 //
@@ -19,9 +21,11 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,11 +41,14 @@
 #include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/algorithms/table.hpp"
 #include "ringzero/communicator.hpp"
+#include "ringzero/detail/device_executor.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/validate.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/kernels/device_reduction.hpp"
+#include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
@@ -298,8 +305,20 @@ void check_forced_native(collective c, algorithm a) {
   }
 }
 
+/// Runs one of ringzero's schedules (options::algorithm names it; check_forced_native checked
+/// it exists) on the executor a native transport offers for the call.
+template <class T, element E>
+void run_schedule_native(T& t, const native_call& nc, const options& opt) {
+  const algorithms::call<E> k = algorithms::schedule::call_of<E>(nc, t.rank(), t.size());
+  const std::size_t elems = algorithms::schedule::scratch_elems(opt.algorithm, k, t.size());
+  t.template with_device_executor<E>(nc, opt, algorithm_name(opt.algorithm), elems,
+                                     [&](auto& x, std::span<E> scratch) {
+                                       algorithms::schedule::run(x, opt.algorithm, k, scratch);
+                                     });
+}
+
 /// The transport's own collective for a validated call, or with options::algorithm set, one of
-/// ringzero's schedules run by the transport.
+/// ringzero's schedules on the transport's executor.
 template <class T, element E>
 void run_native(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
   const bool scheduled = opt.algorithm != algorithm::automatic;
@@ -320,8 +339,95 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
   nc.recv_counts = c.blocks.recv_counts;
   nc.recv_displs = c.blocks.recv_displs;
   if constexpr (scheduled_collectives<T>)
-    if (scheduled) return comm.transport().run_schedule(nc, opt);
+    if (scheduled) return run_schedule_native<T, E>(comm.transport(), nc, opt);
   comm.transport().run_native(nc, opt);
+}
+
+/// The CUDA device a call's buffers are memory of, or -1 for any other memory (always, in a
+/// program that registered no CUDA runtime: it has no device buffers to pass). The buffers a
+/// rank does not use (broadcast's in and reduce's out off the root) are not asked about.
+template <element E>
+[[nodiscard]] int device_of_call(const algorithms::call<E>& c, int rank) {
+  const kernels::device_runtime* rt = kernels::registered_device_runtime();
+  if (rt == nullptr) return -1;
+  const bool root = rank == c.root;
+  const bool reads_in = !c.in.empty() && (c.kind != collective::broadcast || root);
+  const bool writes_out = !c.out.empty() && (c.kind != collective::reduce || root);
+  const int in = reads_in ? rt->device_of(c.in.data()) : -2;
+  const int out = writes_out ? rt->device_of(c.out.data()) : -2;
+  if (in == -2 || out == -2 || in == out) return std::max({in, out, -1});
+  const auto where = [](int d) {
+    return d < 0 ? std::string("host memory") : fmt::format("memory of CUDA device {}", d);
+  };
+  throw invalid_argument(
+      fmt::format("{}: the input is {} and the output {}; both must be host "
+                  "memory, or both memory of one CUDA device",
+                  collective_name(c.kind), where(in), where(out)));
+}
+
+/// The schedule a call on device buffers runs: options::algorithm (refused where it has no
+/// schedule for the collective), else RINGZERO_ALGO where it has one, else the ring, else the
+/// tree.
+template <class Table>
+[[nodiscard]] algorithm device_algorithm(collective c, const options& opt, const call_env& env) {
+  const std::string_view what = collective_name(c);
+  const auto refuse = [&](std::string_view why) {
+    return unsupported(fmt::format("{}: {} on device buffers; ringzero's algorithms there are {}",
+                                   what, why, algorithms::schedule::summary));
+  };
+  if (opt.algorithm != algorithm::automatic) {
+    if (!algorithms::schedule::has_schedule(opt.algorithm, c))
+      throw refuse(fmt::format("algorithm '{}' does not run", algorithm_name(opt.algorithm)));
+    return opt.algorithm;
+  }
+  // RINGZERO_ALGO applies to every call: one without a schedule here keeps the default.
+  if (const std::optional<algorithm> a = env_algorithm<Table>(env.algo);
+      a && algorithms::schedule::has_schedule(*a, c))
+    return *a;
+  for (const algorithm a : {algorithm::ring, algorithm::tree})
+    if (algorithms::schedule::has_schedule(a, c)) return a;
+  throw refuse("no algorithm runs it");
+}
+
+/// Runs a validated call on device buffers of `device` over a messaging transport that moves
+/// device memory: one of ringzero's schedules on the messaging executor
+/// (detail/device_executor.hpp), its kernels on the communicator's stream, complete on return.
+template <class Table, class T, element E>
+void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const call_size<E>& sz,
+                   const options& opt, const call_env& env, int device) {
+  const std::string_view what = collective_name(c.kind);
+  T& t = comm.transport();
+  if (!t.device_memory()) throw unsupported(fmt::format("{}: {}", what, t.device_memory_refusal()));
+  const algorithm a = device_algorithm<Table>(c.kind, opt, env);
+  const kernels::device_reduction* reductions =
+      algorithms::schedule::reduces(c.kind)
+          ? &kernels::required_device_reduction(what, algorithm_name(a))
+          : kernels::registered_device_reduction();
+  maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt, env.check_on());
+  collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
+                                          c.reduction, opt);
+  if (sz.empty) return;
+  const kernels::device_runtime& rt = *kernels::registered_device_runtime();
+  const device_scope current(rt, device);
+  // Registered whole: a registration covers later calls on parts of the same buffers.
+  const auto adopt = [&](const void* p, std::size_t bytes) {
+    if (bytes > 0) t.register_device_buffer(p, bytes, device);
+  };
+  const bool root = comm.rank() == c.root;
+  if (c.kind != collective::broadcast || root) adopt(c.in.data(), c.in.size_bytes());
+  if (c.kind != collective::reduce || root) adopt(c.out.data(), c.out.size_bytes());
+  std::shared_ptr<device_cache>& cache = comm.state().device;
+  if (!cache || cache->device() != device || &cache->runtime() != &rt) {
+    cache.reset();
+    cache = std::make_shared<device_cache>(
+        rt, device, [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
+  }
+  const std::size_t elems = algorithms::schedule::scratch_elems(a, c, comm.size());
+  E* scratch = elems > 0 ? reinterpret_cast<E*>(cache->scratch(elems * sizeof(E), adopt)) : nullptr;
+  device_executor<communicator<T>, E> x(comm, *cache, reductions, what, algorithm_name(a),
+                                        opt.timeout);
+  algorithms::schedule::run(x, a, c, std::span<E>(scratch, elems));
+  x.finish();
 }
 
 /// Runs a validated call: the transport's own collective, or the chosen algorithm from Table.
@@ -339,6 +445,10 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
                       collective_name(c.kind)));
     const call_size<E> sz = size_of(c, comm.size());
     const call_env env = call_env::read();
+    if constexpr (device_memory_transport<T>) {
+      if (const int device = device_of_call(c, comm.rank()); device >= 0)
+        return run_on_device<Table>(comm, c, sz, opt, env, device);
+    }
     const std::optional<algorithm> from_env = env_algorithm<Table>(env.algo);
     // A call the transport may run itself is offered to it before the cost model prices the
     // algorithms: a sub-microsecond shared-memory call should not pay for a choice it does not

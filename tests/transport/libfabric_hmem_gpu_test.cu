@@ -1,9 +1,10 @@
-// Collectives on CUDA device buffers over libfabric (libfabric/cuda.cuh): two ranks as
-// processes, each on device LOCAL_RANK % (visible devices), all_reduce (sum, avg, max, in and
-// out of place), reduce_scatter and all_gather of device buffers whose results are copied to the
-// host and compared element by element. It needs a GPU and a provider that registers CUDA memory
-// (efa with GPUDirect RDMA, or shm in a libfabric built with CUDA); without a GPU it prints
-// "skipped: no CUDA device", without such a provider "skipped: no libfabric provider", and
+// Collectives on CUDA device buffers over libfabric (options::device_memory): two ranks as
+// processes, each on device LOCAL_RANK % (visible devices), ringzero::all_reduce (sum, avg, max,
+// in and out of place, ring and tree), reduce_scatter, all_gather, broadcast and reduce of
+// device buffers, run by ringzero's schedules on the messaging device executor; results are
+// copied to the host and compared element by element. It needs a GPU and a provider that registers
+// CUDA memory (efa with GPUDirect RDMA, or shm in a libfabric built with CUDA); without a GPU it
+// prints "skipped: no CUDA device", without such a provider "skipped: no libfabric provider", and
 // CTest reports a skip.
 #include <doctest/doctest.h>
 
@@ -18,10 +19,12 @@
 #include <vector>
 
 #include "multiprocess.hpp"
+#include "ringzero/kernels/cuda/device_reduction.cuh"
+#include "ringzero/ringzero.hpp"
 #include "ringzero/transport/libfabric.hpp"
-#include "ringzero/transport/libfabric/cuda.cuh"
 
 using namespace std::chrono_literals;
+using ringzero::algorithm;
 using ringzero::op;
 namespace fabric = ringzero::libfabric;
 using multiprocess::rank_checks;
@@ -86,16 +89,16 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
     std::fprintf(stderr, "rank %d: %s\n", r, e.what());
     return no_provider;
   }
-  fabric::cuda::device_collectives dev(*comm, device);
   // docs-end: open
+  fabric::transport& t = comm->transport();
   // 3 elements: a message the provider could inject; 300001: chunked, odd block sizes.
   for (std::size_t count : {std::size_t{3}, std::size_t{300001}}) {
     float* in = device_alloc<float>(count);
     float* out = device_alloc<float>(count);
     try {
       // docs-begin: register
-      dev.register_buffer(in, count * sizeof(float));
-      dev.register_buffer(out, count * sizeof(float));
+      t.register_device_buffer(in, count * sizeof(float), device);
+      t.register_device_buffer(out, count * sizeof(float), device);
       // docs-end: register
     } catch (const ringzero::unsupported& e) {
       std::fprintf(stderr, "rank %d: %s\n", r, e.what());
@@ -104,7 +107,8 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
     const auto mine = input<float>(r, count);
     to_device(in, mine);
     // docs-begin: all-reduce
-    dev.all_reduce(std::span<const float>(in, count), std::span<float>(out, count), op::sum);
+    ringzero::all_reduce(*comm, std::span<const float>(in, count), std::span<float>(out, count),
+                         op::sum);
     // docs-end: all-reduce
     auto got = to_host(out, count);
     bool ok = true;
@@ -113,7 +117,7 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
     check.expect(ok, "the out-of-place sum of " + std::to_string(count) + " floats");
 
     to_device(out, mine);
-    dev.all_reduce(std::span<const float>(out, count), std::span<float>(out, count), op::max);
+    ringzero::all_reduce(*comm, std::span<float>(out, count), op::max);
     got = to_host(out, count);
     ok = true;
     for (std::size_t i = 0; i < count; ++i)
@@ -121,14 +125,43 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
     check.expect(ok, "the in-place max of " + std::to_string(count) + " floats");
 
     to_device(in, mine);
-    dev.all_reduce(std::span<const float>(in, count), std::span<float>(out, count), op::avg);
+    ringzero::all_reduce(*comm, std::span<const float>(in, count), std::span<float>(out, count),
+                         op::avg);
     got = to_host(out, count);
     ok = true;
     for (std::size_t i = 0; i < count; ++i)
       ok = ok && got[i] == static_cast<float>(n - 1) / 2 + static_cast<float>(i % 13);
     check.expect(ok, "the average of " + std::to_string(count) + " floats");
-    dev.forget(in, count * sizeof(float));
-    dev.forget(out, count * sizeof(float));
+
+    ringzero::all_reduce(*comm, std::span<const float>(in, count), std::span<float>(out, count),
+                         op::sum, {.algorithm = algorithm::tree});
+    got = to_host(out, count);
+    ok = true;
+    for (std::size_t i = 0; i < count; ++i)
+      ok = ok && got[i] == static_cast<float>(n * (n - 1) / 2 + n * static_cast<int>(i % 13));
+    check.expect(ok, "the tree sum of " + std::to_string(count) + " floats");
+
+    // Broadcast from rank 1 into out, then reduce (max) to rank 0.
+    ringzero::broadcast(*comm, std::span<const float>(in, count), std::span<float>(out, count), 1);
+    got = to_host(out, count);
+    ok = true;
+    for (std::size_t i = 0; i < count; ++i)
+      ok = ok && got[i] == static_cast<float>(1 + static_cast<int>(i % 13));
+    check.expect(ok, "the broadcast of " + std::to_string(count) + " floats from rank 1");
+    to_device(out, mine);
+    ringzero::reduce(*comm, std::span<const float>(in, count), std::span<float>(out, count),
+                     op::max, 0);
+    if (r == 0) {
+      got = to_host(out, count);
+      ok = true;
+      for (std::size_t i = 0; i < count; ++i)
+        ok = ok && got[i] == static_cast<float>(n - 1 + static_cast<int>(i % 13));
+      check.expect(ok, "the max of " + std::to_string(count) + " floats reduced to rank 0");
+    }
+    // docs-begin: forget
+    t.forget_memory(in, count * sizeof(float));
+    t.forget_memory(out, count * sizeof(float));
+    // docs-end: forget
     static_cast<void>(cudaFree(in));
     static_cast<void>(cudaFree(out));
   }
@@ -139,8 +172,8 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
   std::int32_t* full = device_alloc<std::int32_t>(total);
   std::int32_t* part = device_alloc<std::int32_t>(block);
   to_device(full, input<std::int32_t>(r, total));
-  dev.reduce_scatter(std::span<const std::int32_t>(full, total),
-                     std::span<std::int32_t>(part, block), op::sum);
+  ringzero::reduce_scatter(*comm, std::span<const std::int32_t>(full, total),
+                           std::span<std::int32_t>(part, block), op::sum);
   const auto reduced = to_host(part, block);
   bool ok = true;
   for (std::size_t i = 0; i < block; ++i) {
@@ -148,14 +181,15 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
     ok = ok && reduced[i] == n * (n - 1) / 2 + n * static_cast<int>(g % 13);
   }
   check.expect(ok, "rank's block of the reduce_scatter sum");
-  dev.all_gather(std::span<const std::int32_t>(part, block), std::span<std::int32_t>(full, total));
+  ringzero::all_gather(*comm, std::span<const std::int32_t>(part, block),
+                       std::span<std::int32_t>(full, total));
   const auto gathered = to_host(full, total);
   ok = true;
   for (std::size_t g = 0; g < total; ++g)
     ok = ok && gathered[g] == n * (n - 1) / 2 + n * static_cast<int>(g % 13);
   check.expect(ok, "the all_gather of every rank's block");
-  dev.forget(full, total * sizeof(std::int32_t));
-  dev.forget(part, block * sizeof(std::int32_t));
+  t.forget_memory(full, total * sizeof(std::int32_t));
+  t.forget_memory(part, block * sizeof(std::int32_t));
   static_cast<void>(cudaFree(full));
   static_cast<void>(cudaFree(part));
   return check.code();
@@ -163,7 +197,8 @@ int rank_main(int r, int n, ringzero::bootstrap::store& s) {
 
 }  // namespace
 
-TEST_CASE("device buffers over libfabric: all_reduce, reduce_scatter, all_gather") {
+TEST_CASE(
+    "device buffers over libfabric: all_reduce, reduce_scatter, all_gather, broadcast, reduce") {
   const auto out = multiprocess::run(2, 240s, rank_main);
   bool no_gpu = true;
   bool no_hmem = true;

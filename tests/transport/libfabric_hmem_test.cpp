@@ -2,8 +2,9 @@
 // the FI_HMEM capability the transport records is what fi_getinfo says of each provider, a
 // provider without it is refused at startup with an error naming it on every rank, a CUDA
 // registration the provider cannot make is refused naming it, and host collectives on an
-// endpoint opened for device memory give the same results as before. The device path itself
-// runs in libfabric_hmem_gpu_test.cu.
+// endpoint opened for device memory give the same results as before; with a host stand-in for
+// the CUDA runtime, device buffers reach the device path and are refused where the endpoint
+// cannot take them. The device path itself runs in libfabric_hmem_gpu_test.cu.
 #include <doctest/doctest.h>
 #include <rdma/fabric.h>
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_device.hpp"
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/libfabric.hpp"
@@ -206,6 +208,54 @@ TEST_CASE("host collectives on an endpoint opened for device memory are unchange
       check.expect(ok, "the ring sum of " + std::to_string(count) + " elements");
     }
     check.expect(comm.transport().endpoint().device_ranges() == 0, "no device ranges");
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("device buffers reach the device path, and are refused naming the provider") {
+  // The host stand-in for the CUDA runtime (fake_device.hpp) says which buffers are device
+  // memory, as kernels/cuda/device_reduction.cuh does in a program with a GPU.
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    const fake_device::installed fake;
+    fake_device::buffer<float> dev(16);
+    std::vector<float> host(16, 1.0f);
+    const auto refusal = [&](auto&& call) -> std::string {
+      try {
+        call();
+      } catch (const ringzero::error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    {
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm"}));
+      const std::string what = refusal([&] { ringzero::all_reduce(comm, dev.span(), op::sum); });
+      check.expect(
+          contains(what,
+                   "all_reduce: libfabric provider 'tcp;ofi_rxm' was opened for "
+                   "host memory only"),
+          "device buffers on a host-memory endpoint refused naming it; got '" + what + "'");
+      const std::string mixed = refusal(
+          [&] { ringzero::all_reduce(comm, std::span<const float>(host), dev.span(), op::sum); });
+      check.expect(contains(mixed,
+                            "the input is host memory and the output memory of CUDA "
+                            "device 0"),
+                   "a host input with a device output refused; got '" + mixed + "'");
+      // Host buffers still take the host path on the same communicator.
+      ringzero::all_reduce(comm, std::span<float>(host), op::sum);
+      check.expect(host[0] == static_cast<float>(n), "the host sum");
+    }
+    if (reports_hmem("shm") == 1) {
+      // Debian's shm reports FI_HMEM without CUDA support: the call reaches the device path
+      // and the registration of its buffers is refused, naming the provider.
+      fabric::communicator comm(
+          fabric::transport(s, r, n, {.provider = "shm", .device_memory = true}));
+      const std::string what = refusal([&] { ringzero::all_reduce(comm, dev.span(), op::sum); });
+      check.expect(contains(what, "libfabric provider 'shm'"),
+                   "the device path's registration refused naming shm; got '" + what + "'");
+    }
     return check.code();
   });
   require_all_passed(out);

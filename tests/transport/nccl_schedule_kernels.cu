@@ -13,7 +13,8 @@
 
 namespace {
 
-/// What nccl::transport::run_schedule hands the executor: a callable taking each group's status.
+/// What nccl::transport::with_device_executor hands the executor: a callable taking each
+/// group's status.
 struct settle_status {
   void operator()(ncclResult_t) const {}
 };

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ringzero/executor.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/nccl.hpp"
 
@@ -162,13 +163,33 @@ TEST_CASE("a native backend gets the core's validation and only validated calls"
 
 namespace {
 
+// The executor a one-rank scheduling_native offers: a world of one only copies.
+template <class E>
+struct solo_executor {
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+  void exchange(std::span<const ringzero::transfer<const E>>,
+                std::span<const ringzero::transfer<E>>) {
+    FAIL("a world of one exchanged messages");
+  }
+  void combine(op, const E*, const E*, E*, std::size_t) { FAIL("a world of one reduced"); }
+  void finish_avg(E*, std::size_t, int) { FAIL("a world of one averaged"); }
+  void copy(E* dst, const E* src, std::size_t n) { std::memcpy(dst, src, n * sizeof(E)); }
+};
+static_assert(ringzero::executor<solo_executor<float>, float>);
+
 // A native transport that also runs ringzero's schedules, as NCCL does: what reaches
-// run_schedule() and what stays with run_native().
+// with_device_executor() and what stays with run_native().
 struct scheduling_native : recording_native {
   std::vector<ringzero::algorithm>* scheduled = nullptr;
-  void run_schedule(const ringzero::native_call& c, const ringzero::options& o) {
+  template <ringzero::element E, class Body>
+  void with_device_executor(const ringzero::native_call& c, const ringzero::options& o,
+                            std::string_view, std::size_t scratch_elems, Body&& body) {
     calls->push_back(c);
     scheduled->push_back(o.algorithm);
+    solo_executor<E> x;
+    std::vector<E> scratch(scratch_elems);
+    body(x, std::span<E>(scratch));
   }
 };
 static_assert(ringzero::scheduled_collectives<scheduling_native>);

@@ -1,8 +1,9 @@
 // ringzero-perf on the libfabric transport with buffers in GPU memory (--memory device): one rank
 // per process on GPU LOCAL_RANK % (visible GPUs), the buffers cudaMalloc'ed and registered with
-// the provider as FI_HMEM_CUDA memory, the collectives those of libfabric/cuda.cuh (the ring, the
-// provider moving device memory, the reductions as kernels). Inputs are generated on the host and
-// copied in; outputs are copied out to be checked, as nccl_backend.hpp does.
+// the provider as FI_HMEM_CUDA memory, the collectives ringzero's own on device buffers (the
+// schedules of algorithms/schedule.hpp on the messaging device executor: the provider moving
+// device memory, the reductions as kernels). Inputs are generated on the host and copied in;
+// outputs are copied out to be checked, as nccl_backend.hpp does.
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 #include <unistd.h>
@@ -21,33 +22,51 @@
 #include "libfabric_device.hpp"
 #include "perf.hpp"
 #include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/collectives.hpp"
+#include "ringzero/kernels/cuda/device_reduction.cuh"
 // Last: libfabric's headers define short macros (count_of, container_of) that would rename
 // functions of that name in headers read after them.
 #include "ringzero/transport/libfabric.hpp"
-#include "ringzero/transport/libfabric/cuda.cuh"
 
 namespace ringzero::perf {
 
 namespace {
 
 void check(cudaError_t e, const char* what) {
-  libfabric::cuda::detail::check(e, what);
+  kernels::cuda::detail::check(e, what);
 }
+
+/// Makes `device` current for its lifetime, then restores the caller's.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() { static_cast<void>(cudaSetDevice(previous_)); }
+
+ private:
+  int previous_ = 0;
+};
 
 class libfabric_device_backend {
  public:
   libfabric_device_backend(libfabric::communicator& comm, const options& o, int device)
-      : comm_(comm), dev_(comm, device) {
+      : comm_(comm), device_(device) {
     if (o.timeout_s > 0)
       opt_.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
+    timed_ = opt_;
+    timed_.algorithm = o.algo;
   }
   ~libfabric_device_backend() {
     for (auto& b : buffers_) {
-      dev_.forget(b.first, b.second);
+      comm_.transport().forget_memory(b.first, b.second);
       static_cast<void>(cudaFree(b.first));
     }
     if (scratch_ != nullptr) {
-      dev_.forget(scratch_, scratch_bytes_);
+      comm_.transport().forget_memory(scratch_, scratch_bytes_);
       static_cast<void>(cudaFree(scratch_));
     }
   }
@@ -59,13 +78,13 @@ class libfabric_device_backend {
 
   [[nodiscard]] std::byte* allocate(std::size_t bytes) {
     bytes = std::max<std::size_t>(bytes, 64);
-    const libfabric::cuda::detail::device_guard guard(dev_.device());
+    const device_guard guard(device_);
     void* p = nullptr;
     check(cudaMalloc(&p, bytes), "cudaMalloc");
     buffers_.emplace_back(p, bytes);
     check(cudaMemset(p, 0, bytes), "cudaMemset");
     // Registered whole, once: every row's buffers lie inside it.
-    dev_.register_buffer(p, bytes);
+    comm_.transport().register_device_buffer(p, bytes, device_);
     return static_cast<std::byte*>(p);
   }
 
@@ -75,13 +94,13 @@ class libfabric_device_backend {
   }
   void end_write(std::byte* buf, std::size_t bytes) {
     if (bytes == 0) return;
-    const libfabric::cuda::detail::device_guard guard(dev_.device());
+    const device_guard guard(device_);
     check(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   [[nodiscard]] const std::byte* read(const std::byte* buf, std::size_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);
     if (bytes == 0) return staging_.data();
-    const libfabric::cuda::detail::device_guard guard(dev_.device());
+    const device_guard guard(device_);
     check(cudaMemcpy(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return staging_.data();
   }
@@ -93,13 +112,14 @@ class libfabric_device_backend {
   void run(coll_kind c, const E* in, E* out, const shape& sh, op o, int, E*) {
     switch (c) {
       case coll_kind::all_reduce:
-        return dev_.all_reduce(std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o,
-                               opt_);
+        return ringzero::all_reduce(comm_, std::span<const E>(in, sh.send),
+                                    std::span<E>(out, sh.recv), o, timed_);
       case coll_kind::reduce_scatter:
-        return dev_.reduce_scatter(std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o,
-                                   opt_);
+        return ringzero::reduce_scatter(comm_, std::span<const E>(in, sh.send),
+                                        std::span<E>(out, sh.recv), o, timed_);
       case coll_kind::all_gather:
-        return dev_.all_gather(std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), opt_);
+        return ringzero::all_gather(comm_, std::span<const E>(in, sh.send),
+                                    std::span<E>(out, sh.recv), timed_);
       default:
         throw unsupported(fmt::format("--memory device: no {} on device buffers", coll_name(c)));
     }
@@ -110,10 +130,10 @@ class libfabric_device_backend {
   [[nodiscard]] std::vector<V> all_gather(const V& v) {
     const auto n = static_cast<std::size_t>(comm_.size());
     const std::size_t bytes = n * sizeof(V);
-    const libfabric::cuda::detail::device_guard guard(dev_.device());
+    const device_guard guard(device_);
     if (scratch_bytes_ < bytes) {
       if (scratch_ != nullptr) {
-        dev_.forget(scratch_, scratch_bytes_);
+        comm_.transport().forget_memory(scratch_, scratch_bytes_);
         check(cudaFree(scratch_), "cudaFree");
         scratch_ = nullptr;
       }
@@ -121,12 +141,12 @@ class libfabric_device_backend {
       check(cudaMalloc(&p, bytes), "cudaMalloc");
       scratch_ = static_cast<std::uint8_t*>(p);
       scratch_bytes_ = bytes;
-      dev_.register_buffer(scratch_, scratch_bytes_);
+      comm_.transport().register_device_buffer(scratch_, scratch_bytes_, device_);
     }
     std::uint8_t* own = scratch_ + sizeof(V) * static_cast<std::size_t>(comm_.rank());
     check(cudaMemcpy(own, &v, sizeof(V), cudaMemcpyHostToDevice), "cudaMemcpy");
-    dev_.all_gather(std::span<const std::uint8_t>(own, sizeof(V)),
-                    std::span<std::uint8_t>(scratch_, bytes), opt_);
+    ringzero::all_gather(comm_, std::span<const std::uint8_t>(own, sizeof(V)),
+                         std::span<std::uint8_t>(scratch_, bytes), opt_);
     std::vector<V> all(n);
     check(cudaMemcpy(all.data(), scratch_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return all;
@@ -138,10 +158,10 @@ class libfabric_device_backend {
   [[nodiscard]] device_record local_device() const {
     device_record d;
     d.pid = static_cast<std::int32_t>(::getpid());
-    d.device = dev_.device();
+    d.device = device_;
     copy_text(d.host, sizeof d.host, host_name());
     cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, dev_.device()) == cudaSuccess) {
+    if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) {
       copy_text(
           d.hex, sizeof d.hex,
           fmt::format("{:04x}:{:02x}:{:02x}", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID));
@@ -155,8 +175,9 @@ class libfabric_device_backend {
 
  private:
   libfabric::communicator& comm_;
-  libfabric::cuda::device_collectives dev_;
+  int device_;
   ringzero::options opt_;
+  ringzero::options timed_;  ///< the measured calls': -A forces a schedule
   std::vector<std::pair<void*, std::size_t>> buffers_;
   std::vector<std::byte> staging_;
   std::uint8_t* scratch_ = nullptr;
@@ -185,8 +206,7 @@ int run_libfabric_device(const options& o, const context& ctx) {
   if (o.coll != coll_kind::all_reduce && o.coll != coll_kind::reduce_scatter &&
       o.coll != coll_kind::all_gather)
     throw invalid_argument(fmt::format(
-        "--memory device runs all_reduce, reduce_scatter and all_gather over libfabric, not {} "
-        "(the other collectives' algorithms copy and reduce with the CPU)",
+        "--memory device runs all_reduce, reduce_scatter and all_gather over libfabric, not {}",
         coll_name(o.coll)));
   if (!o.tune_file.empty())
     throw invalid_argument("--tune measures host buffers; leave out --memory device");
@@ -207,10 +227,9 @@ int run_libfabric_device(const options& o, const context& ctx) {
   info.transport =
       fmt::format("libfabric, provider {} with FI_HMEM, {} rank{} as processes",
                   comm.transport().provider(), comm.size(), comm.size() == 1 ? "" : "s");
-  info.algorithm =
-      o.algo == algorithm::automatic || o.algo == algorithm::ring
-          ? std::string("ring (device buffers: the provider moves GPU memory, kernels reduce)")
-          : fmt::format("ring; -A {} does not apply to device buffers", algorithm_name(o.algo));
+  info.algorithm = fmt::format(
+      "{} (device buffers: ringzero's schedule, the provider moves GPU memory, kernels reduce)",
+      o.algo == algorithm::automatic ? std::string("ring") : std::string(algorithm_name(o.algo)));
   info.buffers = fmt::format(
       "cudaMalloc on GPU {}, registered with the provider as FI_HMEM_CUDA memory (--memory "
       "device){}",

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -15,6 +16,8 @@
 
 namespace ringzero::detail {
 
+class device_cache;
+
 /// Sequence numbers keep back-to-back collectives from matching each other's messages, and the
 /// scratch buffer is reused so a registering transport sees the same memory every call.
 struct comm_state {
@@ -22,6 +25,9 @@ struct comm_state {
   std::vector<std::uint32_t> p2p_send_seq;
   std::vector<std::uint32_t> p2p_recv_seq;
   std::vector<std::byte> scratch_buffer;
+  /// The stream and registered scratch of calls on device buffers (detail/device_executor.hpp),
+  /// made by the first one.
+  std::shared_ptr<device_cache> device;
   /// Counters and the RINGZERO_TRACE file (trace.hpp).
   trace_state trace;
 

@@ -6,9 +6,13 @@
 // table, and the schedules that reduce are refused with an error that says what to include.
 #pragma once
 
+#include <fmt/core.h>
+
 #include <atomic>
 #include <cstddef>
+#include <string_view>
 
+#include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
 
@@ -41,6 +45,18 @@ namespace detail {
 /// The table a CUDA translation unit registered, or null.
 [[nodiscard]] inline const device_reduction* registered_device_reduction() noexcept {
   return detail::device_reduction_slot().load(std::memory_order_acquire);
+}
+
+/// The registered table, or unsupported saying what to include: `what` (a collective) run with
+/// `algorithm` on GPU buffers reduces.
+[[nodiscard]] inline const device_reduction& required_device_reduction(std::string_view what,
+                                                                       std::string_view algorithm) {
+  if (const device_reduction* r = registered_device_reduction(); r != nullptr) return *r;
+  throw unsupported(fmt::format(
+      "{}: algorithm '{}' on GPU buffers reduces with ringzero's CUDA kernels, and this program "
+      "has none: include <ringzero/kernels/cuda/device_reduction.cuh> in one .cu file compiled "
+      "by nvcc (CMake: link ringzero::cuda)",
+      what, algorithm));
 }
 
 /// Makes `r` (which must outlive every use: a constant) the program's table.

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace ringzero {
 
@@ -147,6 +148,22 @@ concept transport = requires(const T& ct) {
   { ct.rank() } -> std::convertible_to<int>;
   { ct.size() } -> std::convertible_to<int>;
   { ct.tuning() } -> std::convertible_to<cost_params>;
+};
+
+/// A messaging transport that moves CUDA device memory itself (libfabric with FI_HMEM): the
+/// communicator runs ringzero's schedules on device buffers over it, with the messaging
+/// executor of detail/device_executor.hpp. device_memory(): opened for it; otherwise
+/// device_memory_refusal() says why device buffers are refused, naming the provider.
+/// register_device_buffer(p, n, device) registers memory of CUDA device `device` (the
+/// communicator registers the buffers it is given, whole, and its scratch); forget_memory(p, n)
+/// drops a registration before the memory is freed.
+template <class T>
+concept device_memory_transport = messaging<T> &&
+    requires(T& t, const T& ct, const void* p, std::size_t n, int device) {
+  { ct.device_memory() } -> std::convertible_to<bool>;
+  { ct.device_memory_refusal() } -> std::convertible_to<std::string>;
+  t.register_device_buffer(p, n, device);
+  t.forget_memory(p, n);
 };
 
 /// Node placement capability: every rank can name the host each peer runs on.

@@ -15,9 +15,11 @@
 // Progress is manual: messages move while some rank's thread is inside test() or progress(),
 // which every blocking collective calls.
 //
-// CUDA device buffers (the EFA GPUDirect RDMA case): open with options::device_memory and pass
-// them to the collectives of libfabric/cuda.cuh, which register them (register_device_buffer)
-// and let the provider read and write device memory directly. See docs/efa.md.
+// CUDA device buffers (the EFA GPUDirect RDMA case): open with options::device_memory, include
+// <ringzero/kernels/cuda/device_reduction.cuh> in one .cu file of the program, and pass them to
+// ringzero::all_reduce and friends: the communicator registers them (register_device_buffer)
+// and runs ringzero's schedules on them, the provider reading and writing device memory
+// directly and ringzero's kernels reducing. See docs/efa.md.
 #pragma once
 
 #include <fmt/core.h>
@@ -63,7 +65,7 @@ struct options {
   /// Messages will also come from and go to CUDA device memory: the provider must report
   /// FI_HMEM (fi_getinfo is asked for it, with FI_MR_HMEM), else opening fails with unsupported
   /// naming the provider. A field rather than an environment variable, because only a program
-  /// written for device buffers (libfabric/cuda.cuh) can use it, and asking for FI_HMEM rules out
+  /// written for device buffers can use it, and asking for FI_HMEM rules out
   /// providers (tcp, sockets) a host-memory program runs on. Must be the same on every rank.
   bool device_memory = false;
 };
@@ -159,7 +161,8 @@ class transport {
   /// provider (fi_mr_regattr, FI_HMEM_CUDA): messages from and into it then move without a
   /// host copy. The caller declares it because telling device from host pointers needs the CUDA
   /// runtime, which this header does not include (it must compile and link without CUDA);
-  /// libfabric/cuda.cuh, which has the runtime, calls this for the buffers it is given.
+  /// the collectives, given device buffers, call this for them (they ask the CUDA runtime through
+  /// kernels/device_runtime.hpp).
   /// Registering pins the memory, tens of microseconds or more: register an allocation once,
   /// and call forget_memory(p, n) before freeing it. Throws unsupported when the transport was
   /// opened without options::device_memory or the provider cannot register CUDA memory.
@@ -168,6 +171,13 @@ class transport {
   }
   /// Opened with options::device_memory, on a provider that reports FI_HMEM.
   [[nodiscard]] bool device_memory() const noexcept { return ep_->hmem(); }
+  /// Why device buffers are refused when device_memory() is false, naming the provider.
+  [[nodiscard]] std::string device_memory_refusal() const {
+    return fmt::format(
+        "libfabric provider '{}' was opened for host memory only: set "
+        "libfabric::options::device_memory to pass CUDA device buffers",
+        provider());
+  }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     request r;

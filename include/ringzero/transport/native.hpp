@@ -6,6 +6,7 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string_view>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/op.hpp"
@@ -50,14 +51,29 @@ concept native_collectives = transport<T> &&
   {t.all_gather_bytes(mine, all, o)};
 };
 
+namespace detail {
+
+/// What with_device_executor() hands its executor to, for the concept below to name.
+struct executor_body_archetype {
+  template <class X>
+  void operator()(X&, std::span<float>) const {}
+};
+
+}  // namespace detail
+
 /// A transport with native collectives that can also run ringzero's own algorithms on its
-/// buffers, as schedules (algorithms/schedule.hpp; NCCL: ring and tree over ncclSend/ncclRecv
-/// with ringzero's kernels). The communicator hands it a validated call whose options::algorithm
-/// names a schedule that implements the collective; automatic stays with run_native().
+/// buffers: it offers an executor (ringzero/executor.hpp; NCCL: groups of ncclSend/ncclRecv and
+/// ringzero's kernels on the stream). with_device_executor<E>(c, o, name, scratch_elems, body)
+/// calls body(executor, scratch) once, for a validated call, with `scratch_elems` elements of
+/// scratch the executor can address, and keeps the transport's promises around it (the options'
+/// stream, async flag and deadline; what a failure partway does). The communicator runs a schedule
+/// (algorithms/schedule.hpp) inside when options::algorithm names one that implements the
+/// collective; automatic stays with run_native(). The transport sees only the algorithm's name,
+/// for its errors.
 template <class T>
 concept scheduled_collectives = native_collectives<T> &&
-    requires(T& t, const native_call& c, const options& o) {
-  {t.run_schedule(c, o)};
+    requires(T& t, const native_call& c, const options& o, std::string_view name, std::size_t n) {
+  {t.template with_device_executor<float>(c, o, name, n, detail::executor_body_archetype{})};
 };
 
 /// A transport that runs some collectives itself where it has a faster path than messages

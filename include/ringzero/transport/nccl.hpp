@@ -10,9 +10,9 @@
 // communicator hands each validated call to NCCL (nccl::transport::run_native), so NCCL picks
 // its own algorithm and protocol (NCCL_ALGO and NCCL_PROTO steer it). options::algorithm ring or
 // tree runs ringzero's algorithm instead, over ncclSend/ncclRecv with ringzero's kernels
-// (nccl::transport::run_schedule; a fixed reduction order, which NCCL does not promise): the
-// reducing ones need <ringzero/kernels/cuda/device_reduction.cuh> in one .cu file of the
-// program. On top of NCCL:
+// (on nccl::transport::with_device_executor; a fixed reduction order, which NCCL does not
+// promise): the reducing ones need <ringzero/kernels/cuda/device_reduction.cuh> in one .cu file
+// of the program. On top of NCCL:
 //   - every buffer is checked to be memory the communicator's GPU can address before anything
 //     is enqueued (invalid_argument);
 //   - by default a call returns once the result is in place, and a call that misses its deadline

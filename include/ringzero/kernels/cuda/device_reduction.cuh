@@ -1,8 +1,10 @@
-// The kernels of reduce.cuh behind kernels::device_reduction's run-time table, registered when
-// the program starts. Include this in one .cu file of a program (CMake: link ringzero::cuda)
-// to let the NCCL backend run ringzero's reducing schedules on GPU buffers (options::algorithm
-// ring or tree); a program without it gets an error naming this header instead. Instantiates
-// combine and finish_avg for every element type and op.
+// The kernels of reduce.cuh behind kernels::device_reduction's run-time table, and the CUDA
+// runtime behind kernels::device_runtime's, both registered when the program starts. Include
+// this in one .cu file of a program (CMake: link ringzero::cuda) to let ringzero's schedules run
+// on GPU buffers: on NCCL those options::algorithm forces (ring or tree), on libfabric opened
+// with options::device_memory every collective the schedules implement; a program without it
+// gets an error naming this header instead. Instantiates combine and finish_avg for every
+// element type and op.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +13,7 @@
 
 #include "ringzero/kernels/cuda/reduce.cuh"
 #include "ringzero/kernels/device_reduction.hpp"
+#include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
 
@@ -41,10 +44,89 @@ inline constexpr device_reduction device_reductions{&detail::combine_any, &detai
 
 namespace detail {
 
+inline int device_of(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    // Older runtimes answer an unknown host pointer with an error: it is not device memory.
+    static_cast<void>(cudaGetLastError());
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+}
+
+inline int current_device() {
+  int d = 0;
+  check(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+inline void set_device(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+}
+
+inline CUstream_st* create_stream(int) {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  return s;
+}
+
+inline void destroy_stream(CUstream_st* s) noexcept {
+  static_cast<void>(cudaStreamDestroy(s));
+}
+
+inline void copy(void* dst, const void* src, std::size_t bytes, CUstream_st* s) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+}
+
+inline CUevent_st* record(CUstream_st* s) {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  if (const cudaError_t r = cudaEventRecord(e, s); r != cudaSuccess) {
+    static_cast<void>(cudaEventDestroy(e));
+    check(r, "cudaEventRecord");
+  }
+  return e;
+}
+
+inline bool done(CUevent_st* e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) return false;
+  check(r, "cudaEventQuery");
+  return true;
+}
+
+inline void destroy_event(CUevent_st* e) noexcept {
+  static_cast<void>(cudaEventDestroy(e));
+}
+
+inline void drain(CUstream_st* s) noexcept {
+  if (cudaStreamSynchronize(s) != cudaSuccess) static_cast<void>(cudaGetLastError());
+}
+
+inline void* allocate(std::size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+
+inline void release(void* p) noexcept {
+  static_cast<void>(cudaFree(p));
+}
+
+}  // namespace detail
+
+/// The runtime table this header registers.
+inline constexpr device_runtime cuda_runtime{
+    &detail::device_of,      &detail::current_device, &detail::set_device, &detail::create_stream,
+    &detail::destroy_stream, &detail::copy,           &detail::record,     &detail::done,
+    &detail::destroy_event,  &detail::drain,          &detail::allocate,   &detail::release};
+
+namespace detail {
+
 // Registration at start-up, so that merely including this header in a .cu file is enough: the
 // collectives are plain C++ and cannot name a kernel themselves.
 inline const bool device_reductions_registered =
-    (register_device_reduction(device_reductions), true);
+    (register_device_reduction(device_reductions), register_device_runtime(&cuda_runtime), true);
 
 }  // namespace detail
 

@@ -3,8 +3,8 @@
 // blocking call has a deadline (RINGZERO_TIMEOUT) after which the communicator is aborted, where
 // NCCL alone would leave the GPU spinning forever on a peer that never came. It is a transport
 // with native collectives (transport/native.hpp): ringzero::communicator validates each call
-// and hands it to run_native(), or to run_schedule() when options::algorithm asks for one of
-// ringzero's algorithms (algorithms/schedule.hpp).
+// and hands it to run_native(), or runs one of ringzero's algorithms (algorithms/schedule.hpp)
+// on the executor with_device_executor() offers when options::algorithm asks for one.
 //
 //   auto comm = ringzero::nccl::communicator::from_env();   // torchrun / Slurm / Open MPI env
 //   ringzero::all_reduce(comm, std::span<float>(grads, n), ringzero::op::sum);
@@ -35,7 +35,6 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
-#include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/bootstrap/store.hpp"
@@ -460,46 +459,40 @@ class transport {
     throw unsupported(fmt::format("nccl: {} has no NCCL collective", what));
   }
 
-  /// One validated call run by ringzero's schedule options::algorithm names
-  /// (algorithms/schedule.hpp; the communicator has checked that one implements the
-  /// collective): each step one NCCL group of ncclSend/ncclRecv, reductions by ringzero's
-  /// kernels, all on the options' stream, with the options' async flag and deadline as
-  /// run_native. Buffers are checked as run_native checks them. Scratch is stream-ordered device
-  /// memory (cudaMallocAsync) for the call. A failure partway aborts the communicator, since
-  /// the peers may be left inside the schedule.
-  void run_schedule(const native_call& c, const ringzero::options& opt) {
+  /// Runs `body(executor, scratch)` for one validated call, which runs algorithm `schedule` (its
+  /// name, for errors): the executor
+  /// (ringzero/executor.hpp; transport/nccl/executor.hpp) makes each step one NCCL group of
+  /// ncclSend/ncclRecv and reduces with ringzero's kernels, all on the options' stream, with
+  /// the options' async flag and deadline as run_native; `scratch` is `scratch_elems` elements
+  /// of stream-ordered device memory (cudaMallocAsync) for the call. collectives.hpp passes a
+  /// body that runs one of ringzero's schedules (algorithms/schedule.hpp). Buffers are checked
+  /// as run_native checks them. A failure partway aborts the communicator, since the peers may
+  /// be left inside the schedule.
+  template <element E, class Body>
+  void with_device_executor(const native_call& c, const ringzero::options& opt,
+                            std::string_view schedule, std::size_t scratch_elems, Body&& body) {
     const std::string_view what = collective_name(c.kind);
     ensure_usable(what);
     check_operands(c);
-    const kernels::device_reduction* reductions = kernels::registered_device_reduction();
-    if (algorithms::schedule::reduces(c.kind) && reductions == nullptr)
-      throw unsupported(fmt::format(
-          "{}: algorithm '{}' on GPU buffers reduces with ringzero's CUDA kernels, and this "
-          "program has none: include <ringzero/kernels/cuda/device_reduction.cuh> in one .cu "
-          "file compiled by nvcc (CMake: link ringzero::cuda)",
-          what, algorithm_name(opt.algorithm)));
+    const bool reduces = c.kind == collective::all_reduce || c.kind == collective::reduce_scatter ||
+                         c.kind == collective::reduce;
+    const kernels::device_reduction* reductions =
+        reduces ? &kernels::required_device_reduction(what, schedule)
+                : kernels::registered_device_reduction();
     const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
     const auto deadline = clock::now() + limit;
     detail::device_guard guard(device_);
     cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
     auto settle_step = [&](ncclResult_t r) { settle(what, r, deadline, limit); };
     try {
-      visit_dtype(c.type, [&](auto zero) {
-        using E = decltype(zero);
-        const algorithms::call<E> k = algorithms::schedule::call_of<E>(c, rank_, size_);
-        const std::size_t elems = algorithms::schedule::scratch_elems(opt.algorithm, k, size_);
-        std::optional<detail::stream_scratch> scratch;
-        if (elems > 0) scratch.emplace(device_, s, elems * sizeof(E));
-        detail::executor<E, decltype(settle_step)> x(comm_, s, rank_, size_, reductions,
-                                                     settle_step);
-        algorithms::schedule::run(
-            x, opt.algorithm, k,
-            std::span<E>(scratch ? static_cast<E*>(scratch->data()) : nullptr, elems));
-      });
+      std::optional<detail::stream_scratch> scratch;
+      if (scratch_elems > 0) scratch.emplace(device_, s, scratch_elems * sizeof(E));
+      detail::executor<E, decltype(settle_step)> x(comm_, s, rank_, size_, reductions, settle_step);
+      body(x, std::span<E>(scratch ? static_cast<E*>(scratch->data()) : nullptr, scratch_elems));
     } catch (const std::exception& e) {
       if (!aborted())
-        abort_with(fmt::format("{} ({}) on rank {} of {} (device {}): {}", what,
-                               algorithm_name(opt.algorithm), rank_, size_, device_, e.what()));
+        abort_with(fmt::format("{} ({}) on rank {} of {} (device {}): {}", what, schedule, rank_,
+                               size_, device_, e.what()));
       throw;
     }
     if (!opt.async) wait(what, s, deadline, limit);

@@ -1,5 +1,5 @@
-// The executor (algorithms/schedule/executor.hpp) that runs ringzero's schedules on GPU buffers
-// over an NCCL communicator: each step is one NCCL group of ncclRecv/ncclSend, and the local
+// The executor (ringzero/executor.hpp) that runs ringzero's schedules on GPU buffers over an
+// NCCL communicator: each step is one NCCL group of ncclRecv/ncclSend, and the local
 // work (reductions, copies) is enqueued on the same stream after it, so the stream orders
 // everything and the host never waits for the device inside a call. Reductions go through the
 // run-time table kernels/cuda/device_reduction.cuh registers, since this header is plain C++.
@@ -7,7 +7,8 @@
 // A non-blocking NCCL communicator may answer ncclGroupEnd before the group's work is on the
 // stream; a kernel enqueued then would run ahead of the receive it reads. So after every group
 // the executor hands NCCL's status to `settle`, which waits (on the host, with the call's
-// deadline) until NCCL has enqueued the group: nccl::transport::run_schedule passes its own.
+// deadline) until NCCL has enqueued the group: nccl::transport::with_device_executor passes its
+// own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,8 +17,8 @@
 #include <cstddef>
 #include <span>
 
-#include "ringzero/algorithms/schedule/executor.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/executor.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
@@ -30,8 +31,8 @@ namespace ringzero::nccl::detail {
 template <element E, class Settle>
 class executor {
  public:
-  using transfer_in = algorithms::schedule::transfer<const E>;
-  using transfer_out = algorithms::schedule::transfer<E>;
+  using transfer_in = ringzero::transfer<const E>;
+  using transfer_out = ringzero::transfer<E>;
 
   /// `kernels` may be null for schedules that do not reduce.
   executor(ncclComm_t comm, cudaStream_t stream, int rank, int size,
@@ -74,8 +75,8 @@ class executor {
   }
 
  private:
-  // Reached only by a schedule that reduces without a table: run_schedule refuses such a call
-  // first, so this is a guard, not the error users see.
+  // Reached only by a schedule that reduces without a table: collectives.hpp refuses such a
+  // call first, so this is a guard, not the error users see.
   [[nodiscard]] const kernels::device_reduction& reductions() const {
     if (kernels_ == nullptr)
       throw unsupported("nccl: a schedule reduced without ringzero's CUDA kernels registered");

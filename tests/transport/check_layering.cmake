@@ -1,0 +1,28 @@
+# Fails when a header under include/ringzero/transport/ includes ringzero's algorithms or the
+# collectives API: a transport moves bytes (and offers an executor, ringzero/executor.hpp); the
+# communicator layer picks and runs the algorithms on it (docs/architecture.md, "One seam for
+# device buffers"). Run as: cmake -DROOT=<source dir> -P check_layering.cmake
+if(NOT ROOT)
+  message(FATAL_ERROR "check_layering.cmake: pass -DROOT=<source dir>")
+endif()
+file(GLOB_RECURSE headers "${ROOT}/include/ringzero/transport/*")
+set(found "")
+foreach(header IN LISTS headers)
+  file(STRINGS "${header}" lines REGEX "^[ \t]*#[ \t]*include")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "ringzero/(algorithms/|collectives\\.hpp|ringzero\\.hpp)")
+      file(RELATIVE_PATH rel "${ROOT}" "${header}")
+      string(STRIP "${line}" line)
+      list(APPEND found "${rel}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+list(LENGTH headers count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "check_layering.cmake: no headers under ${ROOT}/include/ringzero/transport")
+endif()
+if(found)
+  list(JOIN found "\n  " text)
+  message(FATAL_ERROR "transport headers include the layers above them:\n  ${text}")
+endif()
+message(STATUS "${count} transport headers include neither algorithms/ nor the collectives API")
