@@ -1,5 +1,6 @@
 // Logging through fmt, NCCL-style: RINGZERO_DEBUG=WARN (default) | INFO | TRACE, each line
-// prefixed "host:pid:rank" so interleaved output from many ranks can be told apart.
+// prefixed "host:pid:rank" so interleaved output from many ranks can be told apart. ERROR lines
+// (a process ending on purpose) are printed at every level but NONE.
 #pragma once
 
 #include <fmt/core.h>
@@ -20,17 +21,18 @@
 
 namespace ringzero::log {
 
-enum class level : int { none = 0, warn = 1, info = 2, trace = 3 };
+enum class level : int { none = 0, error = 1, warn = 2, info = 3, trace = 4 };
 
 namespace detail {
 
 [[nodiscard]] inline level parse_level(std::string_view s) {
   if (s == "NONE" || s == "none") return level::none;
+  if (s == "ERROR" || s == "error") return level::error;
   if (s == "WARN" || s == "warn") return level::warn;
   if (s == "INFO" || s == "info") return level::info;
   if (s == "TRACE" || s == "trace") return level::trace;
   throw invalid_argument("RINGZERO_DEBUG='" + std::string(s) +
-                         "' is not one of NONE, WARN, INFO, TRACE");
+                         "' is not one of NONE, ERROR, WARN, INFO, TRACE");
 }
 
 inline std::atomic<int>& current_level() {
@@ -57,7 +59,7 @@ inline const std::string& host_name() {
 }
 
 inline void write(level lvl, std::string_view msg) {
-  static constexpr const char* tags[] = {"", "WARN", "INFO", "TRACE"};
+  static constexpr const char* tags[] = {"", "ERROR", "WARN", "INFO", "TRACE"};
   const std::string line = fmt::format("{}:{}:{} ringzero {} {}\n", host_name(), ::getpid(),
                                        process_rank().load(), tags[static_cast<int>(lvl)], msg);
   std::fputs(line.c_str(), stderr);
@@ -73,6 +75,12 @@ inline void set_level(level lvl) noexcept {
   detail::current_level().store(static_cast<int>(lvl));
 }
 
+/// What ends the process or the job: printed at every level but NONE.
+template <class... Args>
+void error(fmt::format_string<Args...> f, Args&&... args) {
+  if (enabled(level::error))
+    detail::write(level::error, fmt::format(f, std::forward<Args>(args)...));
+}
 template <class... Args>
 void warn(fmt::format_string<Args...> f, Args&&... args) {
   if (enabled(level::warn)) detail::write(level::warn, fmt::format(f, std::forward<Args>(args)...));

@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -381,4 +384,64 @@ TEST_CASE("make_store follows RINGZERO_STORE") {
                          doctest::Contains("RINGZERO_STORE='redis'"), ringzero::invalid_argument);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("two processes given the same rank: one of them says so at once") {
+  // Ranks 0, 1 and 1 of a world of 3: before, all three waited for rank 2's keys and timed out
+  // naming a key. Now the second claimant of rank 1 fails as it opens the store.
+  rb::launch_info li;
+  li.world_size = 3;
+  li.local_size = 3;
+  li.token = "duplicate-rank-test";
+  li.launcher = "torchrun";
+  std::vector<pid_t> pids;
+  std::vector<int> port_pipes;
+  for (int i = 0; i < 2; ++i) {  // both rank 1; forked before the server's thread exists
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(p[1]);
+      int port = 0;
+      if (::read(p[0], &port, sizeof port) != sizeof port) ::_exit(10);
+      rb::launch_info mine = li;
+      mine.rank = 1;
+      mine.local_rank = 1;
+      mine.master_port = port;
+      try {
+        auto s = rb::make_store(mine, std::chrono::seconds(5));
+        ::_exit(0);
+      } catch (const ringzero::bootstrap_error& e) {
+        ::_exit(std::string(e.what()).find("2 processes of this job were given rank 1") !=
+                        std::string::npos
+                    ? 7
+                    : 8);
+      } catch (...) {
+        ::_exit(9);
+      }
+    }
+    ::close(p[0]);
+    pids.push_back(pid);
+    port_pipes.push_back(p[1]);
+  }
+  {
+    auto s = rb::make_store(li, std::chrono::seconds(5));
+    auto* tcp = dynamic_cast<rb::tcp_store*>(s.get());
+    REQUIRE(tcp != nullptr);
+    const int port = tcp->port();
+    for (int fd : port_pipes) {
+      CHECK(::write(fd, &port, sizeof port) == sizeof port);
+      ::close(fd);
+    }
+    std::vector<int> codes;
+    for (pid_t pid : pids) {
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      REQUIRE(WIFEXITED(status));
+      codes.push_back(WEXITSTATUS(status));
+    }
+    std::sort(codes.begin(), codes.end());
+    CHECK(codes == std::vector<int>{0, 7});
+  }
 }

@@ -665,6 +665,16 @@ TEST_CASE("the server listens only on the address it was told") {
                        doctest::Contains("no-such-interface0"), ringzero::bootstrap_error);
 }
 
+TEST_CASE("a rendezvous host that does not resolve fails rank 0 at once, naming the host") {
+  // The other ranks fail at once on it; rank 0 used to serve anyway and time out later on a
+  // key they never set. 30 s: far beyond a failed lookup, so only a wait would reach it.
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(rb::tcp_store("no.such.host.invalid", 0, true, 3, "token", 30s),
+                       doctest::Contains("cannot resolve store host 'no.such.host.invalid'"),
+                       ringzero::bootstrap_error);
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+}
+
 TEST_CASE("limits from the environment are checked") {
   struct env_var {
     const char* name;

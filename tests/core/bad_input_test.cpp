@@ -721,8 +721,21 @@ TEST_CASE("bad input: malformed environment variables name the variable and the 
     }
   });
   // RINGZERO_DEBUG: read at the first log line, so its parser is tried directly.
-  expect_error<invalid_argument>([] { (void)log::detail::parse_level("loud"); },
-                                 {"RINGZERO_DEBUG='loud' is not one of NONE, WARN, INFO, TRACE"});
+  expect_error<invalid_argument>(
+      [] { (void)log::detail::parse_level("loud"); },
+      {"RINGZERO_DEBUG='loud' is not one of NONE, ERROR, WARN, INFO, TRACE"});
+  // ERROR lines (a process ending on purpose: the watchdog's verdict) print at every level but
+  // NONE, the default WARN included.
+  CHECK(log::detail::parse_level("ERROR") == log::level::error);
+  for (const auto lvl : {log::level::error, log::level::warn, log::level::info}) {
+    log::set_level(lvl);
+    CHECK(log::enabled(log::level::error));
+  }
+  log::set_level(log::level::error);
+  CHECK_FALSE(log::enabled(log::level::warn));
+  log::set_level(log::level::none);
+  CHECK_FALSE(log::enabled(log::level::error));
+  log::set_level(log::level::warn);
   // RINGZERO_TRACE: a directory that cannot be created fails the first collective.
   {
     scoped_env env("RINGZERO_TRACE", "/proc/self/no/such/dir");

@@ -13,9 +13,11 @@
 #include <string_view>
 #include <vector>
 
+#include "checks.hpp"
 #include "perf.hpp"
 
 namespace perf = ringzero::perf;
+using test_support::scoped_env;
 
 namespace {
 
@@ -162,6 +164,33 @@ TEST_CASE("bad command lines are refused with status 2") {
   const result h = run("--help");
   CHECK(h.status == 0);
   CHECK(h.out.find("usage: ringzero-perf") != std::string::npos);
+}
+
+TEST_CASE("a launcher environment that makes no launch is a clear error, not a one-rank run") {
+  // Each with the default transport: the program must print one line and fail (status 2 for a
+  // value that is no number, 3 for a launch that is incomplete), not run alone (each of N
+  // processes would then measure a one-rank job) nor end in std::terminate.
+  const struct {
+    const char* rank;
+    const char* world;
+    const char* var;
+    const char* value;
+    int status;
+    const char* says;
+  } cases[] = {
+      {"0", "abc", nullptr, nullptr, 2, "WORLD_SIZE"},
+      {"1", nullptr, "MASTER_ADDR", "127.0.0.1", 3, "WORLD_SIZE is not set"},
+      {nullptr, nullptr, "OMPI_COMM_WORLD_SIZE", "4", 3, "OMPI_COMM_WORLD_RANK is not set"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.says);
+    const scoped_env rank("RANK", c.rank), world("WORLD_SIZE", c.world);
+    const scoped_env other(c.var != nullptr ? c.var : "RINGZERO_PERF_UNUSED", c.value);
+    const result r = run("all_reduce -b 1K -e 1K -n 1");
+    CHECK(r.status == c.status);
+    CHECK_MESSAGE(r.out.find(c.says) != std::string::npos, r.out);
+    CHECK(r.out.find("all_reduce_perf") == std::string::npos);  // no table: nothing ran
+  }
 }
 
 TEST_CASE("--memory device: parsed, and refused clearly where it cannot run") {

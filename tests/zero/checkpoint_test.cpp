@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -347,6 +349,51 @@ TEST_CASE("manifest: group learning rates round-trip; a version-1 checkpoint (no
   rewrite(v3 / "manifest.txt", 3, false);
   CHECK_THROWS_WITH_AS((void)manifest::read(v3), doctest::Contains("format version 3"),
                        ringzero::checkpoint_error);
+}
+
+TEST_CASE("a save that fails on one rank leaves no shard of it behind, and the last save intact") {
+  // Rank 1 cannot write (its disk is full); rank 0 wrote its shard under its final name before
+  // the save failed. That file must go, or the disk stays full until a later save succeeds;
+  // the previous checkpoint's files stay, and it still loads.
+  const auto dir = dirs().fresh("full");
+  (void)saved_run<float>(dir);
+  const auto shard_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().starts_with("shard-"))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = shard_files();
+  REQUIRE(before.size() == 4);
+  const auto layout = model<float>();
+  const zt::zero::partition_plan plan(layout, 2, 0);
+  ringzero::loopback::world w(2);
+  std::vector<std::string> errors(2);
+  w.run([&](ringzero::loopback::communicator& c) {
+    const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
+    try {
+      zt::zero::save_checkpoint(
+          [&](auto&& f) -> decltype(auto) { return f(c); }, ring, dir, plan, c.rank(), 9,
+          [&] {
+            if (c.rank() == 1) throw ringzero::checkpoint_error("no space left on device");
+            return std::vector<std::vector<float>>(1, std::vector<float>(plan.shard_size()));
+          },
+          [](const std::vector<std::uint64_t>&) -> zt::zero::checkpoint_manifest {
+            FAIL("no manifest is built for a save that failed");
+            return {};
+          },
+          [](std::uint64_t) {});
+    } catch (const ringzero::checkpoint_error& e) {
+      errors[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) CHECK(e.find("no space left on device") != std::string::npos);
+  CHECK(shard_files() == before);
+  CHECK(zt::zero::checkpoint_manifest::read(dir).step == 3);
+  const zt::zero::checkpoint_reader reader(dir);
+  CHECK_FALSE(reader.read_all_parameters().empty());
 }
 
 TEST_CASE("every rank learns the lowest failing rank's message") {

@@ -18,6 +18,7 @@
 #include "bench.hpp"
 #include "cli.hpp"
 #include "report.hpp"
+#include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/transport/loopback.hpp"
 #include "tune.hpp"
@@ -160,10 +161,12 @@ outcome run_rank(Backend& b, const options& o, printer* p, run_info info) {
 
 /// True when a launcher (ringzero-run, torchrun, mpirun, Slurm) started this process as one
 /// rank of several.
+/// Whether a launcher started this process as one rank of several. Launcher variables that are
+/// set but make no launch (RANK without WORLD_SIZE, WORLD_SIZE=abc, MASTER_ADDR without a port)
+/// are an error here, as in the transports' from_env(): run alone, each of N such processes
+/// would measure a one-rank job and report success.
 [[nodiscard]] inline bool launched_as_rank() {
-  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"})
-    if (auto n = ringzero::detail::getenv_int(v); n && *n > 1) return true;
-  return false;
+  return bootstrap::detect_launch().world_size > 1;
 }
 
 /// The whole program; main() forwards here.
@@ -186,12 +189,13 @@ inline int main(std::span<const std::string_view> args, std::string_view program
   ctx.env = recorded_environment(envp);
   ctx.program = fmt::format("{}_perf", coll_name(o.coll));
 
-  transport_kind t = o.transport;
-  if (t == transport_kind::automatic)
-    t = extra.libfabric && o.threads == 1 && launched_as_rank() ? transport_kind::libfabric
-                                                                : transport_kind::loopback;
-  o.transport = t;
   try {
+    transport_kind t = o.transport;
+    // Read inside the try: a malformed launcher environment is a clear error, not a crash.
+    if (t == transport_kind::automatic)
+      t = launched_as_rank() && extra.libfabric && o.threads == 1 ? transport_kind::libfabric
+                                                                  : transport_kind::loopback;
+    o.transport = t;
     switch (t) {
       case transport_kind::libfabric:
         if (!extra.libfabric)

@@ -58,9 +58,20 @@ namespace detail {
   const std::string kind = ringzero::detail::getenv_str("RINGZERO_STORE").value_or("tcp");
   if (kind == "tcp") {
     const std::string bind = ringzero::detail::getenv_str("RINGZERO_SOCKET_IFNAME").value_or("");
-    return std::make_unique<tcp_store>(info.master_addr, info.master_port, info.rank == 0,
-                                       info.world_size, info.token, timeout, bind,
-                                       detail::next_generation(info), tcp_store_limits::from_env());
+    const std::uint64_t generation = detail::next_generation(info);
+    auto s = std::make_unique<tcp_store>(info.master_addr, info.master_port, info.rank == 0,
+                                         info.world_size, info.token, timeout, bind, generation,
+                                         tcp_store_limits::from_env());
+    // Each rank claims its number: two processes given the same RANK would otherwise both wait
+    // for the rank nobody was given, and time out naming a key instead of the mistake.
+    if (const std::int64_t claims =
+            s->add(fmt::format("ringzero/rank-claim/{}/{}", generation, info.rank), 1);
+        claims > 1)
+      throw bootstrap_error(fmt::format(
+          "{} processes of this job were given rank {} (RANK, or its launcher's variable): each "
+          "rank of the {} must be started once",
+          claims, info.rank, info.world_size));
+    return s;
   }
   if (kind.starts_with("file:") && kind.size() > 5) {
     const std::filesystem::path dir(kind.substr(5));

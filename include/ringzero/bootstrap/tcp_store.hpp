@@ -90,6 +90,10 @@ class tcp_store final : public store {
       throw invalid_argument("tcp_store: the timeout must be positive");
     const auto deadline = detail::clock::now() + timeout_;
     if (is_server) {
+      // Every other rank connects to `host`: one it cannot resolve fails them at once, so it
+      // fails the server at once too, naming the host, rather than after its deadline naming
+      // a key the others never set.
+      static_cast<void>(detail::resolve(host_, port));
       const std::string where =
           bind_address.empty() && detail::is_loopback_host(host_) ? "127.0.0.1" : bind_address;
       server_ = std::make_unique<detail::tcp_server>(where, port, world_size, token_, generation_,

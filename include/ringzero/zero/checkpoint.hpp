@@ -440,6 +440,24 @@ inline void commit_manifest(const std::filesystem::path& dir, const checkpoint_m
   }
 }
 
+/// Removes this rank's shard file of a save that failed, unless the manifest in place lists it
+/// (a commit that renamed the manifest and then failed to sync the directory still refers to
+/// it). Without this, a save that fails because the disk is full leaves every finished shard
+/// under its final name, and the disk stays full until a later save succeeds.
+inline void discard_failed_shard(const std::filesystem::path& dir,
+                                 const std::string& file) noexcept {
+  if (file.empty()) return;
+  try {
+    const checkpoint_manifest live = checkpoint_manifest::read(dir);
+    for (const auto& sh : live.shards)
+      if (sh.file == file) return;
+  } catch (const std::exception&) {
+    // No manifest, or one that cannot be read: nothing in place refers to the file.
+  }
+  std::error_code ec;
+  std::filesystem::remove(dir / file, ec);
+}
+
 }  // namespace detail
 
 /// What a training run is at, as a checkpoint records it.
@@ -719,15 +737,26 @@ void save_checkpoint(Run&& run, const Options& gather, const std::filesystem::pa
   std::string failure;
   detail::written_file written;
   const std::uint64_t save_id = detail::unique_id();
+  std::string mine_file;  // this rank's shard, once it is on disk under its final name
+  // Every rank's verdict; a failed save takes this rank's finished shard with it.
+  const auto agree = [&] {
+    try {
+      detail::raise_if_any_failed(run, gather, failure);
+    } catch (const checkpoint_error&) {
+      detail::discard_failed_shard(dir, mine_file);
+      throw;
+    }
+  };
   try {
     detail::create_directories_durable(dir);
     written = detail::write_shard(dir, rank, plan.world_size(), step, save_id, shard_arrays(),
                                   plan.shard_size());
+    mine_file = detail::shard_file_name(rank, plan.world_size(), step, save_id);
     on_written(written.bytes);
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  detail::raise_if_any_failed(run, gather, failure);
+  agree();
   const std::uint64_t mine[3] = {written.bytes, written.crc, save_id};
   std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(plan.world_size()));
   run([&](auto& c) {
@@ -742,7 +771,7 @@ void save_checkpoint(Run&& run, const Options& gather, const std::filesystem::pa
     }
   }
   // Also the barrier that keeps a fast rank's next save from racing rank 0's cleanup.
-  detail::raise_if_any_failed(run, gather, failure);
+  agree();
 }
 
 /// The collective steps of a load, on one rank: reads the manifest in `dir`, checks that it

@@ -388,8 +388,10 @@ class watchdog {
     const std::string cause =
         dead >= 0 ? fmt::format("rank {} died ({})", dead, failure())
                   : std::string("no rank is known to have died (is one stopped or unreachable?)");
+    // A fatal verdict reads as one (ERROR), whatever RINGZERO_DEBUG says, NONE included: the
+    // only line that explains an exit status of 70.
     log::detail::write(
-        log::level::warn,
+        log::level::error,
         fmt::format("watchdog: rank {}: a libfabric call has not returned for {:.1f} s; {}. A "
                     "provider call cannot be interrupted (shm waits on a lock a dead rank may "
                     "hold), so this process ends now with exit status {} (RINGZERO_TIMEOUT sets "
