@@ -31,6 +31,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -479,11 +480,30 @@ class job {
     // Everything that ended by now, first: of a rank killed by a signal and a rank that exited
     // with an error because of it, the killed one is the culprit, in whatever order they end.
     std::vector<std::pair<pid_t, int>> ended;
-    for (;;) {
-      int status = 0;
-      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) break;
-      ended.emplace_back(pid, status);
+    const auto collect = [&] {
+      for (;;) {
+        int status = 0;
+        const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) break;
+        ended.emplace_back(pid, status);
+      }
+    };
+    collect();
+    // A rank that exits with an error because a peer was SIGKILLed can end before the killed
+    // one is reaped: a large process takes longer to be torn down than a small one takes to
+    // notice and exit. Before the first verdict, give a killed rank a moment to show up, so
+    // the verdict names it rather than the rank that reported it.
+    const auto exited_with_error = [](const auto& e) {
+      return WIFEXITED(e.second) && WEXITSTATUS(e.second) != 0;
+    };
+    const auto signalled = [](const auto& e) { return WIFSIGNALED(e.second); };
+    if (!stopping_ && std::any_of(ended.begin(), ended.end(), exited_with_error) &&
+        std::none_of(ended.begin(), ended.end(), signalled) && running_ > 1) {
+      const auto until = clock_type::now() + std::chrono::milliseconds(250);
+      while (clock_type::now() < until && std::none_of(ended.begin(), ended.end(), signalled)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        collect();
+      }
     }
     std::stable_partition(ended.begin(), ended.end(),
                           [](const auto& e) { return WIFSIGNALED(e.second); });
