@@ -115,6 +115,9 @@ class device_buffer {
   std::span<T> span() { return {static_cast<T*>(p_), n_}; }
   void upload(const std::vector<T>& v) {
     cuda_ok(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    // From pageable memory the copy may land after cudaMemcpy returns, ordered only with the
+    // legacy stream; calls on other streams must find the data in place.
+    cuda_ok(cudaDeviceSynchronize(), "upload");
   }
   std::vector<T> download() {
     std::vector<T> v(n_);
@@ -124,6 +127,7 @@ class device_buffer {
   /// A byte pattern no reduction of the inputs produces, so an element NCCL never wrote shows.
   void poison() {
     cuda_ok(cudaMemset(p_, 0xa5, std::max<std::size_t>(n_, 1) * sizeof(T)), "poison");
+    cuda_ok(cudaDeviceSynchronize(), "poison");
   }
 
  private:
@@ -824,6 +828,37 @@ TEST_CASE("a call whose stream never drains times out, names the call and aborts
   cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   cuda_ok(cudaStreamDestroy(s), "cudaStreamDestroy");
   CHECK_THROWS_AS(comm.transport().synchronize(), ringzero::transport_error);
+}
+
+TEST_CASE("a call on the communicator's stream waits for the default stream's work first") {
+  if (!have_gpu()) return;
+  // The communicator's stream is non-blocking; a buffer the default (legacy) stream is still
+  // writing must not be read early. The write is held behind a gate for 200 ms.
+  auto comm = nccl::communicator::single();
+  constexpr std::size_t n = 1 << 16;
+  device_buffer<float> in(n), out(n);
+  in.poison();
+  out.poison();
+  float* pinned = nullptr;
+  cuda_ok(cudaMallocHost(&pinned, n * sizeof(float)), "cudaMallocHost");
+  for (std::size_t i = 0; i < n; ++i) pinned[i] = static_cast<float>(i % 977);
+  stream_gate gate;
+  cuda_ok(cudaLaunchHostFunc(cudaStreamLegacy, &stream_gate::hold, &gate), "cudaLaunchHostFunc");
+  cuda_ok(cudaMemcpyAsync(in.span().data(), pinned, n * sizeof(float), cudaMemcpyHostToDevice,
+                          cudaStreamLegacy),
+          "cudaMemcpyAsync");
+  std::thread opener([&] {
+    std::this_thread::sleep_for(200ms);
+    gate.open = true;
+  });
+  ringzero::all_reduce(comm, std::span<const float>(in.span()), out.span(), op::sum);
+  opener.join();
+  const std::vector<float> got = out.download();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += got[i] != static_cast<float>(i % 977);
+  CHECK_MESSAGE(wrong == 0, wrong, " of ", n,
+                " elements were read before the default stream wrote them");
+  cuda_ok(cudaFreeHost(pinned), "cudaFreeHost");
 }
 
 TEST_CASE("creation with a rank that never comes times out and aborts") {

@@ -96,6 +96,9 @@ class libfabric_device_backend {
     if (bytes == 0) return;
     const device_guard guard(device_);
     check(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    // From pageable memory the copy may still be landing: the collectives' own stream must not
+    // read the buffer before it has.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   [[nodiscard]] const std::byte* read(const std::byte* buf, std::size_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);

@@ -87,7 +87,10 @@ class nccl_backend {
 #endif
       }
     }
-    check(cudaMemset(b.ptr, 0, b.bytes), "cudaMemset");
+    // On the communicator's stream, which is non-blocking: a plain cudaMemset would be ordered
+    // only with the legacy default stream.
+    check(cudaMemsetAsync(b.ptr, 0, b.bytes, comm_.transport().stream()), "cudaMemsetAsync");
+    comm_.transport().synchronize();
     buffers_.push_back(b);
     return static_cast<std::byte*>(b.ptr);
   }
@@ -99,13 +102,21 @@ class nccl_backend {
   void end_write(std::byte* buf, std::size_t bytes) {
     if (bytes == 0) return;
     const nccl::detail::device_guard guard(comm_.transport().device());
-    check(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    // cudaMemcpy from pageable memory may return before its copy lands, ordered only with the
+    // legacy stream: copy on the communicator's stream and wait, so the next call reads it.
+    check(cudaMemcpyAsync(buf, staging_.data(), bytes, cudaMemcpyHostToDevice,
+                          comm_.transport().stream()),
+          "cudaMemcpyAsync");
+    comm_.transport().synchronize();
   }
   [[nodiscard]] const std::byte* read(const std::byte* buf, std::size_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);
     if (bytes == 0) return staging_.data();
     const nccl::detail::device_guard guard(comm_.transport().device());
-    check(cudaMemcpy(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpyAsync(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost,
+                          comm_.transport().stream()),
+          "cudaMemcpyAsync");
+    comm_.transport().synchronize();
     return staging_.data();
   }
 
@@ -138,11 +149,15 @@ class nccl_backend {
     }
     auto* base = static_cast<std::uint8_t*>(scratch_);
     std::uint8_t* own = base + sizeof(V) * static_cast<std::size_t>(comm_.rank());
-    check(cudaMemcpy(own, &v, sizeof(V), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpyAsync(own, &v, sizeof(V), cudaMemcpyHostToDevice, comm_.transport().stream()),
+          "cudaMemcpyAsync");
     ringzero::all_gather(comm_, std::span<const std::uint8_t>(own, sizeof(V)),
                          std::span<std::uint8_t>(base, bytes), meta_);
     std::vector<V> all(n);
-    check(cudaMemcpy(all.data(), base, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpyAsync(all.data(), base, bytes, cudaMemcpyDeviceToHost,
+                          comm_.transport().stream()),
+          "cudaMemcpyAsync");
+    comm_.transport().synchronize();
     return all;
   }
 

@@ -292,7 +292,7 @@ class transport {
     const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
     const auto deadline = clock::now() + limit;
     detail::device_guard guard(device_);
-    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    cudaStream_t s = stream_for(opt);
     settle(what, std::forward<F>(f)(comm_, s), deadline, limit);
     if (!opt.async) wait(what, s, deadline, limit);
   }
@@ -482,7 +482,7 @@ class transport {
     const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
     const auto deadline = clock::now() + limit;
     detail::device_guard guard(device_);
-    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    cudaStream_t s = stream_for(opt);
     auto settle_step = [&](ncclResult_t r) { settle(what, r, deadline, limit); };
     try {
       std::optional<detail::stream_scratch> scratch;
@@ -508,7 +508,7 @@ class transport {
     const std::span<std::byte> buf = scratch();
     std::byte* own = buf.data() + slot * static_cast<std::size_t>(rank_);
     detail::device_guard guard(device_);
-    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    cudaStream_t s = stream_for(opt);
     detail::check_cuda(cudaMemcpyAsync(own, mine.data(), mine.size(), cudaMemcpyHostToDevice, s),
                        "RINGZERO_CHECK: cudaMemcpyAsync");
     enqueue("RINGZERO_CHECK", {.timeout = opt.timeout, .stream = s},
@@ -580,7 +580,7 @@ class transport {
     const std::string_view what = collective_name(c.kind);
     ensure_usable(what);
     detail::device_guard guard(device_);
-    cudaStream_t s = opt.stream != nullptr ? opt.stream : stream_;
+    cudaStream_t s = stream_for(opt);
     const detail::stream_scratch scratch(device_, s, out_bytes + (in_inside ? 0 : in_bytes));
     auto* dout = static_cast<std::byte*>(scratch.data());
     std::byte* din = in_inside ? dout + (in - out) : dout + out_bytes;
@@ -730,7 +730,7 @@ class transport {
   /// Finalize (flush outstanding work, bounded by the deadline) then destroy; abort if either
   /// fails, since a destructor cannot throw and must not hang.
   void release() noexcept {
-    if (comm_ == nullptr && stream_ == nullptr && scratch_ == nullptr) return;
+    if (comm_ == nullptr && stream_ == nullptr && scratch_ == nullptr && order_ == nullptr) return;
     int previous = device_;
     static_cast<void>(cudaGetDevice(&previous));
     static_cast<void>(cudaSetDevice(device_));
@@ -754,9 +754,28 @@ class transport {
     comm_ = nullptr;
     if (scratch_ != nullptr) static_cast<void>(cudaFree(scratch_));
     scratch_ = nullptr;
+    if (order_ != nullptr) static_cast<void>(cudaEventDestroy(order_));
+    order_ = nullptr;
     if (stream_ != nullptr) static_cast<void>(cudaStreamDestroy(stream_));
     stream_ = nullptr;
     static_cast<void>(cudaSetDevice(previous));
+  }
+
+  /// The stream a call runs on: options::stream, else the communicator's own, ordered first
+  /// behind the work already queued on the default stream. The communicator's stream is
+  /// non-blocking (so the trainer's default-stream work and NCCL's overlap), which also means
+  /// it would not wait for that work by itself: a buffer filled by cudaMemcpy from pageable
+  /// memory or by a kernel on the default stream would be read before it is written. One event
+  /// record and one stream wait, no host wait; a caller that names its stream does its own
+  /// ordering and pays nothing.
+  cudaStream_t stream_for(const ringzero::options& opt) {
+    if (opt.stream != nullptr) return opt.stream;
+    if (order_ == nullptr)
+      detail::check_cuda(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming),
+                         "nccl: cudaEventCreateWithFlags");
+    detail::check_cuda(cudaEventRecord(order_, nullptr), "nccl: cudaEventRecord");
+    detail::check_cuda(cudaStreamWaitEvent(stream_, order_, 0), "nccl: cudaStreamWaitEvent");
+    return stream_;
   }
 
   /// Marks the handle gone for the memory registered with it, before it is freed.
@@ -770,6 +789,7 @@ class transport {
     live_ = std::move(o.live_);
     comm_ = std::exchange(o.comm_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
+    order_ = std::exchange(o.order_, nullptr);
     scratch_ = std::exchange(o.scratch_, nullptr);
     rank_ = o.rank_;
     size_ = o.size_;
@@ -793,6 +813,7 @@ class transport {
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<detail::live_handle> live_ = std::make_shared<detail::live_handle>();
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t order_ = nullptr;  // stream_for's: the default stream's point stream_ waits for
   void* scratch_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
