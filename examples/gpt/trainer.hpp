@@ -132,21 +132,22 @@ class sharder_source {
   return layout;
 }
 
-/// ZeRO's bytes per rank for this configuration: parameters and gradients in P, fp32 master
-/// weights (16-bit P) and AdamW's two fp32 moments, each sharded or not as the stage says.
+/// ZeRO's bytes per rank for this configuration: parameters in P, gradients of `g` bytes each
+/// (fp32 by default: config::reduce_dtype), fp32 master weights (16-bit P) and AdamW's two fp32
+/// moments, each sharded or not as the stage says.
 template <class P>
-[[nodiscard]] double zero_formula_bytes(int stage, double psi, double n) {
+[[nodiscard]] double zero_formula_bytes(int stage, double psi, double n, double g) {
   const double p = sizeof(P);
   const double k = (std::is_same_v<P, float> ? 0.0 : 4.0) + 8.0;
   switch (stage) {
     case 0:
-      return psi * (2 * p + k);
+      return psi * (p + g + k);
     case 1:
-      return psi * 2 * p + psi * k / n;
+      return psi * (p + g) + psi * k / n;
     case 2:
-      return psi * p + psi * (p + k) / n;
+      return psi * p + psi * (g + k) / n;
     default:
-      return psi * (2 * p + k) / n;
+      return psi * (p + g + k) / n;
   }
 }
 
@@ -297,7 +298,9 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
         say(log, "  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({})  {:>7}\n", q, mib(e[0]),
             mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]), mib(e[0] + e[1] + e[2] + e[3]));
       }
-      const double f = zero_formula_bytes<P>(o.stage, static_cast<double>(plan.numel()), n);
+      const double f = zero_formula_bytes<P>(
+          o.stage, static_cast<double>(plan.numel()), n,
+          static_cast<double>(ringzero::dtype_size(*shd.configuration().reduce_dtype)));
       const double measured = static_cast<double>(mem.parameters + mem.gradients + mem.optimizer);
       say(log,
           "  ZeRO formula (stage {}, Psi = {}, N = {}): {} MiB per rank; measured without "

@@ -50,7 +50,7 @@ struct args {
   int batch = 64;
   int micro_batches = 1;
   std::string precision = "bf16";
-  bool reduce_fp32 = false;
+  bool reduce_16bit = false;
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
   std::optional<float> lr;
   float weight_decay = 0.01f;
@@ -77,7 +77,8 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --batch B             global batch, split over ranks and micro-batches; default 64
   --micro-batches M     gradient accumulation steps; default 1
   --precision P         fp32 | bf16 | fp16 (bf16/fp16 keep fp32 master weights); default bf16
-  --reduce-fp32         bf16/fp16: reduce and accumulate gradients in fp32
+  --reduce-fp32         bf16/fp16: reduce and accumulate gradients in fp32 (the default)
+  --reduce-16bit        bf16/fp16: reduce and accumulate gradients in the parameter type
   --optimizer O         adamw | sgd; default adamw
   --lr X                learning rate; default 0.003 (adamw), 0.05 (sgd)
   --weight-decay X      default 0.01 (not applied to biases)
@@ -163,7 +164,11 @@ args parse(int argc, char** argv) {
       continue;
     }
     if (f == "--reduce-fp32") {
-      a.reduce_fp32 = true;
+      a.reduce_16bit = false;
+      continue;
+    }
+    if (f == "--reduce-16bit") {
+      a.reduce_16bit = true;
       continue;
     }
     if (f == "--host-buffers") {
@@ -196,20 +201,21 @@ std::string mib(std::size_t bytes) {
 }
 
 /// The ZeRO formula for this configuration, in bytes: what the table should match.
+/// Gradients take `g` bytes each (fp32 by default: config::reduce_dtype).
 template <class P>
-double formula_bytes(int stage, double psi, double n, zero::optimizer_kind opt) {
+double formula_bytes(int stage, double psi, double n, zero::optimizer_kind opt, double g) {
   const double p = sizeof(P);
   const double k =
       (std::is_same_v<P, float> ? 0.0 : 4.0) + (opt == zero::optimizer_kind::adamw ? 8.0 : 4.0);
   switch (stage) {
     case 0:
-      return psi * (2 * p + k);
+      return psi * (p + g + k);
     case 1:
-      return psi * 2 * p + psi * k / n;
+      return psi * (p + g) + psi * k / n;
     case 2:
-      return psi * p + psi * (p + k) / n;
+      return psi * p + psi * (g + k) / n;
     default:
-      return psi * (2 * p + k) / n;
+      return psi * (p + g + k) / n;
   }
 }
 
@@ -232,7 +238,7 @@ void run(Comm& comm, const args& a) {
   cfg.bucket_bytes = a.bucket_kib * 1024;
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
-  if (a.reduce_fp32) cfg.reduce_dtype = ringzero::dtype::float32;
+  cfg.reduce_dtype = a.reduce_16bit ? ringzero::dtype_of<P>() : ringzero::dtype::float32;
   // docs-begin: hybrid
   // Shard within groups of a.shard_group consecutive ranks (a node), replicate across the
   // groups; 0 shards over every rank, zero::shard_group_per_node groups by node.
@@ -257,8 +263,9 @@ void run(Comm& comm, const args& a) {
         "({} micro-batch(es) x {} ranks x {}), clip {:g}\n",
         n, shards == n ? "" : fmt::format(" (sharded in groups of {})", shards), a.stage,
         a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
-        a.reduce_fp32 ? " + fp32 reduce" : "", zero::optimizer_name(a.optimizer), cfg.optimizer.lr,
-        a.batch, a.micro_batches, n, per_rank, a.clip);
+        std::is_same_v<P, float> || a.reduce_16bit ? "" : " + fp32 reduce",
+        zero::optimizer_name(a.optimizer), cfg.optimizer.lr, a.batch, a.micro_batches, n, per_rank,
+        a.clip);
     fmt::print("model: MLP {}", a.shape.inputs);
     for (int l = 0; l < a.shape.layers(); ++l) fmt::print("-{}", a.shape.fan_out(l));
     fmt::print(", {} parameters in {} bucket(s) of <= {} KiB\n", plan.numel(),
@@ -347,8 +354,9 @@ void run(Comm& comm, const args& a) {
                      mib(e[0]), mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]),
                      mib(e[0] + e[1] + e[2] + e[3]));
         }
-        const double f =
-            formula_bytes<P>(a.stage, static_cast<double>(plan.numel()), shards, a.optimizer);
+        const double f = formula_bytes<P>(
+            a.stage, static_cast<double>(plan.numel()), shards, a.optimizer,
+            static_cast<double>(ringzero::dtype_size(*shd.configuration().reduce_dtype)));
         const double measured = static_cast<double>(mem.parameters + mem.gradients + mem.optimizer);
         fmt::print(
             "  formula (stage {}, Psi = {}{}): {} MiB; measured without buffers {} MiB "

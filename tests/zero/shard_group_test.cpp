@@ -181,7 +181,7 @@ void hybrid_16_bit_stages_agree(bool reduce_fp32) {
     auto o = hybrid(4, 2, stage);
     o.configure = [reduce_fp32](zt::zero::config& c) {
       c.shard_group_size = 2;
-      if (reduce_fp32) c.reduce_dtype = ringzero::dtype::float32;
+      c.reduce_dtype = reduce_fp32 ? ringzero::dtype::float32 : ringzero::dtype_of<P>();
     };
     return o;
   };
