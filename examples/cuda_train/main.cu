@@ -83,8 +83,8 @@ struct step_budget {
   std::vector<double> ms;
   std::vector<std::uint64_t> reserved;
 
-  void add(int, const zero::device_counters& a, const zero::device_counters& b,
-           std::uint64_t pool_bytes, std::chrono::steady_clock::duration took) {
+  void add(const zero::device_counters& a, const zero::device_counters& b, std::uint64_t pool_bytes,
+           std::chrono::steady_clock::duration took) {
     per_step.push_back({b.launches - a.launches, b.statistics_launches - a.statistics_launches,
                         b.host_syncs - a.host_syncs, b.events_created - a.events_created,
                         b.driver_allocations - a.driver_allocations});
@@ -219,7 +219,7 @@ int run(const args& a) {
       shd.end_micro_batch();
     }
     const auto r = shd.step();
-    budget.add(step, before, shd.space().counters(), shd.space().pool_reserved_bytes(),
+    budget.add(before, shd.space().counters(), shd.space().pool_reserved_bytes(),
                std::chrono::steady_clock::now() - started);
     // The loss summed over ranks, on the device, in line with the sharder's collectives.
     check(cudaStreamSynchronize(compute), "cudaStreamSynchronize");

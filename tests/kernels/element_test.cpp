@@ -190,3 +190,18 @@ TEST_CASE("AdamW and SGD steps match the sharder's bitwise") {
     }
   });
 }
+
+TEST_CASE("segment_of finds where a run of chunks starts, as the multi-tensor kernels need") {
+  // Segments of 3, 1, 4 and 2 chunks: chunk c lies in the last segment starting at or before c.
+  const std::size_t first_chunk[] = {0, 3, 4, 8, 10};
+  const int expected[] = {0, 0, 0, 1, 2, 2, 2, 2, 3, 3};
+  for (std::size_t c = 0; c < 10; ++c) {
+    CAPTURE(c);
+    CHECK(k::segment_of(first_chunk, 4, c) == expected[c]);
+  }
+  const std::size_t one[] = {0, 5};
+  CHECK(k::segment_of(one, 1, 4) == 0);
+  // Empty segments (a repeated start) are skipped: a chunk belongs to the last of them.
+  const std::size_t empty[] = {0, 2, 2, 3};
+  CHECK(k::segment_of(empty, 3, 2) == 2);
+}

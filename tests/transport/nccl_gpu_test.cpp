@@ -4,7 +4,9 @@
 // the skip line CTest's SKIP_REGULAR_EXPRESSION looks for, and passes as skipped.
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
+
 #include <nccl.h>
+#include "stream_gate.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +35,8 @@
 using namespace std::chrono_literals;
 using ringzero::op;
 namespace nccl = ringzero::nccl;
+
+using test_support::stream_gate;
 
 namespace {
 
@@ -575,17 +579,6 @@ void check_schedules(nccl::communicator& comm, const host_bits& want) {
     }
   }
 }
-
-/// Holds a stream back until released (or for at most 20 s, so a failed test cannot hang it).
-struct stream_gate {
-  std::atomic<bool> open{false};
-  static void CUDART_CB hold(void* p) {
-    auto* g = static_cast<stream_gate*>(p);
-    const auto give_up = std::chrono::steady_clock::now() + 20s;
-    while (!g->open.load() && std::chrono::steady_clock::now() < give_up)
-      std::this_thread::sleep_for(1ms);
-  }
-};
 
 }  // namespace
 

@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include "stream_gate.hpp"
+
 #include <ringzero/transport/loopback.hpp>
 #include <ringzero/transport/nccl.hpp>
 #include <ringzero/zero/sharder.hpp>
@@ -25,6 +27,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+using test_support::stream_gate;
 
 namespace {
 
@@ -123,17 +127,6 @@ std::vector<float> on_host(int stage, int steps) {
   });
   return r;
 }
-
-/// A host function that holds its stream until opened (or 20 s passed).
-struct stream_gate {
-  std::atomic<bool> open{false};
-  static void CUDART_CB hold(void* p) {
-    auto* g = static_cast<stream_gate*>(p);
-    const auto give_up = std::chrono::steady_clock::now() + 20s;
-    while (!g->open.load() && std::chrono::steady_clock::now() < give_up)
-      std::this_thread::sleep_for(1ms);
-  }
-};
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -171,6 +172,22 @@ RINGZERO_HD inline T from_float(float x) noexcept {
     return T(x);
 #endif
   }
+}
+
+/// The last of `size` segments starting at or before `chunk`, where segment i's chunks begin at
+/// first_chunk[i] (ascending, first_chunk[0] = 0): where a block of a multi-tensor kernel
+/// (the optimizer step, the gradient statistics) starts its run of chunks.
+RINGZERO_HD inline int segment_of(const std::size_t* first_chunk, int size,
+                                  std::size_t chunk) noexcept {
+  int si = 0;
+  for (int hi = size - 1; si < hi;) {
+    const int mid = (si + hi + 1) / 2;
+    if (first_chunk[mid] <= chunk)
+      si = mid;
+    else
+      hi = mid - 1;
+  }
+  return si;
 }
 
 }  // namespace ringzero::kernels

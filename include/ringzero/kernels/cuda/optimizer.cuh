@@ -116,14 +116,7 @@ __global__ void __launch_bounds__(block_threads)
   const std::size_t first = blockIdx.x * per_block;
   const std::size_t last = first + per_block < total ? first + per_block : total;
   if (first >= last) return;
-  int si = 0;
-  for (int hi = b.size - 1; si < hi;) {  // the last segment starting at or before `first`
-    const int mid = (si + hi + 1) / 2;
-    if (b.first_chunk[mid] <= first)
-      si = mid;
-    else
-      hi = mid - 1;
-  }
+  int si = segment_of(b.first_chunk, b.size, first);
   for (std::size_t chunk = first; chunk < last; ++chunk) {
     while (b.first_chunk[si + 1] <= chunk) ++si;
     const auto& s = b.seg[si];
@@ -267,14 +260,7 @@ __global__ void __launch_bounds__(block_threads)
     s = add(s, mul(static_cast<double>(f), static_cast<double>(f)));
   };
   if (first < last) {
-    int si = 0;
-    for (int hi = b.size - 1; si < hi;) {
-      const int mid = (si + hi + 1) / 2;
-      if (b.first_chunk[mid] <= first)
-        si = mid;
-      else
-        hi = mid - 1;
-    }
+    int si = segment_of(b.first_chunk, b.size, first);
     for (std::size_t chunk = first; chunk < last; ++chunk) {
       while (b.first_chunk[si + 1] <= chunk) ++si;
       const auto& e = b.seg[si];
