@@ -44,14 +44,27 @@ inline constexpr device_reduction device_reductions{&detail::combine_any, &detai
 
 namespace detail {
 
+/// Every collective on a transport that moves device memory asks this of its buffers, so the
+/// last few host pointers are remembered per thread: a training loop passes the same buffers
+/// call after call, and cudaPointerGetAttributes costs more than a small shm message's whole
+/// exchange. Only "not device memory" is remembered, which stays true: under unified
+/// addressing cudaMalloc hands out addresses from a range the driver reserved, which host
+/// allocations never reuse.
 inline int device_of(const void* p) {
+  constexpr std::size_t remembered = 4;
+  thread_local const void* host[remembered] = {};
+  thread_local std::size_t next = 0;
+  for (const void* h : host)
+    if (h == p && p != nullptr) return -1;
   cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+  int device = -1;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess)
     // Older runtimes answer an unknown host pointer with an error: it is not device memory.
     static_cast<void>(cudaGetLastError());
-    return -1;
-  }
-  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+  else if (attr.type == cudaMemoryTypeDevice)
+    device = attr.device;
+  if (device < 0) host[next++ % remembered] = p;
+  return device;
 }
 
 inline int current_device() {
