@@ -50,27 +50,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)
 
-# NCCL: the system's, else PyPI's wheel (installed if pip can reach PyPI). The wheel ships
-# libnccl.so.2 only; a folder with the unversioned name lets CMake's find_library see it.
-nccl_dir=""
+# NCCL: the system's, else PyPI's wheel (installed first when building and pip reaches PyPI;
+# prebuilt binaries only need the library). The wheel ships libnccl.so.2 only; a folder with
+# the unversioned name lets CMake's find_library see it.
 find_wheel_nccl() {
-  python3 - <<'EOF' 2>/dev/null
-import importlib.util, os
-for name in ("nvidia.nccl",):
-    spec = importlib.util.find_spec(name)
-    if spec and spec.submodule_search_locations:
-        print(list(spec.submodule_search_locations)[0])
-EOF
+  python3 -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl")
+if s and s.submodule_search_locations: print(list(s.submodule_search_locations)[0])' 2>/dev/null
 }
-if [[ -z $prebuilt ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2'; then
+nccl_dir=""
+if ! ldconfig -p | grep -q 'libnccl\.so\.2'; then
   nccl_dir=$(find_wheel_nccl)
-  if [[ -z $nccl_dir ]]; then
+  if [[ -z $nccl_dir && -z $prebuilt ]]; then
     python3 -m pip install -q nvidia-nccl-cu13 || python3 -m pip install -q nvidia-nccl-cu12
     nccl_dir=$(find_wheel_nccl)
   fi
-fi
-if [[ -z $nccl_dir ]] && ! ldconfig -p | grep -q 'libnccl\.so\.2'; then
-  nccl_dir=$(find_wheel_nccl)
 fi
 if [[ -n $nccl_dir ]]; then
   mkdir -p build/nccl-wheel
