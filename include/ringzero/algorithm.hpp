@@ -84,6 +84,13 @@ struct options {
   /// later work on `stream` and synchronizes through the transport). Host transports complete
   /// every call before returning and refuse async = true.
   bool async = false;
+  /// all_reduce, reduce_scatter and reduce of float, double, bfloat16 and float16 with sum or
+  /// avg: the exact sum of the terms, rounded once (reduce/reproducible.hpp). The result is the
+  /// same bits for any world size, algorithm, chunk size, transport, placement of the terms and
+  /// arrival order, and is the representable value nearest the exact sum. Costs a second
+  /// collective and eight bytes per element on the wire (docs/api.md). Ignored by collectives
+  /// that add nothing and by integer types (exact already); refused with prod.
+  bool reproducible = false;
 };
 
 }  // namespace ringzero

@@ -44,6 +44,7 @@
 #include "ringzero/detail/device_executor.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/validate.hpp"
 #include "ringzero/error.hpp"
@@ -435,6 +436,16 @@ template <class Table = algorithms::builtin, class T, element E>
 void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
   comm.check_usable(collective_name(c.kind));
   check_options(collective_name(c.kind), opt);
+  if constexpr (reproducible::supported_v<std::remove_cv_t<E>>) {
+    if (takes_reproducible_path(c, opt)) {
+      bool on_device = native_collectives<T>;
+      if constexpr (device_memory_transport<T>) on_device = device_of_call(c, comm.rank()) >= 0;
+      if (on_device)
+        throw invalid_argument(fmt::format(
+            "{}: options::reproducible runs on host buffers only so far", collective_name(c.kind)));
+      return run_reproducible(comm, c, opt);
+    }
+  }
   if constexpr (native_collectives<T>) {
     return run_native(comm, c, opt);
   } else {

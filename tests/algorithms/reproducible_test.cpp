@@ -1,0 +1,274 @@
+// options::reproducible over loopback: all_reduce, reduce_scatter and reduce of the four
+// floating types, sum and avg, every algorithm that implements each (hierarchical with 2 and 3
+// ranks per node too), world sizes 1..9, the conformance counts, in place and out of place with
+// chunks in flight. Every element must equal one bit pattern: the exact sum of its terms
+// rounded once (reproducible::serial_sum), whatever the algorithm, the world size or which rank
+// holds which term. The inputs are chosen so that ordinary summation depends on the order:
+// terms of 2^+-40 with cancelling pairs, plus infinities and NaN in one case per world.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "conformance.hpp"
+#include "ringzero/detail/reproducible_combine.hpp"
+#include "ringzero/reduce/reproducible.hpp"
+
+namespace {
+
+using namespace conformance;
+namespace rp = ringzero::reproducible;
+
+/// Rank r's term for element i: the same for a given (seed, r, i) in every world.
+template <class E>
+E term(std::uint64_t seed, int r, std::size_t i) {
+  // Element i's terms on ranks 2k and 2k+1 cancel in their top bits.
+  if ((i % 3) == 0 && (r % 2) == 1) {
+    const double v = -static_cast<double>(term<E>(seed, r - 1, i)) * 1.0000001;
+    if constexpr (std::is_same_v<E, float16> || std::is_same_v<E, bfloat16>)
+      return E(static_cast<float>(v));
+    else
+      return static_cast<E>(v);
+  }
+  const std::uint64_t h = testing::mix(seed ^ (static_cast<std::uint64_t>(r) << 40) ^ i);
+  // float16 has 5 exponent bits: keep its terms within its range.
+  const int span = std::is_same_v<E, float16> ? 10 : 40;
+  const int e = static_cast<int>((h >> 24) % static_cast<std::uint64_t>(2 * span + 1)) - span;
+  const double m = 1.0 + static_cast<double>(h & 0xfffff) / (1u << 20);
+  const double v = std::ldexp(m, e) * (((h >> 60) & 1) ? -1.0 : 1.0);
+  if constexpr (std::is_same_v<E, float16> || std::is_same_v<E, bfloat16>)
+    return E(static_cast<float>(v));
+  else
+    return static_cast<E>(v);
+}
+
+template <class E>
+E special_term(std::uint64_t seed, int r, std::size_t i) {
+  // A few infinities and a NaN in among ordinary terms.
+  const float inf = std::numeric_limits<float>::infinity();
+  if (i % 17 == 3 && r == 0) return E(inf);
+  if (i % 17 == 3 && r == 1) return E(-inf);  // +inf + -inf: NaN
+  if (i % 19 == 5 && r % 2 == 0) return E(-inf);
+  if (i % 23 == 7 && r == 0) return E(std::numeric_limits<float>::quiet_NaN());
+  return term<E>(seed, r, i);
+}
+
+template <class E>
+bool same_bits(E a, E b) {
+  return rp::bits_of(a) == rp::bits_of(b);
+}
+
+template <class E, class Term>
+E want(int n, std::size_t i, op o, Term&& t) {
+  std::vector<E> terms;
+  for (int j = 0; j < n; ++j) terms.push_back(t(j, i));
+  return rp::serial_sum(terms.data(), terms.size(),
+                        o == op::avg ? static_cast<std::uint32_t>(n) : 1);
+}
+
+template <class E>
+void check(world_log& log, const std::string& name, int rank, std::span<const E> out,
+           std::size_t base, auto&& want_of) {
+  log.checked();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const E w = want_of(base + i);
+    if (!same_bits(w, out[i])) {
+      log.fail(fmt::format("{}: rank {} element {}: expected {}, got {}", name, rank, base + i,
+                           testing::show(w), testing::show(out[i])));
+      return;
+    }
+  }
+}
+
+template <class E>
+void matrix(loopback::communicator& comm, world_log& log, std::string_view world, bool hier) {
+  const int n = comm.size();
+  const int r = comm.rank();
+  const auto un = static_cast<std::size_t>(n);
+  for (op o : {op::sum, op::avg}) {
+    for (std::size_t count : counts_for(n)) {
+      for (bool special : {false, true}) {
+        if (special && count != 1009) continue;
+        const std::uint64_t seed = seed_of(dtype_of<E>(), o, count, special);
+        auto t = [&](int j, std::size_t i) {
+          return special ? special_term<E>(seed, j, i) : term<E>(seed, j, i);
+        };
+        // Each element's expected bits, once per case: reduce_scatter's input is the longest.
+        std::vector<E> expected(un * count);
+        for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = want<E>(n, i, o, t);
+        auto expect = [&](std::size_t i) { return expected[i]; };
+        for (bool in_place : {false, true}) {
+          const auto variant =
+              fmt::format("{} {} count {} {}{}", dtype_name(dtype_of<E>()), op_name(o), count,
+                          in_place ? "in place" : "out of place", special ? " with inf/NaN" : "");
+          // all_reduce
+          const std::vector<algorithm> ar =
+              hier ? std::vector<algorithm>{algorithm::hierarchical, algorithm::automatic}
+                   : std::vector<algorithm>{
+                         algorithm::ring, algorithm::tree, algorithm::recursive_doubling,
+                         algorithm::recursive_halving_doubling, algorithm::automatic};
+          for (algorithm a : ar) {
+            const std::string name =
+                fmt::format("{}: all_reduce {} {}", world, algorithm_name(a), variant);
+            options opt = options_for<E>(a, in_place, count, n);
+            opt.reproducible = true;
+            std::vector<E> in(count), out(count);
+            for (std::size_t i = 0; i < count; ++i) in[i] = t(r, i);
+            poison(std::span<E>(out), 0xa5);
+            if (in_place)
+              all_reduce(comm, std::span<E>(in), o, opt);
+            else
+              all_reduce(comm, std::span<const E>(in), std::span<E>(out), o, opt);
+            const std::span<const E> res =
+                in_place ? std::span<const E>(in) : std::span<const E>(out);
+            const auto [lo, hi] = slice(count, r, n);
+            check(log, name, r, res.subspan(lo, hi - lo), lo, expect);
+            log.record(r, name, digest_of(res));
+          }
+          if (hier) continue;  // reduce_scatter and reduce have no hierarchical algorithm
+          // reduce_scatter: `count` is each rank's block
+          for (algorithm a :
+               {algorithm::ring, algorithm::recursive_halving_doubling, algorithm::automatic}) {
+            const std::string name =
+                fmt::format("{}: reduce_scatter {} {}", world, algorithm_name(a), variant);
+            options opt = options_for<E>(a, in_place, un * count, n);
+            opt.reproducible = true;
+            std::vector<E> in(un * count), out(count);
+            for (std::size_t i = 0; i < in.size(); ++i) in[i] = t(r, i);
+            const std::size_t base = static_cast<std::size_t>(r) * count;
+            std::span<E> res = in_place ? std::span<E>(in).subspan(base, count) : std::span<E>(out);
+            reduce_scatter(comm, std::span<const E>(in), res, o, opt);
+            check(log, name, r, std::span<const E>(res), base, expect);
+          }
+          // reduce, to the last rank
+          for (algorithm a : {algorithm::ring, algorithm::tree, algorithm::automatic}) {
+            const std::string name =
+                fmt::format("{}: reduce {} {}", world, algorithm_name(a), variant);
+            options opt = options_for<E>(a, in_place, count, n);
+            opt.reproducible = true;
+            const int root = n - 1;
+            std::vector<E> in(count), out(r == root ? count : 0);
+            for (std::size_t i = 0; i < count; ++i) in[i] = t(r, i);
+            if (in_place)
+              reduce(comm, std::span<E>(in), o, root, opt);
+            else
+              reduce(comm, std::span<const E>(in), std::span<E>(out), o, root, opt);
+            if (r == root) check(log, name, r, std::span<const E>(in_place ? in : out), 0, expect);
+          }
+        }
+      }
+    }
+  }
+}
+
+void run(int n, int per_node) {
+  const std::string world =
+      per_node ? fmt::format("{} ranks, {} per node", n, per_node) : fmt::format("{} ranks", n);
+  run_world(n, world_options_for(per_node), world,
+            [&](loopback::communicator& comm, world_log& log) {
+              matrix<float>(comm, log, world, per_node != 0);
+              matrix<double>(comm, log, world, per_node != 0);
+              matrix<bfloat16>(comm, log, world, per_node != 0);
+              matrix<float16>(comm, log, world, per_node != 0);
+            });
+}
+
+}  // namespace
+
+TEST_CASE("reproducible sums: every algorithm, 1..9 ranks, one bit pattern") {
+  for (int n = 1; n <= max_world; ++n) run(n, 0);
+}
+
+TEST_CASE("reproducible sums: hierarchical all_reduce, 2 and 3 ranks per node") {
+  for (int per : {2, 3})
+    for (int n = per; n <= max_world; n += per) run(n, per);
+}
+
+TEST_CASE("reproducible sums: refused with prod, ignored where nothing is added") {
+  loopback::world w(2);
+  w.run([](loopback::communicator& comm) {
+    std::vector<float> v(4, 1.5f);
+    options opt;
+    opt.reproducible = true;
+    CHECK_THROWS_AS(all_reduce(comm, std::span<float>(v), op::prod, opt), invalid_argument);
+    // min, max and integer sums are exact already: the option changes nothing.
+    all_reduce(comm, std::span<float>(v), op::max, opt);
+    CHECK(v[0] == 1.5f);
+    std::vector<std::int32_t> iv(3, comm.rank() + 1);
+    all_reduce(comm, std::span<std::int32_t>(iv), op::sum, opt);
+    CHECK(iv[2] == 3);
+  });
+}
+
+TEST_CASE("reproducible sums: the same bits whichever rank holds which term") {
+  // One term per rank, in every rotation of the terms over 6 ranks: the bits never change.
+  constexpr int n = 6;
+  constexpr std::size_t count = 4099;
+  std::vector<std::vector<float>> results;
+  std::mutex m;
+  for (int rot = 0; rot < n; ++rot) {
+    loopback::world w(n);
+    w.run([&](loopback::communicator& comm) {
+      std::vector<float> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = term<float>(99, (comm.rank() + rot) % n, i);
+      options opt;
+      opt.reproducible = true;
+      all_reduce(comm, std::span<float>(v), op::sum, opt);
+      if (comm.rank() == 0) {
+        std::lock_guard lock(m);
+        results.push_back(v);
+      }
+    });
+  }
+  REQUIRE(results.size() == static_cast<std::size_t>(n));
+  for (const auto& r : results) CHECK(std::memcmp(r.data(), results[0].data(), count * 4) == 0);
+  // And plain float sums do depend on the placement here (the test would prove nothing else).
+  std::vector<float> plain_a(count, 0.0f), plain_b(count, 0.0f);
+  for (int j = 0; j < n; ++j)
+    for (std::size_t i = 0; i < count; ++i) {
+      plain_a[i] += term<float>(99, j, i);
+      plain_b[i] += term<float>(99, n - 1 - j, i);
+    }
+  CHECK(std::memcmp(plain_a.data(), plain_b.data(), count * 4) != 0);
+}
+
+TEST_CASE("accumulated micro-batches: one bit pattern on 1, 2, 3, 4, 6 and 12 ranks") {
+  // 12 micro-batches of `count` terms; rank r of n takes micro-batches [12r/n, 12(r+1)/n), adds
+  // each into its accumulator, and the ranks combine them, as all_reduce and as
+  // reduce_scatter. Every world size must give the serial exact sum of all 12, rounded once.
+  constexpr int batches = 12;
+  constexpr std::size_t count = 12 * 67;  // divisible by every world size here
+  auto batch_term = [](int b, std::size_t i) { return term<float>(1234, b, i); };
+  std::vector<float> want(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::vector<float> t;
+    for (int b = 0; b < batches; ++b) t.push_back(batch_term(b, i));
+    want[i] = rp::serial_sum(t.data(), t.size());
+  }
+  for (int n : {1, 2, 3, 4, 6, 12}) {
+    std::mutex m;
+    int wrong = 0;
+    loopback::world w(n);
+    w.run([&](loopback::communicator& comm) {
+      const int r = comm.rank();
+      rp::accumulator<float> acc(count);
+      std::vector<float> g(count);
+      for (int b = batches * r / n; b < batches * (r + 1) / n; ++b) {
+        for (std::size_t i = 0; i < count; ++i) g[i] = batch_term(b, i);
+        acc.add(std::span<const float>(g));
+      }
+      std::vector<float> all(count), mine(count / static_cast<std::size_t>(n));
+      ringzero::detail::combine_accumulators(comm, acc, std::span<float>(all), 1, options{});
+      ringzero::detail::combine_accumulators(comm, acc, std::span<float>(mine), 1, options{});
+      int bad = std::memcmp(all.data(), want.data(), count * 4) != 0;
+      bad += std::memcmp(mine.data(), want.data() + static_cast<std::size_t>(r) * mine.size(),
+                         mine.size() * 4) != 0;
+      std::lock_guard lock(m);
+      wrong += bad;
+    });
+    CHECK_MESSAGE(wrong == 0, n << " ranks");
+  }
+}

@@ -1,0 +1,326 @@
+// The exact sum behind options::reproducible (reduce/reproducible.hpp), against an independent
+// oracle: a plain big integer that holds every finite double exactly. The sum must be the
+// representable value nearest the exact sum (ties to even) for float, double, bfloat16 and
+// float16, on inputs built to break ordinary summation: cancellation, 2^+-100 ranges,
+// subnormals, many terms. A correctly rounded result is never further from the exact sum than
+// any other representable value, so never worse than the plain float32 sum in any order; the
+// adversarial cases check that against float32 sums in many orders too.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "ringzero/reduce/reproducible.hpp"
+#include "ringzero/reduce/reproducible_accumulator.hpp"
+
+using ringzero::bfloat16;
+using ringzero::float16;
+namespace rp = ringzero::reproducible;
+
+namespace {
+
+/// An integer in units of 2^-1100, 2^32 per limb: every finite double, and sums of millions.
+struct big {
+  static constexpr int offset = 1100, limbs = 72;
+  std::array<std::int64_t, limbs> l{};
+
+  void add(const rp::term& t, std::int64_t times = 1) {
+    if (t.k != rp::kind::finite) return;
+    const int pos = t.exp + offset;
+    const int limb = pos / 32, shift = pos % 32;
+    const rp::u128 v = static_cast<rp::u128>(t.mant) << shift;
+    for (int i = 0; i < 3; ++i) {
+      const auto part = static_cast<std::int64_t>((v >> (32 * i)) & 0xffffffffu);
+      l[static_cast<std::size_t>(limb + i)] += (t.neg ? -part : part) * times;
+    }
+  }
+  void normalize() {
+    std::int64_t carry = 0;
+    for (auto& x : l) {
+      const std::int64_t s = x + carry;
+      x = s & 0xffffffff;
+      carry = (s - x) >> 32;
+    }
+    l.back() += carry << 32;  // the sign lives in the top limb
+  }
+  [[nodiscard]] int sign() {
+    normalize();
+    for (int i = limbs - 1; i >= 0; --i)
+      if (l[static_cast<std::size_t>(i)] != 0) return l[static_cast<std::size_t>(i)] < 0 ? -1 : 1;
+    return 0;
+  }
+  [[nodiscard]] big minus(const big& o) const {
+    big r = *this;
+    for (std::size_t i = 0; i < l.size(); ++i) r.l[i] -= o.l[i];
+    return r;
+  }
+  [[nodiscard]] big abs() {
+    if (sign() >= 0) return *this;
+    big r;
+    for (std::size_t i = 0; i < l.size(); ++i) r.l[i] = -l[i];
+    r.normalize();
+    return r;
+  }
+  /// -1, 0, 1 as |*this| compares with |o|.
+  [[nodiscard]] int compare_abs(const big& o) const {
+    big a = *this, b = o;
+    a = a.abs();
+    b = b.abs();
+    for (int i = limbs - 1; i >= 0; --i) {
+      const auto x = a.l[static_cast<std::size_t>(i)], y = b.l[static_cast<std::size_t>(i)];
+      if (x != y) return x < y ? -1 : 1;
+    }
+    return 0;
+  }
+};
+
+template <class T>
+big exact(const std::vector<T>& terms, std::int64_t times = 1) {
+  big b;
+  for (const T& x : terms) b.add(rp::decompose(x), times);
+  return b;
+}
+
+template <class T>
+big of(T x, std::int64_t times = 1) {
+  big b;
+  b.add(rp::decompose(x), times);
+  return b;
+}
+
+template <class T>
+T next_up(T x) {
+  using B = typename rp::format<T>::bits;
+  const B b = rp::bits_of(x);
+  constexpr int width = 8 * sizeof(B);
+  const B sign = static_cast<B>(B{1} << (width - 1));
+  if ((b & static_cast<B>(~sign)) == 0) return rp::from_bits<T>(B{1});
+  return rp::from_bits<T>(static_cast<B>((b & sign) ? b - 1 : b + 1));
+}
+template <class T>
+T negate(T x) {
+  using B = typename rp::format<T>::bits;
+  constexpr int width = 8 * sizeof(B);
+  return rp::from_bits<T>(static_cast<B>(rp::bits_of(x) ^ (B{1} << (width - 1))));
+}
+template <class T>
+T next_down(T x) {
+  return negate(next_up(negate(x)));
+}
+template <class T>
+bool finite(T x) {
+  return rp::decompose(x).k == rp::kind::finite || rp::decompose(x).k == rp::kind::zero;
+}
+template <class T>
+bool even(T x) {
+  return (rp::bits_of(x) & 1u) == 0;
+}
+
+/// r is the representable value nearest sum/divisor, ties to even.
+template <class T>
+void check_nearest(const std::vector<T>& terms, T r, std::int64_t divisor = 1) {
+  REQUIRE(finite(r));
+  const big s = exact(terms);
+  const big here = s.minus(of(r, divisor));
+  for (T n : {next_up(r), next_down(r)}) {
+    if (!finite(n)) continue;
+    const big there = s.minus(of(n, divisor));
+    const int c = here.compare_abs(there);
+    CHECK(c <= 0);
+    if (c == 0) CHECK(even(r));
+  }
+}
+
+template <class T>
+T make(double v) {
+  return T(v);
+}
+
+template <class T>
+std::vector<T> random_terms(std::mt19937_64& rng, int n, int lo_exp, int hi_exp, bool cancel) {
+  std::uniform_real_distribution<double> m(1.0, 2.0);
+  std::uniform_int_distribution<int> e(lo_exp, hi_exp);
+  std::bernoulli_distribution s(0.5);
+  std::vector<T> out;
+  for (int i = 0; i < n; ++i) {
+    const double v = std::ldexp(m(rng), e(rng)) * (s(rng) ? -1 : 1);
+    out.push_back(make<T>(v));
+    if (cancel && i + 1 < n) {
+      out.push_back(negate(out.back()));
+      ++i;
+    }
+  }
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+template <class T>
+void nearest_cases(int lo, int hi) {
+  std::mt19937_64 rng(0x5eed);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + trial % 97;
+    const bool cancel = trial % 3 == 0;
+    const auto terms = random_terms<T>(rng, n, lo + (trial % 7), hi - (trial % 5), cancel);
+    const T r = rp::serial_sum(terms.data(), terms.size());
+    check_nearest(terms, r);
+    // Any order gives the same bits.
+    auto shuffled = terms;
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    CHECK(rp::bits_of(rp::serial_sum(shuffled.data(), shuffled.size())) == rp::bits_of(r));
+    // avg: the sum divided by the number of ranks, rounded once.
+    const auto d = static_cast<std::uint32_t>(1 + trial % 9);
+    check_nearest(terms, rp::serial_sum(terms.data(), terms.size(), d), d);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the reproducible sum is the nearest float to the exact sum") {
+  nearest_cases<float>(-100, 100);
+  nearest_cases<float>(-149, -120);  // subnormals and the smallest normals
+  nearest_cases<float>(100, 119);    // large terms (97 of them stay below overflow)
+}
+
+TEST_CASE("the reproducible sum is the nearest double, bfloat16 and float16") {
+  nearest_cases<double>(-120, 120);
+  nearest_cases<double>(-1074, -1000);
+  nearest_cases<bfloat16>(-100, 100);
+  nearest_cases<bfloat16>(-133, -120);
+  nearest_cases<float16>(-24, 8);
+}
+
+TEST_CASE("heavy cancellation and 2^+-100 ranges: never worse than float32 in any order") {
+  std::mt19937_64 rng(7);
+  int float32_wrong = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    // Large terms that cancel exactly, around small ones that carry the answer.
+    std::vector<float> terms;
+    std::uniform_int_distribution<int> big_e(60, 100), small_e(-100, -60);
+    std::uniform_real_distribution<float> m(1.0f, 2.0f);
+    for (int i = 0; i < 20; ++i) {
+      const float b = std::ldexp(m(rng), big_e(rng));
+      terms.push_back(b);
+      terms.push_back(-b);
+      terms.push_back(std::ldexp(m(rng), small_e(rng)) * (i % 2 ? -1.0f : 1.0f));
+    }
+    const float r = rp::serial_sum(terms.data(), terms.size());
+    check_nearest(terms, r);
+    const big s = exact(terms);
+    for (int order = 0; order < 20; ++order) {
+      std::shuffle(terms.begin(), terms.end(), rng);
+      float plain = 0;
+      for (float x : terms) plain += x;
+      const int c = s.minus(of(r)).compare_abs(s.minus(of(plain)));
+      CHECK(c <= 0);
+      float32_wrong += c < 0;
+    }
+  }
+  // The inputs do break float32: most orders lose the small terms.
+  CHECK(float32_wrong > 2000);
+}
+
+TEST_CASE("many terms: a million floats of mixed sign") {
+  std::mt19937_64 rng(11);
+  const auto terms = random_terms<float>(rng, 1 << 20, -30, 30, false);
+  const float r = rp::serial_sum(terms.data(), terms.size());
+  check_nearest(terms, r);
+}
+
+TEST_CASE("infinities and NaN come back as IEEE addition gives them") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto sum = [](std::vector<float> v) { return rp::serial_sum(v.data(), v.size()); };
+  CHECK(sum({1.0f, inf, 2.0f}) == inf);
+  CHECK(sum({-inf, 1.0f}) == -inf);
+  CHECK(std::isnan(sum({inf, -inf})));
+  CHECK(std::isnan(sum({nan, 1.0f})));
+  CHECK(sum({}) == 0.0f);
+  CHECK(sum({0.0f, -0.0f}) == 0.0f);
+  // A finite sum past the largest float overflows to infinity, once, at the end.
+  const float big = std::numeric_limits<float>::max();
+  CHECK(sum({big, big}) == inf);
+  CHECK(sum({big, big, -big}) == big);  // float32 in this order would say inf
+}
+
+TEST_CASE("a window describes a block's bits and needs one word for ordinary data") {
+  rp::window w;
+  CHECK(w.is_empty());
+  CHECK(rp::words(w) == 0);
+  w.add(rp::decompose(1.0f));   // bit 0
+  w.add(rp::decompose(0.75f));  // bits -1, -2
+  CHECK(w.top == 1);
+  CHECK(w.low() == -2);
+  CHECK(rp::words(w) == 1);
+  rp::window v;
+  v.add(rp::decompose(std::ldexp(1.0f, -60)));
+  w.merge(v);
+  CHECK(w.low() == -60);
+  CHECK(rp::words(w) == 2);
+  // A double window past max_words digits keeps its top 320 bits.
+  rp::window d;
+  d.add(rp::decompose(1e300));
+  d.add(rp::decompose(1e-300));
+  CHECK(rp::words(d) == rp::max_words);
+  CHECK(d.low() == d.top - rp::max_words * rp::digit_bits);
+}
+
+TEST_CASE("a tie is broken by a bit far below it") {
+  auto sum = [](std::vector<float> v) { return rp::serial_sum(v.data(), v.size()); };
+  const float half_ulp = std::ldexp(1.0f, -24);  // half of 1.0f's ulp: a tie, to even
+  CHECK(sum({1.0f, half_ulp}) == 1.0f);
+  // 2^-140 lies 116 bits below the tie, in a digit the rounding reads only as sticky.
+  CHECK(sum({1.0f, half_ulp, std::ldexp(1.0f, -140)}) == std::nextafter(1.0f, 2.0f));
+  CHECK(sum({1.0f, half_ulp, -std::ldexp(1.0f, -140)}) == 1.0f);
+  CHECK(sum({-1.0f, -half_ulp, -std::ldexp(1.0f, -140)}) == -std::nextafter(1.0f, 2.0f));
+  // Subnormal results: the smallest doubles add exactly.
+  std::vector<double> d{std::ldexp(1.0, -1074), std::ldexp(1.0, -1074), std::ldexp(1.0, -1073)};
+  CHECK(rp::serial_sum(d.data(), d.size()) == std::ldexp(1.0, -1072));
+}
+
+TEST_CASE("an accumulator adds terms exactly and grows its digits as terms reach past them") {
+  std::mt19937_64 rng(21);
+  constexpr std::size_t n = 200;  // three full blocks and a short one
+  rp::accumulator<float> acc(n);
+  std::vector<std::vector<float>> per(n);
+  for (int batch = 0; batch < 30; ++batch) {
+    // Ranges that move batch to batch, so blocks grow at both ends.
+    const auto terms =
+        random_terms<float>(rng, static_cast<int>(n), -20 - 4 * batch, 10 + 3 * batch, false);
+    acc.add(std::span<const float>(terms));
+    for (std::size_t i = 0; i < n; ++i) per[i].push_back(terms[i]);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = acc.value(i);
+    CHECK(rp::bits_of(v) == rp::bits_of(rp::serial_sum(per[i].data(), per[i].size())));
+    check_nearest(per[i], v);
+  }
+  // normalize changes the words, not the sums.
+  acc.normalize();
+  for (std::size_t i = 0; i < n; ++i)
+    CHECK(rp::bits_of(acc.value(i)) == rp::bits_of(rp::serial_sum(per[i].data(), per[i].size())));
+  // A piece at an offset, and specials.
+  std::vector<float> piece{std::numeric_limits<float>::infinity(), 1.0f};
+  acc.add(std::span<const float>(piece), 63);
+  CHECK(acc.value(63) == std::numeric_limits<float>::infinity());
+  CHECK_THROWS_AS(acc.add(std::span<const float>(piece), n - 1), ringzero::invalid_argument);
+}
+
+TEST_CASE("an accumulator takes more terms than one word's headroom") {
+  // 2^23 + 5 terms of (1 + 2^-23) 2^39 in one element: past the 2^22 adds at which a block
+  // normalizes itself, twice. Added one at a time, as a norm over a large shard is.
+  rp::accumulator<double> acc(1);
+  const double x = std::ldexp(1.0 + std::ldexp(1.0, -23), 39);
+  const std::vector<double> batch(1, x);
+  const std::int64_t count = (std::int64_t{1} << 23) + 5;
+  for (std::int64_t i = 0; i < count; ++i) acc.add(std::span<const double>(batch));
+  CHECK(acc.max_adds() < rp::max_terms);
+  // The exact sum count * x is a double: (2^23 + 1)(2^23 + 5) has 47 bits.
+  CHECK(acc.value(0) == x * static_cast<double>(count));
+}
