@@ -84,6 +84,10 @@ struct run_options {
   /// Writes each gradient into gradient_slot<float>(p) and hands the slot over, instead of
   /// add_grad with a copy (needs gradients reduced in fp32).
   bool use_slots = false;
+  /// The global batch as world * accumulation micro-batches of which each rank takes a
+  /// contiguous run (reproducible training), instead of micro-batch m's samples spread over
+  /// the ranks.
+  bool contiguous = false;
   /// Device spaces: called on every rank after each step with the space's counters at the
   /// step's start (before its first micro-batch), just before step() and just after it.
   std::function<void(int rank, int step, const zero::device_counters& start,
@@ -166,7 +170,8 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
           // the contributions is the batch mean whatever the world size.
           const int parts = o.world * o.accumulation;
           const int per = batch / parts;
-          const int first_sample = (m * o.world + comm.rank()) * per;
+          const int first_sample = o.contiguous ? (comm.rank() * o.accumulation + m) * per
+                                                : (m * o.world + comm.rank()) * per;
           for (std::size_t i = 0; i < wv.size(); ++i) {
             const float target = initial_value(p + 100, i);
             float sum = 0.0f;

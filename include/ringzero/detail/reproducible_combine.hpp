@@ -6,6 +6,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,10 +24,17 @@ namespace ringzero::detail {
 
 /// The ranks' accumulators summed exactly and rounded once into out, divided by `divisor`
 /// first (avg): as all_reduce when out has acc.size() elements, as reduce_scatter (this rank's
-/// block of acc.size() / size()) when out is that long. The sum does not depend on how the
+/// block of acc.size() / comm.size()) when out is that long. The sum does not depend on how the
 /// terms were spread over ranks and over calls to add.
+///
+/// `across` (hybrid sharding, or null): the ranks that hold the same block as this one in the
+/// other groups of `comm`'s kind, so that comm's ranks and across's together are the world.
+/// Everything agreed is then agreed over the world (the windows' max and the headroom's sum
+/// within comm, then across), the digits are reduce_scattered (or all_reduced) within comm and
+/// all_reduced across, and only then rounded: integer sums are exact in any grouping, so the
+/// result is the same bits as one combine over the world.
 template <class Comm, class E>
-void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
+void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std::span<E> out,
                           std::uint32_t divisor, const options& opt) {
   const int n = comm.size();
   const std::size_t total = acc.size();
@@ -40,13 +48,18 @@ void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
   inner.reproducible = false;
   options aux = inner;
   aux.algorithm = algorithm::automatic;
+  // An integer sum or max over the world: within comm, then across the groups.
+  const auto agree = [&](auto values, op o, const options& with) {
+    all_reduce(comm, values, o, with);
+    if (across != nullptr) all_reduce(*across, values, o, aux);
+  };
   // The words must hold every rank's terms at once.
   std::int64_t adds = acc.max_adds();
-  all_reduce(comm, std::span<std::int64_t>(&adds, 1), op::sum, aux);
+  agree(std::span<std::int64_t>(&adds, 1), op::sum, aux);
   if (adds >= rp::max_terms) acc.normalize();
   std::vector<std::int32_t> win;
   acc.windows(win);
-  all_reduce(comm, std::span<std::int32_t>(win), op::max, aux);
+  agree(std::span<std::int32_t>(win), op::max, aux);
   const bool special = win.back() != 0;
   const std::size_t count = out.size();
   const std::size_t from = scatter ? static_cast<std::size_t>(comm.rank()) * count : 0;
@@ -62,11 +75,12 @@ void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
     std::vector<std::int64_t> mine(seg);
     reduce_scatter(comm, std::span<const std::int64_t>(q), std::span<std::int64_t>(mine), op::sum,
                    inner);
+    if (across != nullptr) all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
     read_digits(mine.data(), win, from, from + count, divisor, out.data());
   } else {
     std::vector<std::int64_t> q(digits_between(win, 0, total));
     acc.write(win, 0, total, q.data());
-    all_reduce(comm, std::span<std::int64_t>(q), op::sum, inner);
+    agree(std::span<std::int64_t>(q), op::sum, inner);
     read_digits(q.data(), win, 0, total, divisor, out.data());
   }
   if (special) {
@@ -79,8 +93,16 @@ void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
     else
       all_reduce(comm, std::span<const std::int64_t>(codes), std::span<std::int64_t>(mine), op::sum,
                  aux);
+    if (across != nullptr) all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
     apply_specials(mine.data(), count, out.data());
   }
+}
+
+/// combine_accumulators over one group of ranks: the world.
+template <class Comm, class E>
+void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
+                          std::uint32_t divisor, const options& opt) {
+  combine_accumulators(comm, static_cast<Comm*>(nullptr), acc, out, divisor, opt);
 }
 
 }  // namespace ringzero::detail

@@ -20,6 +20,13 @@
 // free, timing and the order gradients arrive in decide), while a collective on symmetric memory
 // reads each peer's buffer at the offset of its own.
 //
+// Reproducible training (config::reproducible) keeps, per bucket, an exact accumulator of every
+// gradient handed over this step (reduce/reproducible_accumulator.hpp) instead of a G sum, and
+// reduces each bucket once, on the last micro-batch, with the exact combine: all_reduce (stages
+// 0-1), reduce_scatter into the shard (2-3), or reduce_scatter in the group and all_reduce across
+// the groups (hybrid sharding), rounded once into the gradients. A gradient slot is then zeroed
+// at its first use in every micro-batch, and its content is added when its bucket completes.
+//
 // G is the type gradients are reduced and accumulated in: the parameter type, or float for
 // 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
 // multiplying by 1 / config::gradient_predivide.
@@ -35,9 +42,11 @@
 #include <vector>
 
 #include "ringzero/collectives.hpp"
+#include "ringzero/detail/reproducible_combine.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/reduce/reproducible_accumulator.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
@@ -76,9 +85,15 @@ class gradient_reducer {
         all_gather_(cfg.collectives.all_gather),
         rank_(comm.rank()),
         inv_predivide_(1.0f / cfg.gradient_predivide),
+        reproducible_(cfg.reproducible),
         work_(work),
         meter_(meter),
         space_(space) {
+    if (reproducible_ && device)
+      throw invalid_argument(
+          "zero: config::reproducible needs the sharder's buffers in host memory: the exact "
+          "gradient accumulator and its combine run on the host, and the device space has "
+          "neither (use zero::host_space)");
     grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
     if (sharded_)
       for (int i = 0; i < cfg.reduce_buffers; ++i)
@@ -88,6 +103,11 @@ class gradient_reducer {
     bucket_buffer_.assign(nb, -1);
     got_.assign(plan_.params().size(), 0);
     slot_zeroed_.assign(plan_.params().size(), false);
+    if (reproducible_) {
+      accs_.reserve(nb);
+      for (const auto& bk : plan_.buckets()) accs_.emplace_back(bk.padded);
+      pending_.assign(plan_.params().size(), false);
+    }
     reset_micro_batch();
   }
 
@@ -138,7 +158,12 @@ class gradient_reducer {
   }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
-  [[nodiscard]] std::size_t gradient_bytes() const noexcept { return grads_.bytes(); }
+  /// The gradients' bytes, and in reproducible mode the accumulators' (at their largest yet).
+  [[nodiscard]] std::size_t gradient_bytes() const noexcept {
+    std::size_t b = grads_.bytes();
+    for (const auto& a : accs_) b += a.bytes();
+    return b;
+  }
 
   /// Hands over parameter `id`'s gradient for this micro-batch: at most once per use (a shared
   /// parameter has one per layer using it; the gradients of its uses are summed).
@@ -154,16 +179,22 @@ class gradient_reducer {
     auto& got = got_[static_cast<std::size_t>(id)];
     const bool first_use = got++ == 0;
     const auto b = static_cast<std::size_t>(pi.bucket);
-    G* dst = destination(pi);
+    G* dst = reproducible_ ? slot_at(pi) : destination(pi);
     const bool in_place = static_cast<const void*>(g.data()) == static_cast<const void*>(dst);
     if (in_place && (!std::is_same_v<S, G> || inv_predivide_ != 1.0f))
       throw invalid_argument(fmt::format(
           "add_grad({}): the gradient lies in its own slot but as another type or with a "
           "gradient_predivide",
           pi.name));
-    if (!in_place)
+    if (reproducible_) {
+      if (in_place)
+        pending_[static_cast<std::size_t>(id)] = true;
+      else
+        add_terms(pi, g.data());
+    } else if (!in_place) {
       add_into(dst, g.data(), pi.numel,
                (!sharded_ && micro_ == 0 && first_use) || (sharded_ && first_use));
+    }
     if (--missing_[b] == 0)
       while (next_bucket_ >= 0 && missing_[static_cast<std::size_t>(next_bucket_)] == 0)
         submit_bucket(next_bucket_--);
@@ -185,7 +216,9 @@ class gradient_reducer {
           pi.name, 1.0f / inv_predivide_));
     G* dst = destination(pi);
     auto zeroed = slot_zeroed_[static_cast<std::size_t>(id)];
-    if (!sharded_ && micro_ == 0 && got_[static_cast<std::size_t>(id)] == 0 && !zeroed) {
+    // Reproducible mode adds a slot to the accumulator every micro-batch: it starts from zero.
+    const bool zero_now = reproducible_ || (!sharded_ && micro_ == 0);
+    if (zero_now && got_[static_cast<std::size_t>(id)] == 0 && !zeroed) {
       if constexpr (device)
         space_.zero(space_.compute_stream(), dst, pi.numel);
       else
@@ -203,7 +236,7 @@ class gradient_reducer {
                       accumulation_));
     for (int b = next_bucket_; b >= 0; --b) {
       const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
-      if (!sharded_ && micro_ == 0)
+      if (!sharded_ && micro_ == 0 && !reproducible_)
         for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
           if (!got_[static_cast<std::size_t>(p)]) {
             const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
@@ -215,6 +248,7 @@ class gradient_reducer {
       submit_bucket(b);
     }
     ++micro_;
+    if (reproducible_) std::fill(slot_zeroed_.begin(), slot_zeroed_.end(), false);
     reset_micro_batch();
   }
 
@@ -235,6 +269,66 @@ class gradient_reducer {
       space_.accumulate(space_.compute_stream(), dst, src, n, first, inv_predivide_);
     else
       accumulate(dst, src, n, first, inv_predivide_);
+  }
+
+  /// Reproducible mode: adds a gradient (numel elements) to its bucket's accumulator, each
+  /// element rounded to G after the predivide as add_into would.
+  template <class S>
+  void add_terms(const param_info& pi, const S* src) {
+    auto& acc = accs_[static_cast<std::size_t>(pi.bucket)];
+    const std::size_t at = pi.offset - plan_.buckets()[static_cast<std::size_t>(pi.bucket)].offset;
+    if constexpr (std::is_same_v<S, G>) {
+      if (inv_predivide_ == 1.0f) {
+        acc.add(std::span<const G>(src, pi.numel), at);
+        return;
+      }
+    }
+    scratch_.resize(pi.numel);
+    accumulate(scratch_.data(), src, pi.numel, true, inv_predivide_);
+    acc.add(std::span<const G>(scratch_), at);
+  }
+
+  /// Reproducible mode: where `pi`'s gradient slot lies, or null while it has none.
+  [[nodiscard]] G* slot_at(const param_info& pi) {
+    if (!sharded_) return grads_.data() + pi.offset;
+    const int k = bucket_buffer_[static_cast<std::size_t>(pi.bucket)];
+    if (k < 0) return nullptr;
+    return pool_[static_cast<std::size_t>(k)].data.data() +
+           (pi.offset - plan_.buckets()[static_cast<std::size_t>(pi.bucket)].offset);
+  }
+
+  /// Reproducible mode: bucket b is complete for this micro-batch. Its slots' gradients join
+  /// the accumulator (and a bucket buffer holding them is free again); on the last micro-batch
+  /// the bucket's exact sum is reduced and rounded once into the gradients.
+  void submit_exact(int b) {
+    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
+      if (pending_[static_cast<std::size_t>(p)]) {
+        const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
+        add_terms(pi, static_cast<const G*>(slot_at(pi)));
+        pending_[static_cast<std::size_t>(p)] = false;
+      }
+    if (sharded_ && bucket_buffer_[static_cast<std::size_t>(b)] >= 0) {
+      pool_[static_cast<std::size_t>(bucket_buffer_[static_cast<std::size_t>(b)])].bucket = -1;
+      bucket_buffer_[static_cast<std::size_t>(b)] = -1;
+    }
+    if (micro_ + 1 < accumulation_) return;
+    work_.submit([this, b] {
+      const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
+      const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
+      auto& acc = accs_[static_cast<std::size_t>(b)];
+      std::span<G> flat(grads_.data() + bucket.offset, sharded_ ? 0 : bucket.padded);
+      if (!sharded_ && replicate_ == nullptr) {
+        ringzero::detail::combine_accumulators(comm_, acc, flat, 1, all_reduce_);
+      } else {
+        std::span<G> own =
+            sharded_ ? std::span<G>(grads_.data() + bucket.shard_offset, bucket.slice)
+                     : flat.subspan(static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
+        ringzero::detail::combine_accumulators(comm_, replicate_, acc, own, 1, reduce_scatter_);
+        if (!sharded_) ringzero::all_gather(comm_, std::span<const G>(own), flat, all_gather_);
+      }
+      acc.clear();
+    });
   }
 
   /// Refuses a gradient for `pi` once the step's micro-batches are done or it has them all.
@@ -277,6 +371,10 @@ class gradient_reducer {
   /// reduce_scatter of its filled buffer, added into the gradient shard.
   void submit_bucket(int b) {
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    if (reproducible_) {
+      submit_exact(b);
+      return;
+    }
     if constexpr (device) {
       submit_device(b);
       return;
@@ -417,6 +515,7 @@ class gradient_reducer {
   ringzero::options all_gather_;
   int rank_;
   float inv_predivide_;
+  bool reproducible_;
   detail::worker& work_;
   detail::buffer_meter& meter_;
   Space space_;      // the gradients' and bucket buffers' memory
@@ -427,6 +526,11 @@ class gradient_reducer {
   std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
   std::vector<bool> slot_zeroed_;    // slot() zeroed the parameter's flat gradient this step
   std::vector<device_run<G>> runs_;  // device spaces: the step's segments for the statistics
+  // Reproducible mode: each bucket's exact sum of the step's gradients, a gradient converted to G
+  // on its way there, and which parameters' slots are still to be added.
+  std::vector<reproducible::accumulator<G>> accs_;
+  std::vector<G> scratch_;
+  std::vector<bool> pending_;
   int next_bucket_ = -1;
   int micro_ = 0;
   std::size_t next_pool_ = 0;  // device spaces: the buffer to try first

@@ -227,6 +227,23 @@ struct config {
   /// ranks and replicate it across the groups. 0 or the world size: one group of every rank.
   /// Must divide the world size. -1 (zero::shard_group_per_node): one group per node.
   int shard_group_size = 0;
+  /// Reproducible training: the same weights, bit for bit, at every world size (and every
+  /// stage, shard group size and transport), provided the global batch is a fixed list of
+  /// micro-batches, every rank takes a contiguous run of it (accumulation_steps of them), and
+  /// each micro-batch's gradient is computed the same way whoever computes it. Each gradient
+  /// is added exactly into a reproducible::accumulator (reduce/reproducible_accumulator.hpp)
+  /// instead of a float sum; each bucket is reduced once per step, on the last micro-batch, as
+  /// integers (detail/reproducible_combine.hpp) and rounded once into the gradients; the global
+  /// norm is an exact sum of squares, rounded once; the loss scaler's overflow check reads the
+  /// rounded gradients. The sum of the global batch's gradients is then the same bits whatever
+  /// the world size, and so is everything after it.
+  /// The cost: the accumulator holds the full flat gradient on every rank (in every stage) as
+  /// 40-bit digits in int64 words, typically 2 words (16 bytes) per element, 3 where one block
+  /// of 64 elements spans more than about 80 bits of magnitude, plus about 1 byte per element
+  /// of block headers: counted in memory_report::gradients. Each gradient collective moves
+  /// those words instead of G: typically 4x the bytes of fp32, plus the windows (8 bytes per
+  /// 64 elements). Needs host memory (a device space refuses it).
+  bool reproducible = false;
 };
 
 /// The config a sharder of `param_type` parameters trains `layout` with, or invalid_argument

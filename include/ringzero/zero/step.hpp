@@ -1,8 +1,9 @@
 // The optimizer step, once the gradients are reduced: this rank's gradient statistics made
 // global (an inf or NaN on any rank skips the step on every rank, and the loss scaler backs off;
-// the squared norms sum to the global norm), the clipping factor, each parameter group's step
-// constants (its base learning rate times the schedule), the update of every segment this rank
-// updates (frozen groups left alone), and the all_gather of the updated parameters in stages 1-2.
+// the squared norms sum to the global norm, exactly in reproducible mode), the clipping factor,
+// each parameter group's step constants (its base learning rate times the schedule), the update of
+// every segment this rank updates (frozen groups left alone), and the all_gather of the updated
+// parameters in stages 1-2.
 //
 // The stepper also keeps what steps advance and a checkpoint saves besides the arrays: the step
 // counts, the loss scaler and each group's base learning rate.
@@ -21,6 +22,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/zero/detail/exact_sumsq.hpp"
 #include "ringzero/zero/loss_scaler.hpp"
 #include "ringzero/zero/model_state.hpp"
 #include "ringzero/zero/optimizer.hpp"
@@ -111,6 +113,15 @@ class stepper {
       // Computed and agreed on where the gradients lie; the host reads two scalars back, the
       // one wait of a step (whether to skip it decides what is enqueued next).
       stats = grads.agree_stats(state.own(), unscale, run, cfg_.collectives.all_reduce);
+    } else if (cfg_.reproducible) {
+      // Exact, so the norm and the clipping factor do not depend on who holds what.
+      detail::exact_sumsq sq;
+      for (const auto& s : state.own()) sq.add(grads.gradient(s), s.count);
+      run([&](auto& c) {
+        const auto [sum, bad] = sq.agree(c, cfg_.collectives.all_reduce);
+        stats.sumsq = sum * static_cast<double>(unscale) * static_cast<double>(unscale);
+        stats.nonfinite = bad;
+      });
     } else {
       grads.add_stats(state.own(), unscale, stats.sumsq, stats.nonfinite);
       run([&](auto& c) { agree_gradient_stats(c, stats, cfg_.collectives.all_reduce); });
