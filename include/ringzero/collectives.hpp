@@ -45,10 +45,12 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/detail/reproducible_call.hpp"
+#include "ringzero/detail/reproducible_device.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/validate.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
+#include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
@@ -440,9 +442,14 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     if (takes_reproducible_path(c, opt)) {
       bool on_device = native_collectives<T>;
       if constexpr (device_memory_transport<T>) on_device = device_of_call(c, comm.rank()) >= 0;
-      if (on_device)
-        throw invalid_argument(fmt::format(
-            "{}: options::reproducible runs on host buffers only so far", collective_name(c.kind)));
+      if (on_device) {
+        const kernels::device_reproducible& k =
+            kernels::required_device_reproducible(collective_name(c.kind));
+        const kernels::device_runtime* rt = kernels::registered_device_runtime();
+        if (rt == nullptr)  // registered with k by the same header: only a test can split them
+          throw unsupported(fmt::format("{}: no CUDA runtime table", collective_name(c.kind)));
+        return run_reproducible_device(comm, c, opt, *rt, k);
+      }
       return run_reproducible(comm, c, opt);
     }
   }

@@ -18,9 +18,11 @@
 
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
+#include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/kernels/reduce.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/types.hpp"
 
 namespace fake_device {
@@ -192,6 +194,86 @@ inline constexpr ringzero::kernels::device_runtime runtime{
     &record,    &done,           &destroy_event, &drain,         &allocate,       &release};
 inline constexpr ringzero::kernels::device_reduction reductions{&combine, &finish_avg};
 
+// options::reproducible's passes, run by the same per-element functions as the CUDA kernels.
+template <class F>
+void visit_floating(ringzero::dtype type, F&& f) {
+  ringzero::visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (ringzero::reproducible::supported_v<T>) f(zero);
+  });
+}
+inline void rp_windows(ringzero::dtype type, const void* in, std::size_t n, std::int32_t* win,
+                       CUstream_st* s) {
+  as_stream(s)->push([=] {
+    visit_floating(type, [&](auto zero) {
+      using T = decltype(zero);
+      namespace rp = ringzero::reproducible;
+      const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+      bool special = false;
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const rp::window w = rp::block_window(static_cast<const T*>(in), n, b, special);
+        win[2 * b] = w.top;
+        win[2 * b + 1] = w.neg_low;
+      }
+      win[2 * blocks] = special;
+    });
+  });
+}
+inline void rp_digits(ringzero::dtype type, const void* in, std::size_t n, const std::int32_t* win,
+                      const std::uint64_t* off, std::size_t count, std::size_t seg, std::int64_t* q,
+                      CUstream_st* s) {
+  as_stream(s)->push([=] {
+    if (seg != 0) std::memset(q, 0, seg * (n / count) * sizeof(std::int64_t));
+    visit_floating(type, [&](auto zero) {
+      using T = decltype(zero);
+      for (std::size_t i = 0; i < n; ++i)
+        ringzero::reproducible::element_digits(static_cast<const T*>(in), i, win, off, count, seg,
+                                               q);
+    });
+  });
+}
+inline void rp_round(ringzero::dtype type, const std::int64_t* q, const std::int32_t* win,
+                     const std::uint64_t* off, std::size_t from, std::size_t count,
+                     std::uint32_t divisor, void* out, CUstream_st* s) {
+  as_stream(s)->push([=] {
+    visit_floating(type, [&](auto zero) {
+      using T = decltype(zero);
+      for (std::size_t i = from; i < from + count; ++i)
+        static_cast<T*>(out)[i - from] =
+            ringzero::reproducible::element_round<T>(q, win, off, from, i, divisor);
+    });
+  });
+}
+inline void rp_special_codes(ringzero::dtype type, const void* in, std::size_t n,
+                             std::int64_t* codes, CUstream_st* s) {
+  as_stream(s)->push([=] {
+    visit_floating(type, [&](auto zero) {
+      using T = decltype(zero);
+      for (std::size_t i = 0; i < n; ++i)
+        codes[i] = ringzero::reproducible::special_code(
+            ringzero::reproducible::decompose(static_cast<const T*>(in)[i]));
+    });
+  });
+}
+inline void rp_apply_specials(ringzero::dtype type, const std::int64_t* codes, std::size_t n,
+                              void* out, CUstream_st* s) {
+  as_stream(s)->push([=] {
+    visit_floating(type, [&](auto zero) {
+      using T = decltype(zero);
+      for (std::size_t i = 0; i < n; ++i) {
+        T v{};
+        if (ringzero::reproducible::special_result(codes[i], v)) static_cast<T*>(out)[i] = v;
+      }
+    });
+  });
+}
+inline void rp_synchronize(CUstream_st* s) {
+  drain(s);
+}
+inline constexpr ringzero::kernels::device_reproducible reproducible{
+    &rp_windows,        &rp_digits, &rp_round,      &rp_special_codes,
+    &rp_apply_specials, &copy,      &rp_synchronize};
+
 /// Device memory of `n` elements, freed on destruction.
 template <class T>
 class buffer {
@@ -216,10 +298,14 @@ class installed {
   installed() {
     ringzero::kernels::register_device_runtime(&runtime);
     ringzero::kernels::register_device_reduction(reductions);
+    ringzero::kernels::register_device_reproducible(&reproducible);
   }
   installed(const installed&) = delete;
   installed& operator=(const installed&) = delete;
-  ~installed() { ringzero::kernels::register_device_runtime(nullptr); }
+  ~installed() {
+    ringzero::kernels::register_device_runtime(nullptr);
+    ringzero::kernels::register_device_reproducible(nullptr);
+  }
 };
 
 }  // namespace fake_device

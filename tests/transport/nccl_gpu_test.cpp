@@ -29,6 +29,8 @@
 #include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/algorithms/schedule/host_executor.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
+#include "ringzero/kernels/device_reproducible.hpp"
+#include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/nccl.hpp"
 
@@ -935,4 +937,67 @@ TEST_CASE("adopting an ncclComm_t: borrowed handles outlive the wrapper, owned o
   CHECK(d.download() == v);
   owner = std::move(moved);
   CHECK(owner.transport().native_handle() == raw);
+}
+
+TEST_CASE("options::reproducible on GPU buffers gives the exact sum rounded once") {
+  if (!have_gpu()) return;
+  if (ringzero::kernels::registered_device_reproducible() == nullptr) {
+    FAIL("this test links kernels/cuda/device_reduction.cuh; its reproducible kernels are missing");
+    return;
+  }
+  const int n = nccl::device_count();
+  run_world(n, [&](nccl::communicator& comm) {
+    namespace rp = ringzero::reproducible;
+    const int r = comm.rank();
+    const auto un = static_cast<std::size_t>(n);
+    // Terms of 2^+-40 that ordinary float addition cannot sum exactly, an inf and a NaN.
+    auto term = [](int rank, std::size_t i) {
+      if (i == 7) return rank == 0 ? INFINITY : 1.0f;
+      if (i == 11) return NAN;
+      const auto h =
+          static_cast<std::uint32_t>((i * 2654435761u) ^ (static_cast<unsigned>(rank) * 40503u));
+      return std::ldexp(1.0f + static_cast<float>(h & 0xffff) / 65536.0f,
+                        static_cast<int>(h % 81) - 40) *
+             ((h >> 20) & 1 ? -1.0f : 1.0f);
+    };
+    for (std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{70001}}) {
+      for (op o : {op::sum, op::avg}) {
+        const std::size_t total = un * count;  // reduce_scatter's input; the others use count
+        std::vector<float> in(total), want(total), terms(un);
+        for (std::size_t i = 0; i < total; ++i) {
+          in[i] = term(r, i);
+          for (int j = 0; j < n; ++j) terms[static_cast<std::size_t>(j)] = term(j, i);
+          want[i] =
+              rp::serial_sum(terms.data(), un, o == op::avg ? static_cast<std::uint32_t>(n) : 1);
+        }
+        float* din = nullptr;
+        float* dout = nullptr;
+        cuda_ok(cudaMalloc(&din, total * sizeof(float)), "cudaMalloc");
+        cuda_ok(cudaMalloc(&dout, total * sizeof(float)), "cudaMalloc");
+        cuda_ok(cudaMemcpy(din, in.data(), total * sizeof(float), cudaMemcpyHostToDevice),
+                "cudaMemcpy");
+        ringzero::options opt;
+        opt.reproducible = true;
+        std::vector<float> got(count);
+        auto compare = [&](const char* what, const float* expect) {
+          cuda_ok(cudaMemcpy(got.data(), dout, count * sizeof(float), cudaMemcpyDeviceToHost),
+                  "cudaMemcpy");
+          CHECK_MESSAGE(std::memcmp(got.data(), expect, count * sizeof(float)) == 0,
+                        what << " " << ringzero::op_name(o) << " count " << count);
+        };
+        ringzero::all_reduce(comm, std::span<const float>(din, count),
+                             std::span<float>(dout, count), o, opt);
+        compare("all_reduce", want.data());
+        ringzero::reduce_scatter(comm, std::span<const float>(din, total),
+                                 std::span<float>(dout, count), o, opt);
+        compare("reduce_scatter", want.data() + static_cast<std::size_t>(r) * count);
+        ringzero::reduce(comm, std::span<const float>(din, count), std::span<float>(dout, count), o,
+                         0, opt);
+        if (r == 0) compare("reduce", want.data());
+        cuda_ok(cudaFree(din), "cudaFree");
+        cuda_ok(cudaFree(dout), "cudaFree");
+      }
+    }
+    ringzero::barrier(comm);
+  });
 }

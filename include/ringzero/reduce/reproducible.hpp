@@ -134,7 +134,9 @@ RINGZERO_HD inline typename format<T>::bits bits_of(T x) noexcept {
 template <class T>
 RINGZERO_HD inline T from_bits(typename format<T>::bits b) noexcept {
   if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-    return T::from_bits(b);
+    T r{};  // not T::from_bits: a host function, which device code cannot call
+    r.bits = b;
+    return r;
   } else if constexpr (std::is_same_v<T, float>) {
 #if defined(__CUDA_ARCH__)
     return __uint_as_float(b);
@@ -377,6 +379,67 @@ RINGZERO_HD inline T round_words(const std::int64_t* w, const window& win,
   bool sticky = false;
   for (int j = k; j >= 0; --j) sticky = sticky || d[j] != 0;
   return round_to<T>(neg, a, win.low() + (k + 1) * digit_bits, sticky, divisor);
+}
+
+// --- the layout of a call's digits ----------------------------------------------------------
+
+/// Block b's window in a call's windows array (2 int32 per block, the inf/NaN flag last).
+RINGZERO_HD inline window window_at(const std::int32_t* win, std::size_t b) noexcept {
+  return window{win[2 * b], win[2 * b + 1]};
+}
+
+/// Where element i's digits start when blocks lie one after another, each element's
+/// words(window) digits in turn: off[b] is where block b starts (an exclusive prefix sum of
+/// len(b) * words(b), computed once the windows are agreed).
+RINGZERO_HD inline std::uint64_t digit_position(const std::int32_t* win, const std::uint64_t* off,
+                                                std::size_t i) noexcept {
+  const std::size_t b = i / block_elems;
+  return off[b] + (i - b * block_elems) * static_cast<std::uint64_t>(words(window_at(win, b)));
+}
+
+/// Where element i's digits go in a reduce_scatter's input: rank r's elements [r*count,
+/// (r+1)*count) in segment r, `seg` words each (the longest rank's digits; all_reduce and reduce
+/// pass seg = 0: one segment).
+RINGZERO_HD inline std::uint64_t segment_position(const std::int32_t* win, const std::uint64_t* off,
+                                                  std::size_t i, std::size_t count,
+                                                  std::size_t seg) noexcept {
+  if (seg == 0) return digit_position(win, off, i);
+  const std::size_t r = i / count;
+  return r * seg + digit_position(win, off, i) - digit_position(win, off, r * count);
+}
+
+// --- the per-element steps of a call, as the kernels and the host stand-ins run them --------
+
+/// Block b of in[0, n): its window, and whether it holds an infinity or NaN.
+template <class T>
+RINGZERO_HD inline window block_window(const T* in, std::size_t n, std::size_t b,
+                                       bool& special) noexcept {
+  window w;
+  const std::size_t end = (b + 1) * block_elems < n ? (b + 1) * block_elems : n;
+  for (std::size_t i = b * block_elems; i < end; ++i) {
+    const term t = decompose(in[i]);
+    w.add(t);
+    special = special || (t.k != kind::finite && t.k != kind::zero);
+  }
+  return w;
+}
+
+/// Element i's digits into q at segment_position.
+template <class T>
+RINGZERO_HD inline void element_digits(const T* in, std::size_t i, const std::int32_t* win,
+                                       const std::uint64_t* off, std::size_t count, std::size_t seg,
+                                       std::int64_t* q) noexcept {
+  to_words(decompose(in[i]), window_at(win, i / block_elems),
+           q + segment_position(win, off, i, count, seg));
+}
+
+/// Element i (of a range that starts at `from`) rounded from q, which holds the range's digits.
+template <class T>
+RINGZERO_HD inline T element_round(const std::int64_t* q, const std::int32_t* win,
+                                   const std::uint64_t* off, std::size_t from, std::size_t i,
+                                   std::uint32_t divisor) noexcept {
+  const std::uint64_t at = digit_position(win, off, i) - digit_position(win, off, from);
+  return round_words<T>(q + at, window_at(win, i / block_elems), divisor);
 }
 
 // --- serial reference: what every rank must end with -----------------------------------------

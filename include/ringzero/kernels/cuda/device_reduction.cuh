@@ -4,7 +4,7 @@
 // on GPU buffers: on NCCL those options::algorithm forces (ring or tree), on libfabric opened
 // with options::device_memory every collective the schedules implement; a program without it
 // gets an error naming this header instead. Instantiates combine and finish_avg for every
-// element type and op.
+// element type and op, and options::reproducible's kernels (kernels/cuda/reproducible.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "ringzero/kernels/cuda/reduce.cuh"
+#include "ringzero/kernels/cuda/reproducible.cuh"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/op.hpp"
@@ -139,7 +140,8 @@ namespace detail {
 // Registration at start-up, so that merely including this header in a .cu file is enough: the
 // collectives are plain C++ and cannot name a kernel themselves.
 inline const bool device_reductions_registered =
-    (register_device_reduction(device_reductions), register_device_runtime(&cuda_runtime), true);
+    (register_device_reduction(device_reductions), register_device_runtime(&cuda_runtime),
+     register_device_reproducible(&device_reproducible_kernels), true);
 
 }  // namespace detail
 
