@@ -72,6 +72,8 @@ enum class collective : std::uint8_t {
 }
 
 /// Per-call knobs. Zero means "the default": the communicator's timeout, the transport's chunk.
+/// `timeout` bounds the call's progress: it fails once none of its messages has completed for
+/// that long (detail/exchange.hpp), however long the whole call takes.
 struct options {
   ringzero::algorithm algorithm = ringzero::algorithm::automatic;
   std::chrono::nanoseconds timeout{0};

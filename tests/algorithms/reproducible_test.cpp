@@ -98,9 +98,16 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
         auto t = [&](int j, std::size_t i) {
           return special ? special_term<E>(seed, j, i) : term<E>(seed, j, i);
         };
-        // Each element's expected bits, once per case: reduce_scatter's input is the longest.
+        // The expected bits of the elements this rank checks, once per case: its slice of the
+        // all_reduce (all of it on the reduce's root) and its reduce_scatter block.
+        const int root = n - 1;
+        const auto [lo, hi] = r == root ? std::pair<std::size_t, std::size_t>{0, count}
+                                        : slice(count, r, n);
+        const std::size_t rs = static_cast<std::size_t>(r) * count;
         std::vector<E> expected(un * count);
-        for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = want<E>(n, i, o, t);
+        for (std::size_t i = lo; i < hi; ++i) expected[i] = want<E>(n, i, o, t);
+        for (std::size_t i = rs; i < rs + count; ++i)
+          if (i < lo || i >= hi) expected[i] = want<E>(n, i, o, t);
         auto expect = [&](std::size_t i) { return expected[i]; };
         for (bool in_place : {false, true}) {
           const auto variant =
@@ -126,8 +133,8 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
               all_reduce(comm, std::span<const E>(in), std::span<E>(out), o, opt);
             const std::span<const E> res =
                 in_place ? std::span<const E>(in) : std::span<const E>(out);
-            const auto [lo, hi] = slice(count, r, n);
-            check(log, name, r, res.subspan(lo, hi - lo), lo, expect);
+            const auto [from, to] = slice(count, r, n);
+            check(log, name, r, res.subspan(from, to - from), from, expect);
             log.record(r, name, digest_of(res));
           }
           if (hier) continue;  // reduce_scatter and reduce have no hierarchical algorithm
@@ -151,7 +158,6 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
                 fmt::format("{}: reduce {} {}", world, algorithm_name(a), variant);
             options opt = options_for<E>(a, in_place, count, n);
             opt.reproducible = true;
-            const int root = n - 1;
             std::vector<E> in(count), out(r == root ? count : 0);
             for (std::size_t i = 0; i < count; ++i) in[i] = t(r, i);
             if (in_place)

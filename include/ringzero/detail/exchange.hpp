@@ -123,7 +123,8 @@ class exchange {
             peer, step, false, false};
   }
 
-  /// Blocks until p completes or the call's deadline passes.
+  /// Blocks until p completes, or throws timeout_error once no message of the call has
+  /// completed for `timeout`.
   void wait(pending& p) {
     if (p.done) return;
     backoff b;
@@ -131,21 +132,20 @@ class exchange {
       b.pause();
       if (expired()) throw timed_out(p);
     }
-    p.done = true;
-    trace_receive(comm_.state().trace, p.is_send);
+    completed(p);
   }
 
   void wait_all(std::span<pending> ps) {
     for (auto& p : ps) wait(p);
   }
 
-  /// Non-blocking wait: true once p completed, timeout_error once the call's deadline passed.
+  /// Non-blocking wait: true once p completed, timeout_error once the call's deadline passed
+  /// (`timeout` since any of its messages last completed).
   /// Lets an algorithm drive several pipelines at once without blocking on any one of them.
   [[nodiscard]] bool test(pending& p) {
     if (p.done) return true;
     if (comm_.test(p.req)) {
-      p.done = true;
-      trace_receive(comm_.state().trace, p.is_send);
+      completed(p);
       return true;
     }
     if (expired()) throw timed_out(p);
@@ -162,6 +162,16 @@ class exchange {
   }
 
  private:
+  // The deadline is on progress: it moves on whenever a message of the call completes, so a
+  // long collective on a slow but healthy network runs as long as it keeps moving, and a call
+  // fails `timeout` after its last message moved, not `timeout` after it began. One clock
+  // read per completed message, against microseconds for the message itself.
+  void completed(pending& p) {
+    p.done = true;
+    deadline_ = clock::now() + timeout_;
+    trace_receive(comm_.state().trace, p.is_send);
+  }
+
   // Reading the clock on every unsuccessful poll costs more than the poll; once every 64 is
   // still far finer than any deadline.
   [[nodiscard]] bool expired() noexcept {
@@ -171,8 +181,8 @@ class exchange {
   [[nodiscard]] timeout_error timed_out(const pending& p) const {
     const double secs = std::chrono::duration<double>(timeout_).count();
     std::string what = fmt::format(
-        "{} ({}) on rank {} of {}: step {} timed out after {:g} s waiting for rank {} "
-        "to {} (sequence {}; RINGZERO_TIMEOUT sets the limit)",
+        "{} ({}) on rank {} of {}: step {} timed out after {:g} s without progress, waiting "
+        "for rank {} to {} (sequence {}; RINGZERO_TIMEOUT sets the limit)",
         collective_, algorithm_, comm_.rank(), comm_.size(), p.step, secs, p.peer,
         p.is_send ? "receive our message" : "send its message", seq_);
     // The rank waited for is often only the dead one's neighbour: a transport that knows who

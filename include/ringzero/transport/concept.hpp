@@ -122,11 +122,21 @@ inline constexpr int tag_bits = tag_layout::algorithm_bits;
 ///   (peer, tag) match in posting order.
 /// - test(req) makes progress and returns true once req completed; it throws peer_error if the
 ///   peer is known to be gone and transport_error on a network failure.
+/// - Progress: test(req) must move every operation of the transport that can move, not only
+///   req. Algorithms wait on one request at a time while others are posted (a ring waits on its
+///   receive while its send is in flight; recursive doubling on its send while its receive is),
+///   so a transport whose test(req) advances only req deadlocks them until the deadline.
+///   progress() moves everything without a request in hand; ringzero's algorithms never call
+///   it (communicator::progress() passes it on to programs that wait on their own requests),
+///   and it must be safe to call at any time.
+/// - The library keeps requests in arrays and default-constructs them as "nothing posted", so
+///   a request must be default-constructible; test() is never called on such a request.
 template <class T>
 concept messaging = requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> sb,
                              std::span<std::byte> rb, typename T::request& req) {
   typename T::request;
   requires std::movable<typename T::request>;
+  requires std::default_initializable<typename T::request>;
   { ct.rank() } -> std::convertible_to<int>;
   { ct.size() } -> std::convertible_to<int>;
   { t.isend(peer, tag, sb) } -> std::same_as<typename T::request>;
