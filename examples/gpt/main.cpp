@@ -6,6 +6,7 @@
 //   ringzero-gpt -n 4 --stage 0 --steps 50               # 4 threads over loopback
 //   ringzero-run -n 4 ringzero-gpt --stop-after 150 --save ckpt
 //   ringzero-run -n 2 ringzero-gpt --resume ckpt          # the same loss curve, on 2 ranks
+//   ringzero-gpt -n 3 --reproducible --batch 24           # the weights of -n 1, 2, 4, 6, bitwise
 #include <ringzero/bootstrap/environment.hpp>
 #include <ringzero/ringzero.hpp>
 
@@ -57,6 +58,9 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --temperature X       sampling temperature; default 0.8
   --prompt S            text the sample starts from; default "Light"
   --no-comm-thread      run collectives on the training thread (no overlap)
+  --shard-group G       hybrid sharding: shard within groups of G ranks, replicate across them
+  --reproducible        one micro-batch per sequence, summed exactly: the same weights, bit for
+                        bit, at every world size dividing --batch (and every stage, shard group)
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
 )";
 
@@ -109,6 +113,7 @@ args parse(int argc, char** argv) {
       {"--sample", [](args& a, auto f, auto v) { a.train.sample = number<int>(f, v); }},
       {"--temperature", [](args& a, auto f, auto v) { a.train.temperature = number<float>(f, v); }},
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
+      {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
   };
   args a;
   for (int i = 1; i < argc; ++i) {
@@ -121,6 +126,10 @@ args parse(int argc, char** argv) {
       a.train.comm_thread = false;
       continue;
     }
+    if (f == "--reproducible") {
+      a.train.reproducible = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -131,7 +140,7 @@ args parse(int argc, char** argv) {
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
-      t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) || !(t.lr >= 0))
+      t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) || !(t.lr >= 0))
     die("sizes, counts, the learning rate and the temperature must be positive");
   return a;
 }

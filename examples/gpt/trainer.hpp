@@ -2,6 +2,11 @@
 // its communicator. The global batch is fixed and split over the ranks, the learning rate is a
 // function of the step (linear warmup, then cosine decay), and a checkpoint saved at one world
 // size resumes at another on the same loss curve.
+//
+// With `reproducible` every sequence of the global batch is one micro-batch: rank r of N takes
+// sequences [r B/N, (r+1) B/N), runs forward and backward on each alone and hands its gradients
+// to the sharder's exact accumulator (zero::config::reproducible), so the weights are the same
+// bits at every world size that divides the batch, at every stage and shard group size.
 #pragma once
 
 #include <ringzero/ringzero.hpp>
@@ -47,6 +52,8 @@ struct train_options {
   float temperature = 0.8f;
   std::string prompt = "Light";
   bool comm_thread = true;
+  bool reproducible = false;                   ///< one micro-batch per sequence, reduced exactly
+  int shard_group = 0;                         ///< hybrid sharding: ranks per shard group (0: all)
   std::string transport = "loopback threads";  ///< for the header line
 };
 
@@ -208,7 +215,13 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   c.vocab = text.vocab();
   if (o.batch % n != 0)
     throw ringzero::invalid_argument(
-        fmt::format("the global batch of {} sequences does not split over {} ranks", o.batch, n));
+        o.reproducible
+            ? fmt::format("--reproducible: the global batch is {} micro-batches (one sequence "
+                          "each), which {} ranks cannot split evenly; choose a world size that "
+                          "divides --batch",
+                          o.batch, n)
+            : fmt::format("the global batch of {} sequences does not split over {} ranks", o.batch,
+                          n));
   const int per_rank = o.batch / n;
   const auto len = static_cast<std::size_t>(c.context);
 
@@ -221,6 +234,11 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   cfg.max_grad_norm = o.clip;
   cfg.bucket_bytes = o.bucket_kib * 1024;
   cfg.comm_thread = o.comm_thread;
+  cfg.shard_group_size = o.shard_group;
+  if (o.reproducible) {
+    cfg.reproducible = true;
+    cfg.accumulation_steps = per_rank;  // this rank's run of the batch's sequences
+  }
   // Each rank's loss is its share of the global mean: summed, divided by the global tokens.
   cfg.average_gradients = false;
   zero::sharder<Comm, P> shd(comm, make_layout(c, ringzero::dtype_of<P>()), cfg);
@@ -230,10 +248,14 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
 
   say(log,
       "gpt: {} ranks ({}), ZeRO stage {}, {} parameters{}, AdamW (weight decay {:g} on matrices), "
-      "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens\n",
+      "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens{}{}\n",
       n, o.transport, o.stage, ringzero::dtype_name(ringzero::dtype_of<P>()),
       std::is_same_v<P, float> ? "" : " + fp32 master", o.weight_decay, o.lr, o.warmup,
-      o.lr * o.min_lr_ratio, o.steps, o.batch, c.context);
+      o.lr * o.min_lr_ratio, o.steps, o.batch, c.context,
+      shd.shard_group_size() == n
+          ? ""
+          : fmt::format(", sharded in groups of {}", shd.shard_group_size()),
+      o.reproducible ? ", reproducible (one micro-batch per sequence)" : "");
   say(log,
       "model: vocab {} (bytes of the text, {} KB), context {}, {} layers, {} heads, dim {}: {} "
       "parameters in {} buckets\n",
@@ -250,6 +272,8 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   std::vector<int> tokens(static_cast<std::size_t>(per_rank) * len),
       targets(static_cast<std::size_t>(per_rank) * len);
   const double global_tokens = static_cast<double>(o.batch) * static_cast<double>(len);
+  std::vector<double> seq_loss(static_cast<std::size_t>(per_rank)),
+      batch_loss(static_cast<std::size_t>(o.batch));
   const auto last =
       static_cast<std::uint64_t>(o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps);
   bool memory_shown = false;
@@ -263,11 +287,30 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
       text.sequence(o.seed, step, static_cast<std::uint64_t>(comm.rank() * per_rank + i), c.context,
                     tokens.data() + at, targets.data() + at);
     }
-    const double local = m.forward_backward(src, tokens, targets, per_rank,
-                                            shd.loss_scale() / static_cast<float>(global_tokens));
-    shd.end_micro_batch();
+    const float grad_scale = shd.loss_scale() / static_cast<float>(global_tokens);
+    double local = 0;
+    if (o.reproducible) {
+      for (int i = 0; i < per_rank; ++i) {
+        const auto at = static_cast<std::size_t>(i) * len;
+        seq_loss[static_cast<std::size_t>(i)] =
+            m.forward_backward(src, std::span<const int>(tokens).subspan(at, len),
+                               std::span<const int>(targets).subspan(at, len), 1, grad_scale);
+        shd.end_micro_batch();
+      }
+    } else {
+      local = m.forward_backward(src, tokens, targets, per_rank, grad_scale);
+      shd.end_micro_batch();
+    }
     const auto r = shd.step();
     const double loss = shd.run_collective([&](Comm& cm) {
+      if (o.reproducible) {
+        // Every sequence's loss, summed in batch order: the same bits at every world size.
+        ringzero::all_gather(cm, std::span<const double>(seq_loss), std::span<double>(batch_loss),
+                             cfg.collectives.all_gather);
+        double l = 0;
+        for (double x : batch_loss) l += x;
+        return l / global_tokens;
+      }
       double l = local / global_tokens;
       ringzero::all_reduce(cm, std::span<double>(&l, 1), ringzero::op::sum,
                            cfg.collectives.all_reduce);
@@ -304,9 +347,10 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
       const double measured = static_cast<double>(mem.parameters + mem.gradients + mem.optimizer);
       say(log,
           "  ZeRO formula (stage {}, Psi = {}, N = {}): {} MiB per rank; measured without "
-          "buffers {} MiB ({:+.2f}%, padding)\n",
+          "buffers {} MiB ({:+.2f}%, padding{})\n",
           o.stage, plan.numel(), n, mib(static_cast<std::uint64_t>(f)),
-          mib(static_cast<std::uint64_t>(measured)), 100.0 * (measured - f) / f);
+          mib(static_cast<std::uint64_t>(measured)), 100.0 * (measured - f) / f,
+          o.reproducible ? " and the exact gradient accumulator" : "");
     }
   }
   const double seconds =

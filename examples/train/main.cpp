@@ -5,6 +5,7 @@
 //   ringzero-train -n 4 --stage 3 --precision bf16 --steps 20
 //   ringzero-train -n 4 --steps 10 --save ckpt && ringzero-train -n 2 --steps 20 --resume ckpt
 //   ringzero-train -n 4 --stage 3 --shard-group 2     (hybrid: shard in pairs, replicate across)
+//   ringzero-train -n 3 --reproducible --batch 48      (the weights of -n 1, 2, 4, 6, bitwise)
 //
 // Ranks are threads of this process over the loopback transport (-n), or, under a launcher
 // (ringzero-run -n 4 ringzero-train ...), processes over libfabric when that backend is built,
@@ -49,6 +50,8 @@ struct args {
   int steps = 20;
   int batch = 64;
   int micro_batches = 1;
+  bool micro_batches_given = false;
+  bool reproducible = false;
   std::string precision = "bf16";
   bool reduce_16bit = false;
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
@@ -75,7 +78,8 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
                         group per node) and replicate across groups; default 0 (all ranks)
   --steps K             train until step K (counting steps restored by --resume); default 20
   --batch B             global batch, split over ranks and micro-batches; default 64
-  --micro-batches M     gradient accumulation steps; default 1
+  --micro-batches M     gradient accumulation steps; default 1 (--reproducible: the micro-batches
+                        of the global batch, default one per sample)
   --precision P         fp32 | bf16 | fp16 (bf16/fp16 keep fp32 master weights); default bf16
   --reduce-fp32         bf16/fp16: reduce and accumulate gradients in fp32 (the default)
   --reduce-16bit        bf16/fp16: reduce and accumulate gradients in the parameter type
@@ -95,6 +99,9 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --log-every K         print every K-th step; default 1
   -T, --transport T     under a launcher: libfabric (default where built) or shm
   --host-buffers        keep the sharder's buffers in host memory (shm: not symmetric memory)
+  --reproducible        the global batch is --micro-batches micro-batches, each rank takes a
+                        contiguous run, and their gradients are summed exactly: the same weights,
+                        bit for bit, at every world size dividing them (and every stage, group)
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank.
 )";
 
@@ -128,7 +135,11 @@ args parse(int argc, char** argv) {
        }},
       {"--steps", [](args& a, auto f, auto v) { a.steps = number<int>(f, v); }},
       {"--batch", [](args& a, auto f, auto v) { a.batch = number<int>(f, v); }},
-      {"--micro-batches", [](args& a, auto f, auto v) { a.micro_batches = number<int>(f, v); }},
+      {"--micro-batches",
+       [](args& a, auto f, auto v) {
+         a.micro_batches = number<int>(f, v);
+         a.micro_batches_given = true;
+       }},
       {"--precision", [](args& a, auto, auto v) { a.precision = v; }},
       {"--optimizer", [](args& a, auto, auto v) { a.optimizer = zero::parse_optimizer(v); }},
       {"--lr", [](args& a, auto f, auto v) { a.lr = number<float>(f, v); }},
@@ -173,6 +184,10 @@ args parse(int argc, char** argv) {
     }
     if (f == "--host-buffers") {
       a.host_buffers = true;
+      continue;
+    }
+    if (f == "--reproducible") {
+      a.reproducible = true;
       continue;
     }
     const auto* o = std::find_if(std::begin(options), std::end(options),
@@ -222,10 +237,23 @@ double formula_bytes(int stage, double psi, double n, zero::optimizer_kind opt, 
 template <class Comm, class P, class Space = zero::memory_space_t<Comm>>
 void run(Comm& comm, const args& a) {
   const int n = comm.size();
-  const int per_rank = a.batch / (n * a.micro_batches);
-  if (per_rank * n * a.micro_batches != a.batch)
+  // Micro-batches each rank accumulates, and samples in each.
+  int micro = a.micro_batches;
+  int per_rank = a.batch / (n * micro);
+  if (a.reproducible) {
+    // The global batch is a fixed list of micro-batches; rank r takes the r-th contiguous run.
+    const int global = a.micro_batches_given ? a.micro_batches : a.batch;
+    if (a.batch % global != 0 || global % n != 0)
+      throw ringzero::invalid_argument(fmt::format(
+          "--reproducible: --batch {} must split into --micro-batches {}, and those over {} "
+          "ranks; choose a world size that divides the micro-batches",
+          a.batch, global, n));
+    micro = global / n;
+    per_rank = a.batch / global;
+  } else if (per_rank * n * micro != a.batch) {
     throw ringzero::invalid_argument(fmt::format(
-        "--batch {} does not split into {} ranks x {} micro-batches", a.batch, n, a.micro_batches));
+        "--batch {} does not split into {} ranks x {} micro-batches", a.batch, n, micro));
+  }
   const bool lead = comm.rank() == 0;
   const auto layout = train::make_layout(a.shape, ringzero::dtype_of<P>());
   zero::config cfg;
@@ -234,7 +262,8 @@ void run(Comm& comm, const args& a) {
   cfg.optimizer.lr = a.lr.value_or(a.optimizer == zero::optimizer_kind::adamw ? 3e-3f : 0.05f);
   cfg.optimizer.weight_decay = a.weight_decay;
   cfg.max_grad_norm = a.clip;
-  cfg.accumulation_steps = a.micro_batches;
+  cfg.accumulation_steps = micro;
+  cfg.reproducible = a.reproducible;
   cfg.bucket_bytes = a.bucket_kib * 1024;
   cfg.comm_thread = a.comm_thread;
   cfg.scaling.initial = a.loss_scale;
@@ -260,12 +289,12 @@ void run(Comm& comm, const args& a) {
   if (lead) {
     fmt::print(
         "ringzero-train: {} ranks{}, stage {}, {} parameters{}{}, {} lr {:g}, global batch {} "
-        "({} micro-batch(es) x {} ranks x {}), clip {:g}\n",
+        "({} micro-batch(es) x {} ranks x {}), clip {:g}{}\n",
         n, shards == n ? "" : fmt::format(" (sharded in groups of {})", shards), a.stage,
         a.precision, std::is_same_v<P, float> ? "" : " + fp32 master",
         std::is_same_v<P, float> || a.reduce_16bit ? "" : " + fp32 reduce",
-        zero::optimizer_name(a.optimizer), cfg.optimizer.lr, a.batch, a.micro_batches, n, per_rank,
-        a.clip);
+        zero::optimizer_name(a.optimizer), cfg.optimizer.lr, a.batch, micro, n, per_rank, a.clip,
+        a.reproducible ? ", reproducible" : "");
     fmt::print("model: MLP {}", a.shape.inputs);
     for (int l = 0; l < a.shape.layers(); ++l) fmt::print("-{}", a.shape.fan_out(l));
     fmt::print(", {} parameters in {} bucket(s) of <= {} KiB\n", plan.numel(),
@@ -302,9 +331,11 @@ void run(Comm& comm, const args& a) {
     const std::uint64_t step = shd.step_count();
     const auto started = std::chrono::steady_clock::now();
     double loss = 0;
-    for (int m = 0; m < a.micro_batches; ++m) {
-      const std::uint64_t first = step * static_cast<std::uint64_t>(a.batch) +
-                                  static_cast<std::uint64_t>((m * n + comm.rank()) * per_rank);
+    for (int m = 0; m < micro; ++m) {
+      // Reproducible: this rank's contiguous run of the batch's micro-batches.
+      const int index = a.reproducible ? comm.rank() * micro + m : m * n + comm.rank();
+      const std::uint64_t first =
+          step * static_cast<std::uint64_t>(a.batch) + static_cast<std::uint64_t>(index * per_rank);
       for (int r = 0; r < per_rank; ++r)
         y[static_cast<std::size_t>(r)] =
             data.sample(first + static_cast<std::uint64_t>(r),

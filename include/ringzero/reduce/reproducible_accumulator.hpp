@@ -221,6 +221,10 @@ class accumulator {
     const std::size_t len = block_len(block_start / block_elems);
     if (b.adds + 1 >= max_terms / 2) normalize_block(b, len);
     ++b.adds;
+    if constexpr (format<T>::p <= 24) {
+      add_narrow(b, len, block_start, terms, first);
+      return;
+    }
     int lo = INT32_MAX, hi = INT32_MIN;
     for (const T& x : terms) {
       const term t = decompose(x);
@@ -241,6 +245,65 @@ class accumulator {
         if (b.codes.empty()) b.codes.assign(len, 0);
         b.codes[e] += special_code(t);
       }
+    }
+  }
+
+  /// add_block for types of at most 24 significant bits (float, bfloat16, float16), the hot
+  /// loop of reproducible training: a term shifted to its place within its lowest digit fits
+  /// in 63 bits, so it lands on at most two digits with one shift and no per-digit loop. The
+  /// words are those digit() gives.
+  void add_narrow(block& b, std::size_t len, std::size_t block_start, std::span<const T> terms,
+                  std::size_t first) {
+    using F = format<T>;
+    constexpr int frac_bits = F::p - 1;
+    constexpr std::uint32_t exp_all = (1u << F::exp_bits) - 1;
+    constexpr int bias = F::emax + frac_bits;  // a term is mant * 2^(max(e, 1) - bias)
+    constexpr std::uint64_t mask = (std::uint64_t{1} << digit_bits) - 1;
+    // Branch-free per term: zeros and non-finite terms take mant 0 (adding nothing) at bit 0.
+    const auto split = [](T x, std::uint64_t& mant, int& exp, std::uint64_t& sign) {
+      const auto bits = static_cast<std::uint32_t>(bits_of(x));
+      const std::uint32_t e = (bits >> frac_bits) & exp_all;
+      const std::uint32_t f = bits & ((1u << frac_bits) - 1);
+      mant = e == exp_all ? 0 : (f | (e != 0 ? 1u << frac_bits : 0u));
+      exp = static_cast<int>(e != 0 ? e : 1) - bias;
+      sign = std::uint64_t{0} - ((bits >> (frac_bits + F::exp_bits)) & 1u);
+      return e == exp_all;
+    };
+    int lo = INT32_MAX, hi = INT32_MIN;
+    bool special = false;
+    for (const T& x : terms) {
+      std::uint64_t mant = 0, sign = 0;
+      int exp = 0;
+      special |= split(x, mant, exp, sign);
+      const bool live = mant != 0;
+      lo = std::min(lo, live ? exp : INT32_MAX);
+      hi = std::max(hi, live ? exp + bit_width64(mant) - 1 : INT32_MIN);
+    }
+    if (hi >= lo) grow(b, len, digit_of_bit(lo), digit_of_bit(hi));
+    if (b.k > 0) {
+      const int base = digit_bits * b.jlo;
+      const auto k = static_cast<std::size_t>(b.k);
+      std::int64_t* words = b.words.data() + (first - block_start) * k;
+      for (std::size_t i = 0; i < terms.size(); ++i, words += k) {
+        std::uint64_t mant = 0, sign = 0;
+        int exp = 0;
+        (void)split(terms[i], mant, exp, sign);
+        // >= 0 for every nonzero term (grow covered it); a zero lands on digit 0.
+        const auto off = static_cast<unsigned>(mant != 0 ? exp - base : 0);
+        const unsigned d = off / digit_bits;
+        const std::uint64_t v = mant << (off % digit_bits);
+        // The second digit is zero when the term ends in the top one: then add it there.
+        const std::size_t d1 = std::min<std::size_t>(d + 1, k - 1);
+        words[d] += static_cast<std::int64_t>(((v & mask) ^ sign) - sign);
+        words[d1] += static_cast<std::int64_t>(((v >> digit_bits) ^ sign) - sign);
+      }
+    }
+    if (!special) return;
+    for (std::size_t i = 0; i < terms.size(); ++i) {
+      const term t = decompose(terms[i]);
+      if (t.k == kind::finite || t.k == kind::zero) continue;
+      if (b.codes.empty()) b.codes.assign(len, 0);
+      b.codes[first + i - block_start] += special_code(t);
     }
   }
 
