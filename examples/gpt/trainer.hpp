@@ -114,7 +114,16 @@ class sharder_source {
       }
     }
   }
-  void release(int layer) { held_[static_cast<std::size_t>(layer)].reset(); }
+  void release(int layer) {
+    if (!keep_) held_[static_cast<std::size_t>(layer)].reset();
+  }
+  /// While kept, release() keeps the layer present: a step of many micro-batches then gathers
+  /// (stage 3) and widens each layer once. Ending it releases every layer.
+  void keep(bool on) {
+    keep_ = on;
+    if (!on)
+      for (auto& h : held_) h.reset();
+  }
   [[nodiscard]] const float* param(int id) const { return ptr_[static_cast<std::size_t>(id)]; }
   void grad(int id, std::span<const float> g) { shd_.add_grad(id, g); }
 
@@ -124,6 +133,7 @@ class sharder_source {
   std::vector<const float*> ptr_;
   std::vector<std::vector<float>> wide_;
   std::vector<int> first_of_layer_;
+  bool keep_ = false;
 };
 
 [[nodiscard]] inline ringzero::zero::model_layout make_layout(const config& c, ringzero::dtype t) {
@@ -290,6 +300,7 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
     const float grad_scale = shd.loss_scale() / static_cast<float>(global_tokens);
     double local = 0;
     if (o.reproducible) {
+      src.keep(true);
       for (int i = 0; i < per_rank; ++i) {
         const auto at = static_cast<std::size_t>(i) * len;
         seq_loss[static_cast<std::size_t>(i)] =
@@ -297,6 +308,7 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
                                std::span<const int>(targets).subspan(at, len), 1, grad_scale);
         shd.end_micro_batch();
       }
+      src.keep(false);
     } else {
       local = m.forward_backward(src, tokens, targets, per_rank, grad_scale);
       shd.end_micro_batch();
