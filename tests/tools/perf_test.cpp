@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <regex>
@@ -480,4 +482,65 @@ TEST_CASE("--tune's fit of the model's own predictions recovers the constants be
     CHECK(f.beta == doctest::Approx(truth.beta).epsilon(1e-6));
     CHECK(f.rms() < 1e-6);
   }
+}
+
+TEST_CASE("--reproducible: parsed, refused where it cannot apply") {
+  const std::vector<std::string_view> args = {"reduce_scatter", "--reproducible", "-o", "avg"};
+  CHECK(perf::parse_args(args).reproducible);
+  const std::vector<std::string_view> plain = {"reduce_scatter"};
+  CHECK_FALSE(perf::parse_args(plain).reproducible);
+  const result gather = run("all_gather --reproducible");
+  CHECK(gather.status == 2);
+  CHECK(gather.out.find("--reproducible: all_gather adds nothing") != std::string::npos);
+  const result prod = run("all_reduce --reproducible -o all");
+  CHECK(prod.status == 2);
+  CHECK(prod.out.find("prod has no reproducible form") != std::string::npos);
+  CHECK(run("all_reduce --reproducible=1").status == 2);
+  const result nccl = run("all_reduce --reproducible -T nccl");
+  CHECK(nccl.status == 2);
+  CHECK(nccl.out.find("host buffers only") != std::string::npos);
+  const result line = run("all_reduce -t 2 --reproducible -b 64 -e 64 -n 1 -w 0");
+  CHECK(line.status == 0);
+  CHECK(line.out.find("# Algorithm: auto (the cost model picks per call); reproducible sums") !=
+        std::string::npos);
+}
+
+TEST_CASE("--reproducible inputs are not exactly summable in floating point") {
+  // Were they, the bitwise check would pass any summation order: most sums of three must come
+  // out differently when added in float left to right.
+  int differ = 0;
+  const int count = 1000;
+  for (int i = 0; i < count; ++i) {
+    const float t[3] = {perf::exact_sum_value<float>(0, static_cast<std::size_t>(i), 1),
+                        perf::exact_sum_value<float>(1, static_cast<std::size_t>(i), 1),
+                        perf::exact_sum_value<float>(2, static_cast<std::size_t>(i), 1)};
+    const float naive = (t[0] + t[1]) + t[2];
+    const float exact = ringzero::reproducible::serial_sum(t, 3);
+    if (std::bit_cast<std::uint32_t>(naive) != std::bit_cast<std::uint32_t>(exact)) ++differ;
+  }
+  CHECK(differ > count / 10);
+}
+
+TEST_CASE("--reproducible sums check bitwise clean on 2 and 3 loopback ranks") {
+  // 8 B to 32 KiB: one element, part of a block, several blocks, the gathered and the digit
+  // paths; every algorithm the call takes.
+  const std::string sweep = " --reproducible -b 8 -e 128K -f 16 -n 1 -w 0 -d all";
+  for (int ranks : {2, 3}) {
+    const std::string t = " -t " + std::to_string(ranks);
+    check_clean("all_reduce" + t + sweep + " -o sum", 4 * 10);
+    check_clean("all_reduce" + t + sweep + " -o avg -A ring", 4 * 10);
+    check_clean("reduce_scatter" + t + sweep + " -o avg", 4 * 10);
+    check_clean("reduce" + t + sweep + " -o sum -r all", 4 * 10 * static_cast<std::size_t>(ranks));
+  }
+  check_clean("all_reduce -t 3 --reproducible -b 64K -e 64K -n 1 -w 0 -d float -o min", 1);
+}
+
+TEST_CASE("--reproducible: a wrong sum is counted and fails the run") {
+  const scoped_env corrupt("RINGZERO_PERF_CORRUPT", "1");
+  const result r = run("all_reduce -t 3 --reproducible -b 1K -e 1K -n 1 -w 0 -d float -o sum");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  const auto rows = rows_of(r.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(wrong_columns(rows[0]) == std::pair<std::string, std::string>{"1", "1"});
 }

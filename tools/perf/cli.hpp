@@ -5,6 +5,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -150,6 +151,7 @@ struct options {
   bool device_memory = false;  ///< --memory device: buffers on the GPU (-T libfabric, FI_HMEM)
   double timeout_s = 0;        ///< --timeout; 0 = RINGZERO_TIMEOUT
   std::string tune_file;       ///< --tune: measure the cost model's constants into this file
+  bool reproducible = false;   ///< --reproducible: options::reproducible on the measured calls
   bool help = false;
   std::vector<std::string> argv;  ///< program name and arguments as given, for the JSON report
 };
@@ -264,6 +266,10 @@ ringzero flags:
      --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
      --tune <file>          measure alpha, beta, gamma of the transport (-T, -p) instead of
                             benchmarking, and write its section of <file> (RINGZERO_TUNING)
+     --reproducible         options::reproducible on the measured calls (all_reduce,
+                            reduce_scatter, reduce; sum, avg, min, max): floating sums are
+                            exact, rounded once; inputs get random exponents and signs, and
+                            -c compares every sum bitwise with the serial exact sum
   -h,--help
 )";
 
@@ -303,13 +309,15 @@ ringzero flags:
     std::string_view long_name;
   };
   static constexpr flag flags[] = {
-      {'t', "nthreads"},       {'g', "ngpus"},       {'b', "minbytes"},       {'e', "maxbytes"},
-      {'i', "stepbytes"},      {'f', "stepfactor"},  {'n', "iters"},          {'w', "warmup_iters"},
-      {'m', "agg_iters"},      {'N', "run_cycles"},  {'c', "check"},          {'o', "op"},
-      {'d', "datatype"},       {'r', "root"},        {'z', "blocking"},       {'a', "average"},
-      {'C', "report_cputime"}, {'J', "output_file"}, {'R', "local_register"}, {'A', "algorithm"},
-      {'T', "transport"},      {'p', "provider"},    {'\0', "timeout"},       {'\0', "tune"},
-      {'\0', "memory"}};
+      {'t', "nthreads"},       {'g', "ngpus"},          {'b', "minbytes"},
+      {'e', "maxbytes"},       {'i', "stepbytes"},      {'f', "stepfactor"},
+      {'n', "iters"},          {'w', "warmup_iters"},   {'m', "agg_iters"},
+      {'N', "run_cycles"},     {'c', "check"},          {'o', "op"},
+      {'d', "datatype"},       {'r', "root"},           {'z', "blocking"},
+      {'a', "average"},        {'C', "report_cputime"}, {'J', "output_file"},
+      {'R', "local_register"}, {'A', "algorithm"},      {'T', "transport"},
+      {'p', "provider"},       {'\0', "timeout"},       {'\0', "tune"},
+      {'\0', "memory"},        {'\0', "reproducible"}};
 
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -333,6 +341,11 @@ ringzero flags:
           found = true;
         }
       if (!found) throw invalid_argument(fmt::format("unknown option '{}'", a));
+      if (name == "reproducible") {  // a switch: it takes no value
+        if (inline_value) throw invalid_argument("--reproducible takes no value");
+        o.reproducible = true;
+        continue;
+      }
     } else if (a.size() >= 2 && a[0] == '-') {
       key = a[1];
       bool found = false;
@@ -478,6 +491,15 @@ ringzero flags:
                                        o.min_bytes, o.max_bytes));
   if (o.step_factor <= 1 && o.step_bytes == 0 && o.min_bytes != o.max_bytes)
     throw invalid_argument("-i 0 without -f would never reach -e");
+  if (o.reproducible) {
+    if (!has_op(o.coll))
+      throw invalid_argument(fmt::format(
+          "--reproducible: {} adds nothing; it applies to all_reduce, reduce_scatter and reduce",
+          coll_name(o.coll)));
+    if (std::find(o.ops.begin(), o.ops.end(), op::prod) != o.ops.end())
+      throw invalid_argument(
+          "--reproducible: prod has no reproducible form (-o sum, avg, min or max)");
+  }
   return o;
 }
 

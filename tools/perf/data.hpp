@@ -6,6 +6,11 @@
 // 2), so every reduction order gives the same exact result in every type for the rank counts a
 // benchmark uses; integer types are compared exactly and floating types with a small relative
 // tolerance, which only matters for avg (one rounded division) and very large worlds.
+//
+// With --reproducible, floating sums and averages get inputs that no floating-point order adds
+// exactly (random signs, 53 random significand bits, exponents over 16 binades, one element in
+// 64 zero), and each output element must be bitwise the serial exact sum of every rank's term
+// (reproducible::serial_sum): the collective has to be exact, not merely close.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +25,7 @@
 #include "cli.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::perf {
@@ -153,6 +159,40 @@ void fill_input(E* dst, std::size_t count, int rank, std::uint32_t seed, op o) n
   }
 }
 
+/// Whether --reproducible gives this row exact-sum inputs and a bitwise reference: floating types
+/// under sum or avg (min, max and integers keep the small-integer pattern, exact already).
+template <element E>
+[[nodiscard]] constexpr bool exact_sum_row(bool reproducible, op o) noexcept {
+  return reproducible && reproducible::supported_v<E> && (o == op::sum || o == op::avg);
+}
+
+/// splitmix64's finalizer: every input bit moves about half the output bits.
+[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15u;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9u;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBu;
+  return x ^ (x >> 31);
+}
+
+/// Element i of rank `rank`'s exact-sum input for check round `seed`: zero one time in 64,
+/// otherwise +-(1 + f) * 2^e with f 53 random bits and e in [-8, 8), rounded to E. A block of 64
+/// floats then spans at most 40 bits, one digit per element (double: two).
+template <element E>
+[[nodiscard]] E exact_sum_value(int rank, std::size_t i, std::uint32_t seed) noexcept {
+  const std::uint64_t h = mix64(mix64(i) ^ (std::uint64_t{seed} << 32) ^
+                                static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)));
+  if ((h & 63) == 0) return E{};
+  const int e = static_cast<int>((h >> 6) & 15) - 8;
+  const double m = 1.0 + std::ldexp(static_cast<double>(h >> 11), -53);
+  const double v = std::ldexp((h >> 10) & 1 ? -m : m, e);
+  return E(v);
+}
+
+template <element E>
+void fill_exact_sum_input(E* dst, std::size_t count, int rank, std::uint32_t seed) noexcept {
+  for (std::size_t i = 0; i < count; ++i) dst[i] = exact_sum_value<E>(rank, i, seed);
+}
+
 /// Output buffers are filled with this byte before a checked run, so an element the collective
 /// never wrote is caught: 0xA5 repeated is not an integer in any floating type and lies outside
 /// the range of expected values of the integer types for worlds of up to 7 ranks.
@@ -200,6 +240,7 @@ struct check_spec {
   int root = 0;
   op reduction = op::sum;
   std::uint32_t seed = 0;
+  bool reproducible = false;  ///< --reproducible: exact_sum_row decides what that means here
 };
 
 /// Whether this rank's output is defined (reduce and gather leave non-root outputs alone).
@@ -216,6 +257,10 @@ template <element E>
   const int n = s.ranks;
   std::int64_t wrong = 0;
   E first_want{};
+  const bool exact = exact_sum_row<E>(s.reproducible, s.reduction);
+  auto same = [exact](E got, E want) {
+    return exact ? std::memcmp(&got, &want, sizeof(E)) == 0 : matches(got, want);
+  };
   // Compares out[begin, begin+len) with `want` read from position `phase` of its period.
   auto compare = [&](const pattern<E>& want, std::size_t begin, std::size_t len,
                      std::size_t phase) {
@@ -229,6 +274,24 @@ template <element E>
     case coll_kind::all_reduce:
     case coll_kind::reduce:
     case coll_kind::reduce_scatter: {
+      if constexpr (reproducible::supported_v<E>) {
+        if (exact) {
+          // reduce_scatter's output is block rank() of the full vector.
+          const std::size_t from = s.coll == coll_kind::reduce_scatter
+                                       ? static_cast<std::size_t>(s.rank) * s.sh.param
+                                       : 0;
+          const auto divisor = static_cast<std::uint32_t>(s.reduction == op::avg ? n : 1);
+          std::vector<E> terms(static_cast<std::size_t>(n));
+          for (std::size_t j = 0; j < s.sh.recv; ++j) {
+            for (int r = 0; r < n; ++r)
+              terms[static_cast<std::size_t>(r)] = exact_sum_value<E>(r, from + j, s.seed);
+            const E want = reproducible::serial_sum(terms.data(), terms.size(), divisor);
+            if (j == 0) first_want = want;
+            if (!same(out[j], want)) ++wrong;
+          }
+          break;
+        }
+      }
       pattern<E> want = input_pattern<E>(0, s.seed, s.reduction);
       for (int r = 1; r < n; ++r) {
         const pattern<E> other = input_pattern<E>(r, s.seed, s.reduction);
@@ -274,7 +337,7 @@ template <element E>
     for (auto& x : bytes) x = static_cast<unsigned char>(~x);
     E flipped;
     std::memcpy(&flipped, bytes, sizeof(E));
-    wrong += (matches(out[0], first_want) ? 1 : 0) - (matches(flipped, first_want) ? 1 : 0);
+    wrong += (same(out[0], first_want) ? 1 : 0) - (same(flipped, first_want) ? 1 : 0);
   }
   return wrong;
 }

@@ -52,11 +52,16 @@ struct transports {
 };
 
 [[nodiscard]] inline std::string algorithm_line(const options& o) {
+  std::string line;
   if (o.algo != algorithm::automatic)
-    return fmt::format("{} (forced with -A)", algorithm_name(o.algo));
-  if (auto forced = ringzero::detail::getenv_str("RINGZERO_ALGO"))
-    return fmt::format("auto; RINGZERO_ALGO={} applies where it can", *forced);
-  return "auto (the cost model picks per call)";
+    line = fmt::format("{} (forced with -A)", algorithm_name(o.algo));
+  else if (auto forced = ringzero::detail::getenv_str("RINGZERO_ALGO"))
+    line = fmt::format("auto; RINGZERO_ALGO={} applies where it can", *forced);
+  else
+    line = "auto (the cost model picks per call)";
+  if (o.reproducible)
+    line += "; reproducible sums (--reproducible: exact, rounded once, over int32/int64 calls)";
+  return line;
 }
 
 /// Opens `path` for the JSON report without overwriting anything: like nccl-tests, an existing
@@ -207,6 +212,9 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "-t applies to -T loopback; start libfabric ranks with a "
               "launcher (ringzero-run -n N ringzero-perf ...)");
         if (o.device_memory) {
+          if (o.reproducible)
+            throw invalid_argument(
+                "--reproducible: ringzero-perf measures it on host buffers only (--memory host)");
           if (!extra.libfabric_device)
             throw unsupported(
                 "--memory device: this ringzero-perf was built without CUDA (it needs nvcc and "
@@ -224,6 +232,8 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "(ringzero-run -n N ringzero-perf -T shm ...)");
         return extra.shm(o, ctx);
       case transport_kind::nccl:
+        if (o.reproducible)
+          throw invalid_argument("--reproducible: ringzero-perf measures it on host buffers only");
         if (!extra.nccl)
           throw unsupported("-T nccl: this ringzero-perf was built without the NCCL transport");
         if (o.threads != 1)
