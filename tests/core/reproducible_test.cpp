@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/reduce/reproducible_accumulator.hpp"
 
@@ -323,4 +324,72 @@ TEST_CASE("an accumulator takes more terms than one word's headroom") {
   CHECK(acc.max_adds() < rp::max_terms);
   // The exact sum count * x is a double: (2^23 + 1)(2^23 + 5) has 47 bits.
   CHECK(acc.value(0) == x * static_cast<double>(count));
+}
+
+namespace {
+
+/// detail::round_one_word against rp::round_words on one-digit words: small and 62-bit sums,
+/// exact ties, results near the smallest normal, subnormal and past the largest finite, every
+/// divisor kind.
+template <class T>
+void one_word_cases() {
+  using F = rp::format<T>;
+  std::mt19937_64 rng(0xd161);
+  const std::uint32_t divisors[] = {1, 2, 3, 7, 1000, (1u << 23) - 1};
+  int checked = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const int bits = 1 + static_cast<int>(rng() % 62);
+    auto a = static_cast<std::int64_t>(rng() >> (64 - bits));
+    if (trial % 5 == 0 && bits > F::p + 1)  // a tie: the first dropped bit set, none below
+      a = (a >> (bits - F::p - 1) | 1) << (bits - F::p - 1);
+    const std::int64_t s = (rng() & 1) != 0 ? -a : a;
+    // low from far below the subnormals to past the largest finite.
+    const int span = F::emax - F::emin + 2 * F::p + 120;
+    const int low = F::emin - F::p - 60 - bits / 2 + static_cast<int>(rng() % span);
+    const rp::window w{low + rp::digit_bits, -low};
+    REQUIRE(rp::words(w) == 1);
+    const std::uint32_t d = divisors[trial % 6];
+    const T fast = ringzero::detail::round_one_word<T>(s, w, w.low(), d);
+    const T ref = rp::round_words<T>(&s, w, d);
+    INFO("s = " << s << ", low = " << low << ", divisor = " << d);
+    CHECK(rp::bits_of(fast) == rp::bits_of(ref));
+    ++checked;
+  }
+  CHECK(checked == 20000);
+}
+
+/// detail::gathered_sum (one int64 where the terms span little, serial_sum otherwise) against
+/// serial_sum, over a strided layout as the gathered terms lie.
+template <class T>
+void gathered_cases(int lo, int hi) {
+  std::mt19937_64 rng(0x9a7e);
+  for (int trial = 0; trial < 600; ++trial) {
+    const int n = 1 + trial % 11;
+    const int width = trial % 3 == 0 ? hi - lo : 6;
+    const int from = lo + static_cast<int>(rng() % static_cast<std::uint64_t>(hi - lo - width + 1));
+    auto terms = random_terms<T>(rng, n, from, from + width, trial % 4 == 0);
+    if (trial % 13 == 0) terms[0] = T{};
+    if (trial % 29 == 0) terms[0] = rp::infinity<T>(trial % 2 == 0);
+    const std::size_t stride = 3;
+    std::vector<T> laid(terms.size() * stride);
+    for (std::size_t r = 0; r < terms.size(); ++r) laid[r * stride] = terms[r];
+    for (std::uint32_t d : {1u, static_cast<std::uint32_t>(n)}) {
+      const T got = ringzero::detail::gathered_sum(laid.data(), stride, terms.size(), d);
+      const T want = rp::serial_sum(terms.data(), terms.size(), d);
+      CHECK(rp::bits_of(got) == rp::bits_of(want));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the collective's fast paths round as round_words and serial_sum do") {
+  one_word_cases<float>();
+  one_word_cases<double>();
+  one_word_cases<float16>();
+  one_word_cases<bfloat16>();
+  gathered_cases<float>(-140, 120);
+  gathered_cases<double>(-1060, 1000);
+  gathered_cases<float16>(-20, 14);
+  gathered_cases<bfloat16>(-130, 120);
 }

@@ -10,12 +10,22 @@
 //
 // Small all_reduces (no algorithm forced) skip the window pass: every rank gathers every term (one
 // all_gather, the same latency as one all_reduce at these sizes) and sums them exactly itself.
+//
+// The passes over the data are the cost (docs/performance.md, "Reproducible sums: the cost"), so
+// the common cases take integer fast paths that give the general functions' bits: one-digit
+// blocks write and round a digit without branches on the data (one_digit, round_int64), the
+// gathered terms of an element are summed in one int64 where they span few bits, and a thread
+// keeps its scratch across calls.
 #pragma once
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <bit>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -38,20 +48,20 @@ inline constexpr std::size_t reproducible_gather_bytes = 64 * 1024;
 template <class E>
 void local_windows(std::span<const E> in, std::vector<std::int32_t>& win) {
   const std::size_t blocks = (in.size() + rp::block_elems - 1) / rp::block_elems;
-  win.assign(2 * blocks + 1, rp::empty);
-  std::int32_t special = 0;
+  win.resize(2 * blocks + 1);
+  bool special = false;
   for (std::size_t b = 0; b < blocks; ++b) {
     rp::window w;
     const std::size_t end = std::min(in.size(), (b + 1) * rp::block_elems);
     for (std::size_t i = b * rp::block_elems; i < end; ++i) {
       const rp::term t = rp::decompose(in[i]);
       w.add(t);
-      special |= t.k != rp::kind::finite && t.k != rp::kind::zero;
+      special = special || (t.k != rp::kind::finite && t.k != rp::kind::zero);
     }
     win[2 * b] = w.top;
     win[2 * b + 1] = w.neg_low;
   }
-  win.back() = special;
+  win.back() = special ? 1 : 0;
 }
 
 [[nodiscard]] inline rp::window window_of(const std::vector<std::int32_t>& win, std::size_t i) {
@@ -59,25 +69,170 @@ void local_windows(std::span<const E> in, std::vector<std::int32_t>& win) {
   return rp::window{win[2 * b], win[2 * b + 1]};
 }
 
-/// Digits of elements [from, to) of `in`, element after element, into q from q_at.
+/// Calls f(first, last, window) for the runs of [from, to) that share a block.
+template <class F>
+void for_each_block(const std::vector<std::int32_t>& win, std::size_t from, std::size_t to, F f) {
+  for (std::size_t i = from; i < to;) {
+    const std::size_t end = std::min(to, (i / rp::block_elems + 1) * rp::block_elems);
+    f(i, end, window_of(win, i));
+    i = end;
+  }
+}
+
+/// rp::digit(rp::decompose(x), low, 0) for a block of one digit, without branches: the
+/// window guarantees every finite term's bits lie in [low, low + 40), and inf, NaN and zero give
+/// 0.
+template <class E>
+[[nodiscard]] inline std::int64_t one_digit(E x, int low) noexcept {
+  using F = rp::format<E>;
+  constexpr int frac_bits = F::p - 1;
+  constexpr std::uint64_t exp_all = (std::uint64_t{1} << F::exp_bits) - 1;
+  const auto b = static_cast<std::uint64_t>(rp::bits_of(x));
+  const std::uint64_t e = (b >> frac_bits) & exp_all;
+  const std::uint64_t f = b & ((std::uint64_t{1} << frac_bits) - 1);
+  const std::uint64_t implicit = e != 0 ? std::uint64_t{1} << frac_bits : 0;
+  const std::uint64_t mant = e == exp_all ? 0 : (f | implicit);
+  const int exp = static_cast<int>(e != 0 ? e : 1) - F::emax - frac_bits;
+  const int shift = std::clamp(exp - low, -63, 63);
+  const std::uint64_t v = shift >= 0 ? mant << shift : mant >> -shift;
+  const std::uint64_t neg = 0 - (b >> (1 + F::exp_bits + frac_bits - 1));  // all ones if negative
+  return static_cast<std::int64_t>((v ^ neg) - neg);
+}
+
+/// Digits of elements [from, to) of `in`, element after element, into q from q_at. The window's
+/// words and low bit are worked out once per block, and a one-digit block (the usual case) writes
+/// rp::digit directly.
 template <class E>
 void write_digits(std::span<const E> in, const std::vector<std::int32_t>& win, std::size_t from,
                   std::size_t to, std::int64_t* q) {
-  for (std::size_t i = from; i < to; ++i) {
-    const rp::window w = window_of(win, i);
-    rp::to_words(rp::decompose(in[i]), w, q);
-    q += rp::words(w);
+  for_each_block(win, from, to, [&](std::size_t first, std::size_t last, rp::window w) {
+    const int words = rp::words(w);
+    if (words == 1) {
+      const int low = w.low();
+      for (std::size_t i = first; i < last; ++i) *q++ = one_digit(in[i], low);
+      return;
+    }
+    for (std::size_t i = first; i < last; ++i) {
+      rp::to_words(rp::decompose(in[i]), w, q);
+      q += words;
+    }
+  });
+}
+
+/// a * 2^x (plus something in (0, 2^x) when sticky), 0 < a < 2^63, rounded to the nearest E,
+/// ties to even, in integer arithmetic without data-dependent branches (and without the
+/// floating-point rounding mode). Returns false, leaving out alone, where the result is not a
+/// normal number or sticky lies among the kept bits: rp::round_to decides those.
+template <class E>
+[[nodiscard]] inline bool round_u64(bool neg, std::uint64_t a, int x, bool sticky, E& out) {
+  using F = rp::format<E>;
+  using B = typename F::bits;
+  constexpr int p = F::p;
+  const int len = static_cast<int>(std::bit_width(a));
+  std::uint64_t mant = 0;
+  int e = x;  // the result is mant * 2^e
+  if (len > p) {
+    // One more bit below holds sticky; adding half - 1 plus the kept lowest bit, then shifting,
+    // rounds to nearest with ties to even.
+    const std::uint64_t a2 = (a << 1) | (sticky ? 1u : 0u);
+    const int drop = len - p + 1;
+    mant = (a2 + ((std::uint64_t{1} << (drop - 1)) - 1) + ((a2 >> drop) & 1u)) >> drop;
+    e += drop - 1;
+    const int carry = static_cast<int>(mant >> p);  // rounding made 2^p
+    mant >>= carry;
+    e += carry;
+  } else {
+    if (sticky) return false;
+    mant = a << (p - len);
+    e -= p - len;
   }
+  const int lead = e + p - 1;
+  if (lead < F::emin || lead > F::emax) return false;
+  constexpr int width = 1 + F::exp_bits + p - 1;
+  const B sign = static_cast<B>(static_cast<B>(neg ? 1u : 0u) << (width - 1));
+  const auto biased = static_cast<B>(lead + F::emax);
+  const auto frac = static_cast<B>(mant & ((std::uint64_t{1} << (p - 1)) - 1));
+  out = rp::from_bits<E>(static_cast<B>(sign | static_cast<B>(biased << (p - 1)) | frac));
+  return true;
+}
+
+/// s * 2^low (divided by `divisor` first) rounded to the nearest E where round_u64 can; false
+/// where the result is subnormal or past the largest finite.
+template <class E>
+[[nodiscard]] inline bool round_int64(std::int64_t s, int low, std::uint32_t divisor, E& out) {
+  if (s == 0) {
+    out = rp::from_bits<E>(0);
+    return true;
+  }
+  if (s == INT64_MIN) return false;
+  const bool neg = s < 0;
+  const std::uint64_t m = neg ? ~std::uint64_t{0} : 0;
+  std::uint64_t a = (static_cast<std::uint64_t>(s) ^ m) - m;
+  if (divisor <= 1) return round_u64(neg, a, low, false, out);
+  // Scaled up to 63 bits first, the quotient keeps 39 or more; the remainder is sticky.
+  const int up = std::countl_zero(a) - 1;
+  a <<= up;
+  return round_u64(neg, a / divisor, low - up, a % divisor != 0, out);
+}
+
+/// rp::round_words for a one-digit block: the word is the sum itself, in units of 2^low.
+template <class E>
+[[nodiscard]] inline E round_one_word(std::int64_t s, const rp::window& w, int low,
+                                      std::uint32_t divisor) {
+  E v{};
+  if (round_int64(s, low, divisor, v)) return v;
+  return rp::round_words<E>(&s, w, divisor);
 }
 
 template <class E>
 void read_digits(const std::int64_t* q, const std::vector<std::int32_t>& win, std::size_t from,
                  std::size_t to, std::uint32_t divisor, E* out) {
-  for (std::size_t i = from; i < to; ++i) {
-    const rp::window w = window_of(win, i);
-    out[i - from] = rp::round_words<E>(q, w, divisor);
-    q += rp::words(w);
+  for_each_block(win, from, to, [&](std::size_t first, std::size_t last, rp::window w) {
+    const int words = rp::words(w);
+    E* o = out + (first - from);
+    if (words == 1) {
+      const int low = w.low();
+      for (std::size_t i = first; i < last; ++i) *o++ = round_one_word<E>(*q++, w, low, divisor);
+      return;
+    }
+    for (std::size_t i = first; i < last; ++i) {
+      *o++ = rp::round_words<E>(q, w, divisor);
+      q += words;
+    }
+  });
+}
+
+/// The exact sum of n terms of one element, as rp::serial_sum gives it, summed in one int64
+/// where the terms' bits span few enough (every float, bfloat16 and float16 sum of a few ranks
+/// of ordinary data) and by serial_sum otherwise.
+template <class E>
+[[nodiscard]] E gathered_sum(const E* terms, std::size_t stride, std::size_t n,
+                             std::uint32_t divisor) {
+  rp::window w;
+  bool other = false;
+  for (std::size_t r = 0; r < n; ++r) {
+    const rp::term t = rp::decompose(terms[r * stride]);
+    w.add(t);
+    other = other || (t.k != rp::kind::finite && t.k != rp::kind::zero);
   }
+  const int headroom = static_cast<int>(std::bit_width(n));
+  if (!other && (w.is_empty() || w.top + w.neg_low + headroom <= 62)) {
+    if (w.is_empty()) return rp::from_bits<E>(0);
+    const int low = -w.neg_low;
+    std::int64_t acc = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const rp::term t = rp::decompose(terms[r * stride]);
+      if (t.k != rp::kind::finite) continue;
+      const int shift = t.exp - low;  // negative only over trailing zeros of mant
+      const auto m = static_cast<std::int64_t>(shift >= 0 ? t.mant << shift : t.mant >> -shift);
+      acc += t.neg ? -m : m;
+    }
+    E v{};
+    if (round_int64(acc, low, divisor, v)) return v;
+  }
+  std::vector<E> copy(n);
+  for (std::size_t r = 0; r < n; ++r) copy[r] = terms[r * stride];
+  return rp::serial_sum(copy.data(), n, divisor);
 }
 
 /// Digits elements [from, to) take.
@@ -128,6 +283,37 @@ template <element E>
   }
 }
 
+/// Scratch a thread keeps across its reproducible calls: fresh digits on every call would cost
+/// page faults and zeroing (8 bytes per element) that the collective itself does not. It keeps
+/// the largest call's until the thread ends.
+struct reproducible_scratch {
+  std::vector<std::int32_t> win;
+  std::vector<std::int64_t> codes;
+  std::unique_ptr<std::int64_t[]> digits;
+  std::size_t digits_cap = 0;
+
+  /// n words, uninitialized.
+  [[nodiscard]] std::int64_t* words(std::size_t n) {
+    if (n > digits_cap) {
+      digits.reset();
+      digits = std::make_unique_for_overwrite<std::int64_t[]>(n);
+      digits_cap = n;
+    }
+    return digits.get();
+  }
+};
+
+[[nodiscard]] inline reproducible_scratch& scratch_here() {
+  thread_local reproducible_scratch s;
+  return s;
+}
+
+template <class E>
+[[nodiscard]] std::vector<E>& gathered_here() {
+  thread_local std::vector<E> v;
+  return v;
+}
+
 template <class Comm, class E>
 void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& opt) {
   const int n = comm.size();
@@ -145,26 +331,26 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
                     "world has {} ranks",
                     collective_name(c.kind), rp::max_terms, n));
   const bool root = comm.rank() == c.root;
+  const auto ranks = static_cast<std::size_t>(n);
 
   // Small all_reduce: gather the terms, sum them here.
   if (c.kind == collective::all_reduce && n > 1 && opt.algorithm == algorithm::automatic &&
-      c.in.size() * static_cast<std::size_t>(n) * sizeof(E) <= reproducible_gather_bytes) {
+      c.in.size() * ranks * sizeof(E) <= reproducible_gather_bytes) {
     const std::size_t count = c.in.size();
-    std::vector<E> all(count * static_cast<std::size_t>(n));
-    all_gather(comm, c.in, std::span<E>(all), aux);
-    std::vector<E> terms(static_cast<std::size_t>(n));
-    for (std::size_t i = 0; i < count; ++i) {
-      for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) terms[r] = all[r * count + i];
-      c.out[i] = rp::serial_sum(terms.data(), terms.size(), divisor);
-    }
+    std::vector<E>& all = gathered_here<E>();
+    all.resize(count * ranks);
+    all_gather(comm, c.in, std::span<E>(all.data(), count * ranks), aux);
+    for (std::size_t i = 0; i < count; ++i)
+      c.out[i] = gathered_sum(all.data() + i, count, ranks, divisor);
     return;
   }
 
-  std::vector<std::int32_t> win;
+  reproducible_scratch& s = scratch_here();
+  std::vector<std::int32_t>& win = s.win;
   local_windows(c.in, win);
   all_reduce(comm, std::span<std::int32_t>(win), op::max, aux);
   const bool special = win.back() != 0;
-  std::vector<std::int64_t> codes;
+  std::vector<std::int64_t>& codes = s.codes;
   if (special) special_codes(c.in, codes);
 
   if (c.kind == collective::reduce_scatter) {
@@ -174,16 +360,17 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
     for (int r = 0; r < n; ++r)
       seg = std::max(seg, digits_between(win, static_cast<std::size_t>(r) * count,
                                          static_cast<std::size_t>(r + 1) * count));
-    std::vector<std::int64_t> q(seg * static_cast<std::size_t>(n), 0);
-    for (int r = 0; r < n; ++r)
-      write_digits(c.in, win, static_cast<std::size_t>(r) * count,
-                   static_cast<std::size_t>(r + 1) * count,
-                   q.data() + static_cast<std::size_t>(r) * seg);
-    std::vector<std::int64_t> mine(seg);
-    reduce_scatter(comm, std::span<const std::int64_t>(q), std::span<std::int64_t>(mine), op::sum,
-                   inner);
+    std::int64_t* q = s.words(seg * ranks + seg);
+    std::int64_t* mine = q + seg * ranks;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::size_t used = digits_between(win, r * count, (r + 1) * count);
+      write_digits(c.in, win, r * count, (r + 1) * count, q + r * seg);
+      std::fill(q + r * seg + used, q + (r + 1) * seg, std::int64_t{0});
+    }
+    reduce_scatter(comm, std::span<const std::int64_t>(q, seg * ranks),
+                   std::span<std::int64_t>(mine, seg), op::sum, inner);
     const std::size_t from = static_cast<std::size_t>(comm.rank()) * count;
-    read_digits(mine.data(), win, from, from + count, divisor, c.out.data());
+    read_digits(mine, win, from, from + count, divisor, c.out.data());
     if (special) {
       std::vector<std::int64_t> mine_codes(count);
       reduce_scatter(comm, std::span<const std::int64_t>(codes),
@@ -194,12 +381,13 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
   }
 
   const std::size_t count = c.in.size();
-  std::vector<std::int64_t> q(digits_between(win, 0, count));
-  write_digits(c.in, win, 0, count, q.data());
+  const std::size_t words = digits_between(win, 0, count);
+  std::int64_t* q = s.words(words);
+  write_digits(c.in, win, 0, count, q);
   if (c.kind == collective::all_reduce)
-    all_reduce(comm, std::span<std::int64_t>(q), op::sum, inner);
+    all_reduce(comm, std::span<std::int64_t>(q, words), op::sum, inner);
   else
-    reduce(comm, std::span<std::int64_t>(q), op::sum, c.root, inner);
+    reduce(comm, std::span<std::int64_t>(q, words), op::sum, c.root, inner);
   if (special) {
     if (c.kind == collective::all_reduce)
       all_reduce(comm, std::span<std::int64_t>(codes), op::sum, inner);
@@ -207,7 +395,7 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
       reduce(comm, std::span<std::int64_t>(codes), op::sum, c.root, inner);
   }
   if (c.kind == collective::reduce && !root) return;
-  read_digits(q.data(), win, 0, count, divisor, c.out.data());
+  read_digits(q, win, 0, count, divisor, c.out.data());
   if (special) apply_specials(codes.data(), count, c.out.data());
 }
 
