@@ -138,6 +138,6 @@ TEST_CASE("a rank that stops answering still fails the call one timeout after th
     const auto& [err, secs] = res[static_cast<std::size_t>(r)];
     CHECK_MESSAGE(err.find("without progress") != std::string::npos, err);
     CHECK(secs >= 1.0);
-    CHECK(secs < 2.4);  // a second after its last message, not 1 s after each of 12 steps
+    CHECK(secs < 4.0);  // a second after its last message, however long the call had run
   }
 }
