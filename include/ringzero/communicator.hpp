@@ -380,6 +380,21 @@ class communicator {
     return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
   }
 
+  /// The first rank, numbered as in this communicator, that the transport finds stopped
+  /// (libfabric's watchdog: SIGSTOP or a debugger, on this host), or -1. A timeout names it:
+  /// the rank a wait was blocked on is often only waiting for it in turn.
+  [[nodiscard]] int stopped_rank() const requires requires(const T& x) {
+    { x.stopped_ranks() } -> std::convertible_to<std::vector<int>>;
+  }
+  {
+    if (!transport_) return -1;
+    const std::vector<int> stopped = transport_->stopped_ranks();
+    for (std::size_t i = 0; i < members_.size(); ++i)
+      if (std::find(stopped.begin(), stopped.end(), members_[i]) != stopped.end())
+        return static_cast<int>(i);
+    return -1;
+  }
+
   /// Fails every wait on this communicator, and on every communicator sharing its transport
   /// (the world, those split from it), with peer_error carrying `why`: now, including waits
   /// blocked in another thread, and every call after. Thread-safe: for a thread that must stop a

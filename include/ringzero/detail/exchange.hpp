@@ -191,6 +191,13 @@ class exchange {
       if (const int dead = comm_.failed_rank(); dead >= 0 && dead != p.peer)
         return timeout_error(fmt::format("{}; rank {} has died", what, dead), dead);
     }
+    // A stopped rank (SIGSTOP, a debugger) is alive, so nothing failed, but every wait that
+    // depends on it ends here: it is the culprit, whichever rank this one waited for.
+    if constexpr (requires { comm_.stopped_rank(); }) {
+      if (const int stopped = comm_.stopped_rank(); stopped >= 0)
+        return timeout_error(
+            fmt::format("{}; rank {} is stopped (SIGSTOP or a debugger)", what, stopped), stopped);
+    }
     return timeout_error(what, p.peer);
   }
 

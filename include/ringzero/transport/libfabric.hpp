@@ -213,6 +213,9 @@ class transport {
 
   /// The rank the watchdog found dead, or -1 (see communicator::failed_rank()).
   [[nodiscard]] int failed_rank() const noexcept { return ep_->failed_rank(); }
+  /// The ranks on this host the watchdog finds stopped (SIGSTOP, a debugger): alive, so not
+  /// failed, but a wait on them can only time out (see communicator::stopped_rank()).
+  [[nodiscard]] std::vector<int> stopped_ranks() const { return ep_->stopped_ranks(); }
 
   /// Fails every wait on this transport, and so on every communicator over it (the world and
   /// those split from it), with peer_error carrying `why`: now, including waits blocked in

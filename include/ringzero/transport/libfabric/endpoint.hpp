@@ -31,6 +31,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +48,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ringzero/error.hpp"
@@ -98,6 +100,8 @@ class handle {
     reset();
     return &p_;
   }
+  /// Gives the object up without closing it.
+  [[nodiscard]] F* release() noexcept { return std::exchange(p_, nullptr); }
 
  private:
   F* p_ = nullptr;
@@ -200,6 +204,23 @@ struct op_context {
 static_assert(offsetof(op_context, provider_scratch) == 0,
               "libfabric needs the fi_context2 at the start of the operation context");
 
+/// What an endpoint that failed leaves to the provider instead of closing it (~endpoint): kept
+/// for the life of the process, reachable (leak checkers do not report it) and never closed.
+struct left_open {
+  std::vector<fid*> objects;
+  std::unique_ptr<mr_cache> mrs;
+  std::deque<op_context> contexts;
+
+  [[nodiscard]] static std::vector<std::unique_ptr<left_open>>& all() {
+    static auto* kept = new std::vector<std::unique_ptr<left_open>>();
+    return *kept;
+  }
+  [[nodiscard]] static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+};
+
 class endpoint {
  public:
   struct config {
@@ -280,7 +301,7 @@ class endpoint {
     check(fi_ep_bind(ep_.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)",
           provider_);
     check(fi_enable(ep_.get()), "fi_enable", provider_);
-    mrs_.emplace(domain_.get(), ep_.get(), mr_mode_, provider_);
+    mrs_ = std::make_unique<mr_cache>(domain_.get(), ep_.get(), mr_mode_, provider_);
     log::info(
         "libfabric: provider {} fabric {} domain {} address {}, mr_mode {:#x}, mode {:#x}, {} "
         "tag bits, inject {} B{}",
@@ -293,15 +314,45 @@ class endpoint {
   endpoint& operator=(const endpoint&) = delete;
 
   ~endpoint() {
-    dog_.reset();
+    if (held_ > 0) {
+      // Operations the provider never gave back (abandoned after a failure) still point into
+      // buffers the caller has likely freed, and at a peer that may never answer: closing the
+      // endpoint then makes the provider finish them, and ofi_rxm, tearing down a rendezvous
+      // with a stopped peer, read a context of its own it had already freed (SIGSEGV in
+      // fi_close). Nothing here drives progress any more, so the provider's objects and the
+      // contexts it holds are left as they are, and only the names other processes could
+      // still find (this process's /dev/shm regions) are removed: an endpoint that failed is
+      // not closed, and its process is usually about to exit.
+      log::info("libfabric: {} operation{} still held by provider {}: the endpoint is left open",
+                held_, held_ == 1 ? "" : "s", provider_);
+      auto kept = std::make_unique<left_open>();
+      kept->objects = {&ep_.release()->fid, &av_.release()->fid, &cq_.release()->fid,
+                       &domain_.release()->fid, &fabric_.release()->fid};
+      kept->mrs = std::move(mrs_);
+      kept->contexts = std::move(pool_);  // a deque moves its blocks: the addresses stay
+      {
+        std::lock_guard lock(left_open::mutex());
+        left_open::all().push_back(std::move(kept));
+      }
+      remove_shm_regions(static_cast<long>(::getpid()));
+      dog_.reset();
+      return;
+    }
     // Closing the endpoint ends every operation still posted; only then may the memory the
-    // provider was using (registrations, contexts) go.
-    ep_.reset();
-    mrs_.reset();
-    av_.reset();
-    cq_.reset();
-    domain_.reset();
-    fabric_.reset();
+    // provider was using (registrations, contexts) go. Each close is watched, briefly: a close
+    // that waits on a peer that stopped must not hold the process past its deadline.
+    const auto close = [&](auto& h) {
+      watched(
+          dog_.get(), [&] { return h.reset(), 0; }, true);
+    };
+    close(ep_);
+    watched(
+        dog_.get(), [&] { return mrs_.reset(), 0; }, true);
+    close(av_);
+    close(cq_);
+    close(domain_);
+    close(fabric_);
+    dog_.reset();
   }
 
   /// This endpoint's address, as the peers' fi_av_insert wants it.
@@ -354,6 +405,10 @@ class endpoint {
 
   /// The world rank the watchdog found dead, or -1.
   [[nodiscard]] int failed_rank() const noexcept { return dog_ ? dog_->failed_rank() : -1; }
+  /// World ranks on this host the watchdog finds stopped (SIGSTOP, a debugger), or none.
+  [[nodiscard]] std::vector<int> stopped_ranks() const {
+    return dog_ ? dog_->stopped_ranks() : std::vector<int>{};
+  }
   [[nodiscard]] const watchdog* dog() const noexcept { return dog_.get(); }
 
   /// Fails every operation waiting on this endpoint, now and from now on, with `why`. Safe to
@@ -630,9 +685,13 @@ class endpoint {
         }
       }
       watched(dog_.get(), [&] { return fi_cancel(&ep_.get()->fid, c); });
-      // Once a rank is dead or the communicator aborted, operations that have not finished
-      // will not: drain briefly, so that the error reaches the caller in time.
-      const bool failing = aborted() || failed_rank() >= 0 ||
+      // Once a rank is dead or stopped, the communicator aborted, or an operation was already
+      // given up on, operations that have not finished will not: drain briefly, so that the
+      // error reaches the caller in time (a receive from a stopped peer that the provider had
+      // matched, say, a rendezvous under way, cannot be cancelled, and waiting out the
+      // deadline once for each would keep the caller for as many timeouts).
+      const bool failing = aborted() || failed_rank() >= 0 || held_ > 0 ||
+                           (dog_ && !dog_->stopped_ranks().empty()) ||
                            !failures_[static_cast<std::size_t>(c->world_peer)].empty();
       const auto limit =
           c->is_send || failing
@@ -658,6 +717,7 @@ class endpoint {
           log::info("libfabric: a {} rank {} could not be cancelled either",
                     c->is_send ? "send to" : "receive from", c->peer);
         c->orphaned = true;
+        ++held_;
         return;
       }
     }
@@ -792,9 +852,15 @@ class endpoint {
     --(c->is_send ? posted_sends_ : posted_recvs_);
   }
 
+  /// An abandoned operation the provider has now given back.
+  void release_orphan(op_context* c) noexcept {
+    --held_;
+    recycle(c);
+  }
+
   void complete(op_context* c, std::size_t len) {
     retire(c);
-    if (c->orphaned) return recycle(c);
+    if (c->orphaned) return release_orphan(c);
     if (!c->is_send && len != c->length) {
       c->state = op_context::status::failed;
       c->error = fmt::format(
@@ -825,7 +891,7 @@ class endpoint {
       return;
     }
     retire(c);
-    if (c->orphaned) return recycle(c);
+    if (c->orphaned) return release_orphan(c);
     // Providers disagree on the sign of err.
     const int code = err.err < 0 ? -err.err : err.err;
     if (code == FI_ECANCELED) {
@@ -867,7 +933,7 @@ class endpoint {
   handle<fid_cq> cq_;
   handle<fid_av> av_;
   handle<fid_ep> ep_;
-  std::optional<mr_cache> mrs_;
+  std::unique_ptr<mr_cache> mrs_;
   std::vector<fi_addr_t> addrs_;
   std::vector<std::string> failures_;  ///< why a world rank is known unreachable, or empty
   mutable std::mutex mutex_;
@@ -881,6 +947,7 @@ class endpoint {
   std::vector<op_context*> free_;
   bool logged_pending_ = false;
   std::size_t orphans_ = 0;
+  std::size_t held_ = 0;  ///< orphaned operations the provider has not given back
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;
   std::string abort_reason_;

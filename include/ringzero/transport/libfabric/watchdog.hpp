@@ -275,7 +275,11 @@ class watchdog {
     thread_.join();
     if (cfg_.board) {
       cfg_.board->leaving();
-      if (failed_rank() >= 0) cfg_.board->excuse_one();
+      // A rank that died, or that is stopped, will not close its store: rank 0's store must not
+      // wait for it (a stopped rank may never be continued).
+      int missing = failed_rank() >= 0 ? 1 : 0;
+      for (const int r : stopped_) missing += r != failed_rank() ? 1 : 0;
+      for (int i = 0; i < missing; ++i) cfg_.board->excuse_one();
     }
   }
 
@@ -320,8 +324,18 @@ class watchdog {
     failed_at_.store(now_ms(), std::memory_order_release);
   }
 
-  /// Brackets one provider call: the thread checks how long the current one has run.
-  void enter() noexcept { call_since_.store(now_ms(), std::memory_order_release); }
+  /// `world_rank` is stopped (see stopped_ranks()).
+  [[nodiscard]] bool is_stopped(int world_rank) const {
+    std::lock_guard lock(mutex_);
+    return std::find(stopped_.begin(), stopped_.end(), world_rank) != stopped_.end();
+  }
+
+  /// Brackets one provider call: the thread checks how long the current one has run. A call
+  /// entered `brief` may only run for `grace`, as once a rank is known dead: a teardown call.
+  void enter(bool brief = false) noexcept {
+    brief_.store(brief, std::memory_order_release);
+    call_since_.store(now_ms(), std::memory_order_release);
+  }
   void leave() noexcept { call_since_.store(0, std::memory_order_release); }
 
  private:
@@ -381,13 +395,19 @@ class watchdog {
     if (since == 0 || !terminate_) return;
     const std::int64_t ran = now_ms() - since;
     const int dead = failed_rank();
+    const bool brief = brief_.load(std::memory_order_acquire);
     const auto limit_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(dead >= 0 ? cfg_.grace : cfg_.timeout)
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            dead >= 0 || brief ? std::min(cfg_.grace, cfg_.timeout) : cfg_.timeout)
             .count();
     if (ran < limit_ms) return;
+    const std::vector<int> stopped = stopped_ranks();
     const std::string cause =
-        dead >= 0 ? fmt::format("rank {} died ({})", dead, failure())
-                  : std::string("no rank is known to have died (is one stopped or unreachable?)");
+        dead >= 0          ? fmt::format("rank {} died ({})", dead, failure())
+        : !stopped.empty() ? fmt::format("rank {} is stopped (SIGSTOP or a debugger)", stopped[0])
+                           : std::string(
+                                 "no rank is known to have died (is one stopped or "
+                                 "unreachable?)");
     // A fatal verdict reads as one (ERROR), whatever RINGZERO_DEBUG says, NONE included: the
     // only line that explains an exit status of 70.
     log::detail::write(
@@ -399,7 +419,11 @@ class watchdog {
                     cfg_.rank, static_cast<double>(ran) / 1000.0, cause, watchdog_exit_status));
     std::fflush(stderr);
     // Ending on purpose is no new failure: peers that find this process gone must not blame it.
-    if (cfg_.board) cfg_.board->ending(cfg_.grace, dead >= 0);
+    if (cfg_.board) {
+      for (const int r : stopped)
+        if (r != dead) cfg_.board->excuse_one();
+      cfg_.board->ending(cfg_.grace, dead >= 0);
+    }
     remove_shm_regions(self_.pid);
     std::_Exit(watchdog_exit_status);
   }
@@ -410,6 +434,7 @@ class watchdog {
   std::atomic<int> failed_{-1};
   std::atomic<std::int64_t> failed_at_{0};
   std::atomic<std::int64_t> call_since_{0};
+  std::atomic<bool> brief_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::string reason_;
@@ -420,11 +445,12 @@ class watchdog {
   std::thread thread_;
 };
 
-/// Runs f, one provider call, under `dog`'s eye (nothing to watch when dog is null).
+/// Runs f, one provider call, under `dog`'s eye (nothing to watch when dog is null); a `brief`
+/// one (closing) may run for the watchdog's grace only.
 template <class F>
-auto watched(watchdog* dog, F&& f) {
+auto watched(watchdog* dog, F&& f, bool brief = false) {
   if (!dog) return f();
-  dog->enter();
+  dog->enter(brief);
   struct leave {
     watchdog* d;
     ~leave() { d->leave(); }
