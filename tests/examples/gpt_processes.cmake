@@ -4,21 +4,7 @@
 set(model --dim 16 --heads 2 --layers 1 --context 16 --batch 8 --steps 6 --warmup 2 --sample 20
           --log-every 1)
 
-function(run_gpt out)
-  execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE text ERROR_VARIABLE err RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "'${ARGN}' failed (${rc}):\n${text}\n${err}")
-  endif()
-  set(${out} "${text}" PARENT_SCOPE)
-endfunction()
-
-function(final_crc out text)
-  string(REGEX MATCH "final fp32 weights: [0-9]+ values, crc32c [0-9a-f]+" line "${text}")
-  if(NOT line)
-    message(FATAL_ERROR "no final weights in:\n${text}")
-  endif()
-  set(${out} "${line}" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/gpt_common.cmake")
 
 file(REMOVE_RECURSE "${DIR}")
 run_gpt(threads ${GPT} -n 4 ${model})
