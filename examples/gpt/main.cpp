@@ -7,16 +7,23 @@
 //   ringzero-run -n 4 ringzero-gpt --stop-after 150 --save ckpt
 //   ringzero-run -n 2 ringzero-gpt --resume ckpt          # the same loss curve, on 2 ranks
 //   ringzero-gpt -n 3 --reproducible --batch 24           # the weights of -n 1, 2, 4, 6, bitwise
+//   ringzero-run -n 4 --elastic 2:4 ringzero-gpt --reproducible --batch 24
+//                                  # a rank may die: the rest go on, to the same weights
 #include <ringzero/bootstrap/environment.hpp>
+#include <ringzero/elastic.hpp>
 #include <ringzero/ringzero.hpp>
 
-#include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,6 +39,7 @@ struct args {
   int ranks = 4;
   std::string precision = "bf16";
   std::string text = RINGZERO_GPT_TEXT;
+  std::optional<int> checkpoint_every;
   gpt::train_options train;
 };
 
@@ -61,7 +69,13 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --shard-group G       hybrid sharding: shard within groups of G ranks, replicate across them
   --reproducible        one micro-batch per sequence, summed exactly: the same weights, bit for
                         bit, at every world size dividing --batch (and every stage, shard group)
+  --checkpoint DIR      save a checkpoint to DIR every --checkpoint-every steps
+  --checkpoint-every K  default 10 under ringzero-run --elastic, else 0 (never)
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
+Under ringzero-run --elastic MIN:MAX a rank that dies does not end the job: the others form a
+new world (sizes that divide --batch), load the last checkpoint (--checkpoint, by default a
+directory under /tmp removed at the end) and go on; processes started with ringzero-run --join
+are taken in at the next step boundary.
 )";
 
 [[noreturn]] void die(const std::string& msg) {
@@ -114,6 +128,9 @@ args parse(int argc, char** argv) {
       {"--temperature", [](args& a, auto f, auto v) { a.train.temperature = number<float>(f, v); }},
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
+      {"--checkpoint", [](args& a, auto, auto v) { a.train.checkpoint = v; }},
+      {"--checkpoint-every",
+       [](args& a, auto f, auto v) { a.checkpoint_every = number<int>(f, v); }},
   };
   args a;
   for (int i = 1; i < argc; ++i) {
@@ -140,8 +157,12 @@ args parse(int argc, char** argv) {
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
-      t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) || !(t.lr >= 0))
+      t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) ||
+      !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0)
     die("sizes, counts, the learning rate and the temperature must be positive");
+  a.train.checkpoint_every = a.checkpoint_every.value_or(0);
+  if (a.train.checkpoint_every > 0 && a.train.checkpoint.empty())
+    die("--checkpoint-every needs --checkpoint DIR");
   return a;
 }
 
@@ -149,9 +170,106 @@ bool launched() {
   return ringzero::bootstrap::detect_launch().launcher != "single";
 }
 
+#if RINGZERO_GPT_HAVE_LIBFABRIC
+// An elastic job: each generation of the job trains from the last checkpoint until it finishes,
+// a rank dies (the survivors form the next generation and go on) or processes arrive (every
+// rank saves, and the next generation takes them in).
+template <class P>
+void run_elastic(const args& a, const gpt::corpus& text) {
+  using Comm = ringzero::libfabric::communicator;
+  using clock = std::chrono::steady_clock;
+  const int batch = a.train.batch;
+  auto s = ringzero::elastic::session::from_env([batch](int n) { return batch % n == 0; });
+  s.join();
+  auto o = a.train;
+  // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after
+  // the job's token so that every rank, arrivals included, finds the same one.
+  const bool own_dir = o.checkpoint.empty();
+  if (own_dir)
+    o.checkpoint = (std::filesystem::temp_directory_path() /
+                    fmt::format("ringzero-gpt-elastic-{:016x}",
+                                ringzero::bootstrap::detail::fnv1a(
+                                    ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
+                       .string();
+  if (o.checkpoint_every == 0 && !a.checkpoint_every) o.checkpoint_every = 10;
+  const auto manifest = std::filesystem::path(o.checkpoint) / "manifest.txt";
+  std::optional<clock::time_point> failed_at;
+  std::string failure;
+  int fruitless = 0;
+  for (;;) {
+    const auto& m = s.current();
+    std::FILE* log = m.rank == 0 ? stdout : nullptr;
+    if (log != nullptr && m.generation > 0)
+      fmt::print(log, "elastic: generation {}: {} ranks{}{} (formed in {:.2f} s)\n", m.generation,
+                 m.size(),
+                 m.lost.empty() ? "" : fmt::format(", lost member(s) {}", fmt::join(m.lost, ", ")),
+                 m.arrived.empty()
+                     ? ""
+                     : fmt::format(", took in member(s) {}", fmt::join(m.arrived, ", ")),
+                 std::chrono::duration<double>(m.formed_in).count());
+    std::optional<Comm> comm;
+    try {
+      comm.emplace(s.template communicator<Comm>());
+      auto g = o;
+      g.transport = "elastic processes, libfabric " + comm->transport().provider();
+      // The job's own last checkpoint, once it has one; before that --resume, if given.
+      g.resume = std::filesystem::exists(manifest) ? o.checkpoint : a.train.resume;
+      g.arrivals = [&s] { return s.waiting(); };
+      bool first = true;
+      g.after_step = [&](std::uint64_t step) {
+        if (!first) return;
+        first = false;
+        if (!failed_at) return;
+        const double took = std::chrono::duration<double>(clock::now() - *failed_at).count();
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+        const std::string what =
+            fmt::format("recovered: step {} done {:.2f} s after the failure was seen ({})", step,
+                        took, failure);
+        if (log != nullptr) fmt::print(log, "elastic: {} (unix ms {})\n", what, ms);
+        if (m.rank == 0) s.record(what);
+        failed_at.reset();
+      };
+      const auto res = gpt::train<Comm, P>(*comm, g, text, log);
+      if (res.regroup) {
+        comm.reset();
+        s.grow();
+        continue;
+      }
+      if (m.rank == 0) {
+        s.finish();
+        if (own_dir) std::filesystem::remove_all(o.checkpoint);
+      }
+      return;
+    } catch (const ringzero::error& e) {
+      const auto c = e.code();
+      if (c != ringzero::errc::peer_failure && c != ringzero::errc::timeout &&
+          c != ringzero::errc::transport)
+        throw;
+      int who = comm ? comm->failed_rank() : -1;
+      if (who < 0)
+        if (const auto* pe = dynamic_cast<const ringzero::peer_error*>(&e)) who = pe->peer();
+      if (!failed_at) failed_at = clock::now();
+      failure = who >= 0 ? fmt::format("member {} lost", m.members[static_cast<std::size_t>(who)])
+                         : std::string("a member lost");
+      fmt::print(stderr, "ringzero-gpt: elastic: generation {} failed: {}; the survivors go on\n",
+                 m.generation, e.what());
+      comm.reset();
+      s.shrink(who);
+      // A failure that cost no member (a timeout on a slow peer) is retried once; twice in a
+      // row is no fault elasticity can fix.
+      if (s.current().lost.empty() && ++fruitless > 1) throw;
+      if (!s.current().lost.empty()) fruitless = 0;
+    }
+  }
+}
+#endif
+
 template <class P>
 void launch(const args& a, const gpt::corpus& text) {
 #if RINGZERO_GPT_HAVE_LIBFABRIC
+  if (ringzero::elastic::session::enabled()) return run_elastic<P>(a, text);
   if (launched()) {
     auto comm = ringzero::libfabric::communicator::from_env();
     auto o = a.train;

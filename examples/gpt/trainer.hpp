@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <numbers>
 #include <optional>
 #include <span>
@@ -55,6 +56,15 @@ struct train_options {
   bool reproducible = false;                   ///< one micro-batch per sequence, reduced exactly
   int shard_group = 0;                         ///< hybrid sharding: ranks per shard group (0: all)
   std::string transport = "loopback threads";  ///< for the header line
+  /// Save a checkpoint to `checkpoint` every this many steps (0: never): what an elastic job
+  /// resumes from when a rank dies.
+  int checkpoint_every = 0;
+  std::string checkpoint;
+  /// Elastic jobs: asked on rank 0 at every step boundary how many processes wait to join; when
+  /// any do, every rank saves a checkpoint and train() returns with `regroup` set.
+  std::function<int()> arrivals;
+  /// Called on every rank after each step (an elastic job times its recovery with it).
+  std::function<void(std::uint64_t step)> after_step;
 };
 
 struct train_result {
@@ -62,6 +72,7 @@ struct train_result {
   std::vector<float> weights;  ///< every parameter's fp32 master value at the end
   std::string sample;
   double tokens_per_second = 0;
+  bool regroup = false;  ///< stopped at a step boundary to take in arrivals (checkpoint saved)
 };
 
 /// Linear warmup to lr over `warmup` steps, then a cosine down to lr * min_lr_ratio at `steps`.
@@ -330,6 +341,22 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
     });
     res.losses.push_back(loss);
     ++trained;
+    if (o.checkpoint_every > 0 && r.step % static_cast<std::uint64_t>(o.checkpoint_every) == 0 &&
+        r.step < last)
+      shd.save(o.checkpoint);
+    if (o.after_step) o.after_step(r.step);
+    if (o.arrivals && r.step < last) {
+      int waiting = comm.rank() == 0 ? o.arrivals() : 0;
+      shd.run_collective(
+          [&](Comm& cm) { ringzero::broadcast(cm, std::span<int>(&waiting, 1), 0); });
+      if (waiting > 0) {
+        shd.save(o.checkpoint);
+        say(log, "step {}: {} process(es) wait to join; saved to {} to regroup\n", r.step, waiting,
+            o.checkpoint);
+        res.regroup = true;
+        return res;
+      }
+    }
     if (r.step % static_cast<std::uint64_t>(o.log_every) == 0 || r.step == 1 || r.step == last) {
       say(log, "step {:4}  loss {:.4f}  lr {:.2e}  grad-norm {:.3f}{}\n", r.step, loss,
           learning_rate(o, step), r.grad_norm, r.skipped ? "  (skipped: inf/nan gradient)" : "");

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -35,7 +36,9 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/bootstrap/tcp_store.hpp"
 #include "ringzero/detail/shm_names.hpp"
+#include "ringzero/elastic.hpp"
 #include "ringzero/version.hpp"
 
 extern char** environ;
@@ -63,12 +66,21 @@ constexpr const char* usage_text =
     "  --port P           MASTER_PORT to use instead of a free one\n"
     "  --timeout S        stop the job after S seconds (exit status 124)\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+    "  --elastic MIN:MAX  elastic job: a rank that dies does not stop the others while MIN\n"
+    "                     remain; the store is served here, not by a rank, so any rank may die.\n"
+    "                     Ranks get RINGZERO_ELASTIC=MIN:MAX and RINGZERO_ELASTIC_ID and form\n"
+    "                     generations through ringzero::elastic::session (ringzero/elastic.hpp)\n"
+    "  --job-file F       with --elastic: write what ranks need to join this job to F (0600)\n"
+    "  --join F           start N more ranks that join the elastic job F describes, at its next\n"
+    "                     step boundary (the job's ranks take them in; see docs/reliability.md)\n"
     "  -h, --help         show this help\n"
     "  --version          show the version\n"
     "\n"
     "SIGINT and SIGTERM are forwarded to every rank; a second one kills them. When a rank exits\n"
     "with a non-zero status or is killed by a signal, the other ranks are stopped and\n"
-    "ringzero-run exits with that rank's status (128+N for signal N).\n";
+    "ringzero-run exits with that rank's status (128+N for signal N). With --elastic, the job\n"
+    "goes on while MIN ranks remain; it exits 0 if the ranks that finished it exited 0, and a\n"
+    "summary says who died when and the world size over time.\n";
 
 constexpr std::size_t max_line_bytes = 64 * 1024;
 
@@ -81,6 +93,9 @@ struct options {
   int port = 0;
   double timeout_s = 0;
   double grace_s = 5;
+  std::string elastic;   ///< MIN:MAX, or empty
+  std::string job_file;  ///< --job-file
+  std::string join;      ///< --join: the job file of the job to join
   std::vector<std::string> command;
 };
 
@@ -148,6 +163,17 @@ options parse_args(int argc, char** argv) {
       o.tag = tagging::always;
     else if (a == "--no-tag-output")
       o.tag = tagging::never;
+    else if (auto v7 = value(a, "--elastic")) {
+      try {
+        static_cast<void>(ringzero::elastic::parse_limits(*v7));
+      } catch (const ringzero::error& e) {
+        usage_error(fmt::format("--elastic: {}", e.what()));
+      }
+      o.elastic = *v7;
+    } else if (auto v8 = value(a, "--job-file"))
+      o.job_file = *v8;
+    else if (auto v9 = value(a, "--join"))
+      o.join = *v9;
     else if (auto v6 = value(a, "--output")) {
       if (v6->empty()) usage_error("--output needs a directory");
       o.output_dir = *v6;
@@ -158,6 +184,11 @@ options parse_args(int argc, char** argv) {
   }
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.nproc == 0) usage_error("-n N (the number of ranks) is required");
+  if (!o.job_file.empty() && o.elastic.empty()) usage_error("--job-file needs --elastic");
+  if (!o.join.empty() && (!o.elastic.empty() || o.port != 0))
+    usage_error("--join takes the job's limits and port from its job file");
+  if (!o.elastic.empty() && o.nproc > ringzero::elastic::parse_limits(o.elastic).max)
+    usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
   if (o.command.empty()) usage_error("no program to run");
   return o;
 }
@@ -211,11 +242,28 @@ std::string random_token() {
   return t;
 }
 
-std::vector<std::string> rank_environment(const options& o, int rank, int port,
-                                          const std::string& token) {
-  static constexpr std::string_view ours[] = {
-      "RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",     "LOCAL_WORLD_SIZE=",
-      "MASTER_ADDR=", "MASTER_PORT=", "RINGZERO_TOKEN=", "RINGZERO_LAUNCHER="};
+// Where the ranks meet and what kind of job they are in.
+struct job_env {
+  std::string addr = "127.0.0.1";
+  int port = 0;
+  std::string token;
+  std::string elastic;        ///< MIN:MAX for an elastic job, else empty
+  bool arrival = false;       ///< ranks joining a running elastic job (--join)
+  std::int64_t first_id = 0;  ///< the elastic member id of this launcher's first rank
+};
+
+std::vector<std::string> rank_environment(const options& o, int rank, const job_env& j) {
+  static constexpr std::string_view ours[] = {"RANK=",
+                                              "WORLD_SIZE=",
+                                              "LOCAL_RANK=",
+                                              "LOCAL_WORLD_SIZE=",
+                                              "MASTER_ADDR=",
+                                              "MASTER_PORT=",
+                                              "RINGZERO_TOKEN=",
+                                              "RINGZERO_LAUNCHER=",
+                                              "RINGZERO_ELASTIC=",
+                                              "RINGZERO_ELASTIC_ID=",
+                                              "RINGZERO_ELASTIC_ARRIVAL="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view v = *e;
@@ -223,15 +271,63 @@ std::vector<std::string> rank_environment(const options& o, int rank, int port,
                      [&](std::string_view p) { return v.starts_with(p); }))
       env.emplace_back(v);
   }
-  env.push_back(fmt::format("RANK={}", rank));
-  env.push_back(fmt::format("WORLD_SIZE={}", o.nproc));
-  env.push_back(fmt::format("LOCAL_RANK={}", rank));
-  env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", o.nproc));
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back(fmt::format("MASTER_PORT={}", port));
-  env.push_back("RINGZERO_TOKEN=" + token);
+  // An arrival's rank and the world size are the job's to give, generation by generation: it
+  // gets neither, so that nothing mistakes it for a rank of a static job.
+  if (!j.arrival) {
+    env.push_back(fmt::format("RANK={}", rank));
+    env.push_back(fmt::format("WORLD_SIZE={}", o.nproc));
+    env.push_back(fmt::format("LOCAL_RANK={}", rank));
+    env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", o.nproc));
+  }
+  env.push_back("MASTER_ADDR=" + j.addr);
+  env.push_back(fmt::format("MASTER_PORT={}", j.port));
+  env.push_back("RINGZERO_TOKEN=" + j.token);
   env.push_back("RINGZERO_LAUNCHER=ringzero-run");
+  if (!j.elastic.empty()) {
+    env.push_back("RINGZERO_ELASTIC=" + j.elastic);
+    env.push_back(fmt::format("RINGZERO_ELASTIC_ID={}", j.first_id + rank));
+    if (j.arrival) env.push_back("RINGZERO_ELASTIC_ARRIVAL=1");
+  }
   return env;
+}
+
+// The job file --job-file writes and --join reads: KEY=VALUE lines.
+bool write_job_file(const std::string& path, const job_env& j) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  const std::string text =
+      fmt::format("MASTER_ADDR={}\nMASTER_PORT={}\nRINGZERO_TOKEN={}\nRINGZERO_ELASTIC={}\n",
+                  j.addr, j.port, j.token, j.elastic);
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  return ::close(fd) == 0 && ok;
+}
+
+std::optional<job_env> read_job_file(const std::string& path, std::string& why) {
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) {
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
+  job_env j;
+  char line[1024];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    std::string_view l(line);
+    while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.remove_suffix(1);
+    const auto eq = l.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view k = l.substr(0, eq), v = l.substr(eq + 1);
+    if (k == "MASTER_ADDR") j.addr = v;
+    if (k == "MASTER_PORT") std::from_chars(v.data(), v.data() + v.size(), j.port);
+    if (k == "RINGZERO_TOKEN") j.token = v;
+    if (k == "RINGZERO_ELASTIC") j.elastic = v;
+  }
+  std::fclose(f);
+  if (j.port <= 0 || j.token.empty() || j.elastic.empty()) {
+    why = "not a job file of ringzero-run --elastic --job-file";
+    return std::nullopt;
+  }
+  j.arrival = true;
+  return j;
 }
 
 // --- output: whole lines, each tagged with its rank --------------------------------------------
@@ -362,15 +458,11 @@ class job {
         return 1;
       }
     }
-    const int port = opt_.port != 0 ? opt_.port : free_port();
-    if (port == 0) {
-      fmt::print(stderr, "ringzero-run: could not find a free TCP port on 127.0.0.1\n");
-      return 1;
-    }
-    const std::string token = random_token();
+    if (!open_job()) return 1;
     const auto started = clock_type::now();
+    started_ = started;
     for (int r = 0; r < opt_.nproc; ++r)
-      if (!spawn(r, port, token)) {
+      if (!spawn(r)) {
         stop(SIGTERM);
         break;
       }
@@ -380,7 +472,9 @@ class job {
     loop();
     for (const auto& rp : ranks_)
       if (rp.pid > 0) remove_shm_regions(rp.pid);
+    if (store_) finish_elastic();
     if (spawn_failed_) return 127;
+    if (store_ && !stopping_ && finished_ok_) return 0;
     if (first_failure_ >= 0)
       return exit_code_of(ranks_[static_cast<std::size_t>(first_failure_)].status);
     if (interrupted_by_ != 0) return 128 + interrupted_by_;
@@ -389,7 +483,119 @@ class job {
   }
 
  private:
-  bool spawn(int r, int port, const std::string& token) {
+  // Picks the port and token, or reads them from --join's file; an elastic job's store is
+  // served here, so that it outlives any rank.
+  bool open_job() {
+    if (!opt_.join.empty()) {
+      std::string why;
+      auto j = read_job_file(opt_.join, why);
+      if (!j) {
+        fmt::print(stderr, "ringzero-run: --join {}: {}\n", opt_.join, why);
+        return false;
+      }
+      env_ = *j;
+    } else {
+      env_.token = random_token();
+      env_.elastic = opt_.elastic;
+    }
+    if (env_.elastic.empty()) {
+      env_.port = opt_.port != 0 ? opt_.port : free_port();
+      if (env_.port == 0) {
+        fmt::print(stderr, "ringzero-run: could not find a free TCP port on 127.0.0.1\n");
+        return false;
+      }
+      return true;
+    }
+    const auto lim = ringzero::elastic::parse_limits(env_.elastic);
+    using keys = ringzero::elastic::session::keys;
+    try {
+      if (env_.arrival) {
+        store_ = std::make_unique<ringzero::bootstrap::tcp_store>(
+            env_.addr, env_.port, false, ringzero::elastic::session::store_world(lim), env_.token);
+        env_.first_id = store_->add(keys::next_id(), opt_.nproc) - opt_.nproc;
+      } else {
+        store_ = std::make_unique<ringzero::bootstrap::tcp_store>(
+            env_.addr, opt_.port, true, ringzero::elastic::session::store_world(lim), env_.token,
+            ringzero::detail::env_timeout(), env_.addr);
+        env_.port = store_->port();
+        store_->add(keys::next_id(), opt_.nproc);
+      }
+    } catch (const ringzero::error& e) {
+      fmt::print(stderr, "ringzero-run: the elastic job's store: {}\n", e.what());
+      return false;
+    }
+    if (!opt_.job_file.empty() && !write_job_file(opt_.job_file, env_)) {
+      fmt::print(stderr, "ringzero-run: cannot write --job-file {}: {}\n", opt_.job_file,
+                 std::strerror(errno));
+      return false;
+    }
+    return true;
+  }
+
+  [[nodiscard]] double elapsed_s() const {
+    return std::chrono::duration<double>(clock_type::now() - started_).count();
+  }
+
+  // Prints each generation as the ranks form it (an elastic job's world size over time).
+  void watch_generations() {
+    using keys = ringzero::elastic::session::keys;
+    if (!store_ || env_.arrival) return;
+    try {
+      const auto formed = static_cast<std::uint64_t>(
+          store_->add_within(keys::formed(), 0, std::chrono::seconds(1)));
+      for (; generations_.size() < formed;) {
+        const auto g = generations_.size();
+        const auto v = store_->get_within(keys::members(g), std::chrono::seconds(1));
+        generations_.push_back(
+            {elapsed_s(), std::string(reinterpret_cast<const char*>(v.data()), v.size())});
+        const auto& list = generations_.back().members;
+        const auto n = 1 + std::count(list.begin(), list.end(), ',');
+        fmt::print(stderr,
+                   "ringzero-run: generation {} formed at {:.1f} s: {} ranks (members {})\n", g,
+                   generations_.back().at_s, n, list);
+        std::fflush(stderr);
+      }
+    } catch (const ringzero::error&) {
+      // The store is served here; a slow answer only delays the line.
+    }
+  }
+
+  // The elastic job's summary: deaths and generations, with what the ranks recorded.
+  void finish_elastic() {
+    using keys = ringzero::elastic::session::keys;
+    watch_generations();
+    try {
+      store_->add_within(keys::finished(), 1, std::chrono::seconds(1));
+    } catch (const ringzero::error&) {
+    }
+    if (env_.arrival) return;
+    fmt::print(stderr, "ringzero-run: elastic job ({}): {} ranks started, {} lost\n", env_.elastic,
+               opt_.nproc, deaths_.size());
+    // One timeline: deaths as this launcher saw them, generations as the ranks formed them.
+    std::vector<death> lines = deaths_;
+    for (std::size_t g = 0; g < generations_.size(); ++g) {
+      std::string event;
+      try {
+        const auto v = store_->get_within(keys::event(g), std::chrono::milliseconds(200));
+        event = std::string(reinterpret_cast<const char*>(v.data()), v.size());
+      } catch (const ringzero::error&) {
+      }
+      const auto& list = generations_[g].members;
+      lines.push_back(
+          {generations_[g].at_s, fmt::format("generation {}: {} ranks (members {}){}{}", g,
+                                             1 + std::count(list.begin(), list.end(), ','), list,
+                                             event.empty() ? "" : "; ", event)});
+    }
+    std::stable_sort(lines.begin(), lines.end(),
+                     [](const death& a, const death& b) { return a.at_s < b.at_s; });
+    for (const auto& l : lines) fmt::print(stderr, "  {:7.1f} s  {}\n", l.at_s, l.what);
+    std::fflush(stderr);
+    // Ranks known dead never close their store: the server need not wait for them.
+    store_->excuse(
+        ringzero::elastic::session::store_world(ringzero::elastic::parse_limits(env_.elastic)));
+  }
+
+  bool spawn(int r) {
     auto& rp = ranks_[static_cast<std::size_t>(r)];
     if (!opt_.output_dir.empty()) {
       const std::string path =
@@ -424,7 +630,7 @@ class job {
     posix_spawnattr_setflags(
         &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
-    std::vector<std::string> env = rank_environment(opt_, r, port, token);
+    std::vector<std::string> env = rank_environment(opt_, r, env_);
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -449,7 +655,7 @@ class job {
     ::fcntl(err[0], F_SETFL, O_NONBLOCK);
     rp.pid = pid;
     rp.running = true;
-    const std::string prefix = fmt::format("[{}] ", r);
+    const std::string prefix = fmt::format("[{}] ", env_.elastic.empty() ? r : env_.first_id + r);
     rp.out = {out[0], 1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
     rp.err = {err[0], 2, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
     ++running_;
@@ -518,6 +724,27 @@ class job {
         rp.out.drain();
         rp.err.drain();
         const bool failed = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+        if (!failed && store_) finished_ok_ = true;
+        if (failed && !stopping_ && store_) {
+          // Elastic: the others go on without it. Marking it dead lets them form the next
+          // generation at once instead of waiting out the settle time.
+          const std::int64_t id = env_.first_id + static_cast<std::int64_t>(r);
+          try {
+            store_->add_within(ringzero::elastic::session::keys::dead(id), 1,
+                               std::chrono::seconds(1));
+          } catch (const ringzero::error&) {
+          }
+          remove_shm_regions(pid);
+          deaths_.push_back(
+              {elapsed_s(), fmt::format("rank {} (pid {}) {}", id, pid, describe(status))});
+          if (first_failure_ < 0) first_failure_ = static_cast<int>(r);
+          fmt::print(stderr,
+                     "ringzero-run: rank {} (pid {}) {} at {:.1f} s; {} of this "
+                     "launcher's ranks go on (elastic {})\n",
+                     id, pid, describe(status), deaths_.back().at_s, running_, env_.elastic);
+          std::fflush(stderr);
+          continue;
+        }
         if (failed && !stopping_) {
           first_failure_ = static_cast<int>(r);
           fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
@@ -557,11 +784,14 @@ class job {
           return;
         }
       }
-      const int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(linger_until));
+      int wait_ms = poll_timeout_ms(linger_until);
+      if (store_ && (wait_ms < 0 || wait_ms > 200)) wait_ms = 200;
+      const int rc = ::poll(fds.data(), fds.size(), wait_ms);
       if (rc < 0 && errno != EINTR) {
         fmt::print(stderr, "ringzero-run: poll failed: {}\n", std::strerror(errno));
         stop(SIGKILL);
       }
+      watch_generations();
       if (rc > 0 && fds[0].revents != 0) {
         unsigned char sigs[64];
         const ssize_t n = ::read(signal_pipe[0], sigs, sizeof sigs);
@@ -607,7 +837,22 @@ class job {
     }
   }
 
+  struct death {
+    double at_s;
+    std::string what;
+  };
+  struct generation {
+    double at_s;
+    std::string members;
+  };
+
   options opt_;
+  job_env env_;
+  std::unique_ptr<ringzero::bootstrap::tcp_store> store_;  ///< an elastic job's store
+  bool finished_ok_ = false;                               ///< a rank of an elastic job exited 0
+  std::vector<death> deaths_;
+  std::vector<generation> generations_;
+  clock_type::time_point started_{};
   std::vector<rank_process> ranks_;
   int running_ = 0;
   bool stopping_ = false;

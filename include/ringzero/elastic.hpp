@@ -1,0 +1,434 @@
+// Elastic membership: the processes of a job form numbered generations, and a new generation —
+// fewer ranks after one died, more after some arrived — is formed in the same processes, with
+// no restart. The application decides what state to carry over (the sharder's checkpoint,
+// resharded to the new size); this header decides who is in and what rank each one has.
+//
+//   auto s = ringzero::elastic::session::from_env();   // under ringzero-run --elastic MIN:MAX
+//   s.join();
+//   for (;;) {
+//     auto comm = s.communicator<ringzero::libfabric::communicator>();
+//     try { train(comm); break; }                      // resumes from the last checkpoint
+//     catch (const ringzero::error& e) { s.shrink(comm.failed_rank()); }
+//   }
+//
+// How a generation forms, through a store that lives outside the ranks (ringzero-run
+// --elastic serves it; on a cluster a host that stays up, or RINGZERO_STORE=file:DIR on a shared
+// file system), so that any rank may die, rank 0 included:
+//   - every member of generation g that is still alive takes a slot in g+1 (an atomic counter)
+//     and writes its member id there; a process that arrives (grow) does the same;
+//   - the first member to see enough slots filled closes g+1: it writes the member list once
+//     (claimed with an atomic counter, so there is exactly one closer). "Enough" is every member
+//     of g not known dead (ringzero-run marks the ranks it reaped; the collective's error names
+//     one more) plus every arrival waiting, or, after `settle` passed, whatever came, if at least
+//     `min` and an allowed size;
+//   - ranks are the members' positions in id order, so the survivor with the lowest id is the
+//     new rank 0; a process left out (too slow to arrive, or past the size limit) gets an error
+//     saying so, or, if it is an arrival, waits for the next generation.
+// Communicators of generation g talk through the store under the prefix "g<g>/", so nothing a
+// former generation left there satisfies a wait of the next.
+#pragma once
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/bootstrap/prefixed_store.hpp"
+#include "ringzero/bootstrap/rendezvous.hpp"
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/bootstrap/tcp_store.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+
+namespace ringzero::elastic {
+
+/// One generation of the job.
+struct membership {
+  std::uint64_t generation = 0;
+  int rank = 0;                                     ///< this process's rank in the generation
+  std::vector<std::int64_t> members;                ///< member ids, in rank order
+  std::vector<std::int64_t> lost;                   ///< members of the previous generation left out
+  std::vector<std::int64_t> arrived;                ///< members new in this generation
+  std::chrono::steady_clock::duration formed_in{};  ///< from asking to form it to its list
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(members.size()); }
+};
+
+struct limits {
+  int min = 1;
+  int max = INT_MAX;
+  /// Sizes a generation may take (the trainer's batch must split over them); the closer takes
+  /// the largest allowed count of those present. Must give the same answers on every process.
+  std::function<bool(int)> allowed = [](int) { return true; };
+};
+
+/// "MIN:MAX", "N" (MIN = MAX = N) or "MIN:" (no maximum).
+[[nodiscard]] inline limits parse_limits(std::string_view s) {
+  const auto num = [&](std::string_view t) {
+    int v = 0;
+    const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec != std::errc{} || p != t.data() + t.size() || v < 1)
+      throw invalid_argument(
+          fmt::format("elastic limits '{}': expected MIN:MAX with positive integers", s));
+    return v;
+  };
+  limits l;
+  const auto colon = s.find(':');
+  if (colon == std::string_view::npos) {
+    l.min = l.max = num(s);
+  } else {
+    l.min = num(s.substr(0, colon));
+    l.max = colon + 1 == s.size() ? INT_MAX : num(s.substr(colon + 1));
+  }
+  if (l.min > l.max)
+    throw invalid_argument(fmt::format("elastic limits '{}': MIN is above MAX", s));
+  return l;
+}
+
+class session {
+ public:
+  /// Store keys, shared with ringzero-run (tools/run), which serves the store and marks ranks
+  /// it reaped as dead.
+  struct keys {
+    static std::string formed() { return "elastic/formed"; }  ///< generations formed so far
+    static std::string next_id() { return "elastic/next-id"; }
+    static std::string waiting() { return "elastic/waiting"; }    ///< arrivals that asked
+    static std::string admitted() { return "elastic/admitted"; }  ///< arrivals taken in
+    static std::string finished() { return "elastic/finished"; }
+    static std::string dead(std::int64_t id) { return fmt::format("elastic/dead/{}", id); }
+    static std::string slots(std::uint64_t g) { return fmt::format("elastic/{}/slots", g); }
+    static std::string slot(std::uint64_t g, std::int64_t i) {
+      return fmt::format("elastic/{}/slot/{}", g, i);
+    }
+    static std::string closer(std::uint64_t g) { return fmt::format("elastic/{}/closer", g); }
+    static std::string members(std::uint64_t g) { return fmt::format("elastic/{}/members", g); }
+    static std::string event(std::uint64_t g) { return fmt::format("elastic/{}/event", g); }
+  };
+
+  /// `store`: one that outlives every rank. `id`: this process's member id, unique in the job.
+  /// `initial`: members of generation 0 (ids 0..initial-1); an arrival passes 0.
+  session(std::shared_ptr<bootstrap::store> store, std::int64_t id, int initial, limits lim,
+          std::chrono::nanoseconds settle = std::chrono::seconds(10))
+      : store_(std::move(store)),
+        id_(id),
+        initial_(initial),
+        lim_(std::move(lim)),
+        settle_(settle) {
+    if (!store_) throw invalid_argument("elastic::session: no store");
+    if (id < 0) throw invalid_argument(fmt::format("elastic::session: member id {} < 0", id));
+    if (initial < 0 || (initial > 0 && id >= initial))
+      throw invalid_argument(fmt::format(
+          "elastic::session: member id {} is not among the {} initial members", id, initial));
+  }
+
+  /// Whether this process runs under an elastic launcher (RINGZERO_ELASTIC is set).
+  [[nodiscard]] static bool enabled() {
+    return ringzero::detail::getenv_str("RINGZERO_ELASTIC").has_value();
+  }
+
+  /// The session ringzero-run --elastic describes: RINGZERO_ELASTIC=MIN:MAX, the store at
+  /// MASTER_ADDR:MASTER_PORT (served by the launcher, not by a rank) or RINGZERO_STORE=file:DIR,
+  /// RINGZERO_TOKEN, the member id in RINGZERO_ELASTIC_ID, and WORLD_SIZE initial members (an
+  /// arrival has RINGZERO_ELASTIC_ARRIVAL=1 and no WORLD_SIZE). RINGZERO_ELASTIC_SETTLE is
+  /// `settle` in seconds (default 10).
+  [[nodiscard]] static session from_env(std::function<bool(int)> allowed = {}) {
+    using ringzero::detail::getenv_str;
+    const auto spec = getenv_str("RINGZERO_ELASTIC");
+    if (!spec) throw bootstrap_error("elastic::session::from_env: RINGZERO_ELASTIC is not set");
+    limits lim = parse_limits(*spec);
+    if (allowed) lim.allowed = std::move(allowed);
+    const auto int_var = [](const char* name) -> std::optional<std::int64_t> {
+      const auto v = getenv_str(name);
+      if (!v) return std::nullopt;
+      std::int64_t x = 0;
+      const auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), x);
+      if (ec != std::errc{} || p != v->data() + v->size() || x < 0)
+        throw invalid_argument(fmt::format("{}='{}' is not a non-negative integer", name, *v));
+      return x;
+    };
+    const bool arrival = getenv_str("RINGZERO_ELASTIC_ARRIVAL").value_or("0") == "1";
+    const auto id = int_var("RINGZERO_ELASTIC_ID");
+    if (!id) throw bootstrap_error("elastic: RINGZERO_ELASTIC_ID is not set");
+    const auto initial = arrival ? std::optional<std::int64_t>(0) : int_var("WORLD_SIZE");
+    if (!initial) throw bootstrap_error("elastic: WORLD_SIZE is not set");
+    const auto settle_s = int_var("RINGZERO_ELASTIC_SETTLE").value_or(10);
+    const auto timeout = ringzero::detail::env_timeout();
+
+    bootstrap::launch_info info;
+    info.master_addr = getenv_str("MASTER_ADDR").value_or("127.0.0.1");
+    info.master_port = static_cast<int>(int_var("MASTER_PORT").value_or(0));
+    info.token = getenv_str("RINGZERO_TOKEN").value_or("");
+    const std::string kind = getenv_str("RINGZERO_STORE").value_or("tcp");
+    std::shared_ptr<bootstrap::store> st;
+    if (kind == "tcp") {
+      if (info.master_port <= 0)
+        throw bootstrap_error(
+            "elastic: MASTER_PORT is not set (the store must be served outside the ranks, as "
+            "ringzero-run --elastic does)");
+      // The launcher serves; no rank does, so rank 0 may die. The world size in the greeting is
+      // the job's limit, which every process of the job knows.
+      st = std::make_shared<bootstrap::tcp_store>(info.master_addr, info.master_port, false,
+                                                  store_world(lim), info.token, timeout);
+    } else {
+      info.rank = static_cast<int>(*id);
+      st = bootstrap::detail::open_store(info, timeout);
+    }
+    return session(std::move(st), *id, static_cast<int>(*initial), std::move(lim),
+                   std::chrono::seconds(settle_s));
+  }
+
+  /// The world size the store's greeting carries in an elastic job (the server and every
+  /// client pass the same).
+  [[nodiscard]] static int store_world(const limits& lim) {
+    return lim.max == INT_MAX ? 65536 : lim.max;
+  }
+
+  /// Forms the first generation this process is in: generation 0 for an initial member; for an
+  /// arrival, the next one the job forms (waiting, up to `wait_limit`, until the job makes room
+  /// at a step boundary; fails if the job finishes first).
+  const membership& join(std::chrono::nanoseconds wait_limit = std::chrono::hours(24)) {
+    if (initial_ > 0) {
+      form(0, {}, initial_, false);
+      return current_;
+    }
+    store_->add(keys::waiting(), 1);
+    const auto deadline = clock::now() + wait_limit;
+    for (;;) {
+      const auto g = static_cast<std::uint64_t>(store_->add(keys::formed(), 0));
+      if (form(g, {}, 0, true)) return current_;
+      if (clock::now() >= deadline)
+        throw timeout_error(
+            fmt::format("elastic: member {} waited {} s to be taken into the job", id_,
+                        std::chrono::duration_cast<std::chrono::seconds>(wait_limit).count()),
+            -1);
+    }
+  }
+
+  /// After a collective of the current generation failed: forms the next generation of the
+  /// members still alive. `failed_rank`: the rank the failure names (communicator::
+  /// failed_rank(), or an error's peer()), -1 if none. Throws bootstrap_error naming the lost
+  /// members if fewer than the minimum remain, and if this process was left out.
+  const membership& shrink(int failed_rank = -1) {
+    std::vector<std::int64_t> suspects;
+    if (failed_rank >= 0 && failed_rank < current_.size()) {
+      const std::int64_t who = current_.members[static_cast<std::size_t>(failed_rank)];
+      if (who != id_) {
+        suspects.push_back(who);
+        store_->add(keys::dead(who), 1);
+      }
+    }
+    form(current_.generation + 1, suspects, 0, false);
+    return current_;
+  }
+
+  /// Arrivals waiting to be taken in (ask at step boundaries; every rank must act on the same
+  /// answer, so ask on one rank and broadcast it).
+  [[nodiscard]] int waiting() {
+    return static_cast<int>(store_->add(keys::waiting(), 0) - store_->add(keys::admitted(), 0));
+  }
+
+  /// Forms the next generation with every arrival waiting (call on every rank, at the same step).
+  const membership& grow() {
+    form(current_.generation + 1, {}, 0, false);
+    return current_;
+  }
+
+  /// Marks the job finished: arrivals still waiting stop waiting.
+  void finish() { store_->add(keys::finished(), 1); }
+
+  [[nodiscard]] const membership& current() const noexcept { return current_; }
+  [[nodiscard]] std::int64_t id() const noexcept { return id_; }
+  [[nodiscard]] const limits& bounds() const noexcept { return lim_; }
+
+  /// The store the current generation's communicators rendezvous in.
+  [[nodiscard]] std::shared_ptr<bootstrap::store> generation_store() const {
+    return std::make_shared<bootstrap::prefixed_store>(store_,
+                                                       fmt::format("g{}/", current_.generation));
+  }
+  /// The job's store itself (for records that outlive generations).
+  [[nodiscard]] bootstrap::store& job_store() const noexcept { return *store_; }
+
+  /// A communicator over the current generation. Comm is ringzero::communicator<T> for a
+  /// transport T constructible from (store, rank, size, options).
+  template <class Comm, class Options = typename Comm::transport_type::from_env_options>
+  [[nodiscard]] Comm communicator(const Options& opt = {}) const {
+    using T = typename Comm::transport_type;
+    log::detail::process_rank().store(current_.rank);
+    auto st = generation_store();
+    if constexpr (std::is_constructible_v<T, std::shared_ptr<bootstrap::store>, int, int,
+                                          const Options&>)
+      return Comm(T(st, current_.rank, current_.size(), opt));
+    else
+      return Comm(T(*st, current_.rank, current_.size(), opt));
+  }
+
+  /// Records a line about the current generation in the job's store (ringzero-run's summary
+  /// prints it). Best effort.
+  void record(std::string_view what) noexcept {
+    try {
+      store_->set_within(keys::event(current_.generation),
+                         std::as_bytes(std::span<const char>(what.data(), what.size())),
+                         std::chrono::seconds(2));
+    } catch (...) {
+    }
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  [[nodiscard]] bool is_dead(std::int64_t m) { return store_->add(keys::dead(m), 0) > 0; }
+
+  // Takes a slot in generation g and waits for its member list. `initial` > 0: generation 0,
+  // closed at that many. Returns false if g closed without this process and it is an arrival
+  // (which then tries the next one); a member left out raises.
+  bool form(std::uint64_t g, const std::vector<std::int64_t>& suspects, int initial, bool arrival) {
+    const auto start = clock::now();
+    const std::int64_t slot = store_->add(keys::slots(g), 1);
+    store_->set_string(keys::slot(g, slot), fmt::format("{}", id_));
+    const auto settle_at = start + settle_;
+    const auto deadline =
+        start + std::max<std::chrono::nanoseconds>(settle_ * 3, ringzero::detail::env_timeout());
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      if (store_->add(keys::closer(g), 0) > 0) {
+        // Closed: the list is written right after the claim.
+        const std::string list = store_->get_string(keys::members(g));
+        return adopt(g, list, arrival, start);
+      }
+      if (!arrival) {
+        const std::int64_t present = store_->add(keys::slots(g), 0);
+        int expected = initial;
+        if (initial == 0) {
+          expected = 0;
+          for (const std::int64_t m : current_.members)
+            if (std::find(suspects.begin(), suspects.end(), m) == suspects.end() && !is_dead(m))
+              ++expected;
+          expected += waiting();
+        }
+        const bool all_came = present >= expected;
+        const bool settled = clock::now() >= settle_at;
+        if (all_came || settled) {
+          const auto outcome = try_close(g, present, initial > 0);
+          if (outcome == close_outcome::closed) continue;
+          // Too few to go on: once every member that can come came, or at the deadline, every
+          // survivor fails alike, naming who was lost; the last good checkpoint is untouched.
+          if (all_came || clock::now() >= deadline)
+            throw bootstrap_error(fmt::format(
+                "elastic: only {} members remain for generation {} (lost: {}), below the "
+                "minimum of {} or no allowed size; the job cannot go on",
+                present, g, fmt::join(lost_members(g, present), ", "), lim_.min));
+        }
+      } else if (store_->add(keys::finished(), 0) > 0) {
+        throw bootstrap_error(
+            fmt::format("elastic: the job finished before member {} was taken in", id_));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+
+  enum class close_outcome { closed, too_few };
+
+  // The members of the current generation without a slot in g.
+  [[nodiscard]] std::vector<std::int64_t> lost_members(std::uint64_t g, std::int64_t present) {
+    std::vector<std::int64_t> here, lost;
+    for (std::int64_t i = 1; i <= present; ++i) here.push_back(slot_member(g, i));
+    for (const std::int64_t m : current_.members)
+      if (std::find(here.begin(), here.end(), m) == here.end()) lost.push_back(m);
+    return lost;
+  }
+
+  [[nodiscard]] std::int64_t slot_member(std::uint64_t g, std::int64_t i) {
+    const std::string s = store_->get_string(keys::slot(g, i));
+    std::int64_t m = -1;
+    std::from_chars(s.data(), s.data() + s.size(), m);
+    return m;
+  }
+
+  // Closes generation g with the members present, if enough are and nobody closed it first.
+  close_outcome try_close(std::uint64_t g, std::int64_t present, bool first) {
+    std::vector<std::int64_t> old, fresh;
+    for (std::int64_t i = 1; i <= present; ++i) {
+      const std::int64_t m = slot_member(g, i);
+      const bool was_member = first ? m < initial_
+                                    : std::find(current_.members.begin(), current_.members.end(),
+                                                m) != current_.members.end();
+      (was_member ? old : fresh).push_back(m);
+    }
+    std::sort(old.begin(), old.end());
+    // Members first, then arrivals in the order they came, up to the largest allowed size.
+    std::vector<std::int64_t> in = old;
+    in.insert(in.end(), fresh.begin(), fresh.end());
+    int n = std::min<int>(static_cast<int>(in.size()), lim_.max);
+    while (n >= lim_.min && !lim_.allowed(n)) --n;
+    if (n < lim_.min) return close_outcome::too_few;
+    if (store_->add(keys::closer(g), 1) != 1) return close_outcome::closed;  // someone else did
+    in.resize(static_cast<std::size_t>(n));
+    std::sort(in.begin(), in.end());
+    store_->set_string(keys::members(g), fmt::format("{}", fmt::join(in, ",")));
+    std::int64_t admitted = 0;
+    for (const std::int64_t m : in)
+      if (std::find(fresh.begin(), fresh.end(), m) != fresh.end()) ++admitted;
+    if (admitted > 0) store_->add(keys::admitted(), admitted);
+    store_->add(keys::formed(), 1);
+    return close_outcome::closed;
+  }
+
+  bool adopt(std::uint64_t g, const std::string& list, bool arrival, clock::time_point start) {
+    membership next;
+    next.generation = g;
+    for (std::size_t p = 0; p < list.size();) {
+      const std::size_t e = std::min(list.find(',', p), list.size());
+      std::int64_t m = 0;
+      std::from_chars(list.data() + p, list.data() + e, m);
+      next.members.push_back(m);
+      p = e + 1;
+    }
+    const auto me = std::find(next.members.begin(), next.members.end(), id_);
+    if (me == next.members.end()) {
+      if (arrival) return false;
+      throw bootstrap_error(fmt::format(
+          "elastic: generation {} formed without member {} (it arrived after the others closed "
+          "it, or the job was at its size limit): this process leaves the job",
+          g, id_));
+    }
+    next.rank = static_cast<int>(me - next.members.begin());
+    for (const std::int64_t m : current_.members)
+      if (std::find(next.members.begin(), next.members.end(), m) == next.members.end())
+        next.lost.push_back(m);
+    for (const std::int64_t m : next.members)
+      if (g > 0 &&
+          std::find(current_.members.begin(), current_.members.end(), m) == current_.members.end())
+        next.arrived.push_back(m);
+    if (arrival) next.arrived = {};  // an arrival never knew the previous members
+    next.formed_in = clock::now() - start;
+    if (next.size() < lim_.min)
+      throw bootstrap_error(fmt::format(
+          "elastic: generation {} has {} members, below the minimum {}", g, next.size(), lim_.min));
+    current_ = std::move(next);
+    return true;
+  }
+
+  std::shared_ptr<bootstrap::store> store_;
+  std::int64_t id_;
+  int initial_;
+  limits lim_;
+  std::chrono::nanoseconds settle_;
+  membership current_;
+};
+
+}  // namespace ringzero::elastic
