@@ -31,6 +31,7 @@
 
 #if RINGZERO_GPT_HAVE_LIBFABRIC
 #include <ringzero/transport/libfabric.hpp>
+#include <ringzero/transport/shm/communicator.hpp>
 #endif
 
 namespace {
@@ -40,6 +41,7 @@ struct args {
   std::string precision = "bf16";
   std::string text = RINGZERO_GPT_TEXT;
   std::optional<int> checkpoint_every;
+  std::string transport = "libfabric";  ///< under a launcher: libfabric or shm (native)
   gpt::train_options train;
 };
 
@@ -69,6 +71,8 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --shard-group G       hybrid sharding: shard within groups of G ranks, replicate across them
   --reproducible        one micro-batch per sequence, summed exactly: the same weights, bit for
                         bit, at every world size dividing --batch (and every stage, shard group)
+  --transport T         under a launcher: libfabric (default) or shm (the native shared-memory
+                        transport, one host)
   --checkpoint DIR      save a checkpoint to DIR every --checkpoint-every steps
   --checkpoint-every K  default 10 under ringzero-run --elastic, else 0 (never)
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
@@ -129,6 +133,7 @@ args parse(int argc, char** argv) {
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
       {"--checkpoint", [](args& a, auto, auto v) { a.train.checkpoint = v; }},
+      {"--transport", [](args& a, auto, auto v) { a.transport = v; }},
       {"--checkpoint-every",
        [](args& a, auto f, auto v) { a.checkpoint_every = number<int>(f, v); }},
   };
@@ -154,6 +159,8 @@ args parse(int argc, char** argv) {
     o->set(a, f, argv[++i]);
   }
   const auto& t = a.train;
+  if (a.transport != "libfabric" && a.transport != "shm")
+    die("--transport must be libfabric or shm");
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
@@ -171,12 +178,18 @@ bool launched() {
 }
 
 #if RINGZERO_GPT_HAVE_LIBFABRIC
+[[nodiscard]] std::string transport_name(ringzero::libfabric::communicator& c) {
+  return "libfabric " + c.transport().provider();
+}
+[[nodiscard]] std::string transport_name(ringzero::shm::communicator&) {
+  return "native shm";
+}
+
 // An elastic job: each generation of the job trains from the last checkpoint until it finishes,
 // a rank dies (the survivors form the next generation and go on) or processes arrive (every
 // rank saves, and the next generation takes them in).
-template <class P>
+template <class P, class Comm>
 void run_elastic(const args& a, const gpt::corpus& text) {
-  using Comm = ringzero::libfabric::communicator;
   using clock = std::chrono::steady_clock;
   const int batch = a.train.batch;
   auto s = ringzero::elastic::session::from_env([batch](int n) { return batch % n == 0; });
@@ -211,7 +224,7 @@ void run_elastic(const args& a, const gpt::corpus& text) {
     try {
       comm.emplace(s.template communicator<Comm>());
       auto g = o;
-      g.transport = "elastic processes, libfabric " + comm->transport().provider();
+      g.transport = "elastic processes, " + transport_name(*comm);
       // The job's own last checkpoint, once it has one; before that --resume, if given.
       g.resume = std::filesystem::exists(manifest) ? o.checkpoint : a.train.resume;
       g.arrivals = [&s] { return s.waiting(); };
@@ -247,7 +260,9 @@ void run_elastic(const args& a, const gpt::corpus& text) {
       if (c != ringzero::errc::peer_failure && c != ringzero::errc::timeout &&
           c != ringzero::errc::transport)
         throw;
-      int who = comm ? comm->failed_rank() : -1;
+      int who = -1;
+      if constexpr (requires(const Comm& c) { c.failed_rank(); })
+        if (comm) who = comm->failed_rank();
       if (who < 0)
         if (const auto* pe = dynamic_cast<const ringzero::peer_error*>(&e)) who = pe->peer();
       if (!failed_at) failed_at = clock::now();
@@ -269,11 +284,21 @@ void run_elastic(const args& a, const gpt::corpus& text) {
 template <class P>
 void launch(const args& a, const gpt::corpus& text) {
 #if RINGZERO_GPT_HAVE_LIBFABRIC
-  if (ringzero::elastic::session::enabled()) return run_elastic<P>(a, text);
+  const bool native = a.transport == "shm";
+  if (ringzero::elastic::session::enabled())
+    return native ? run_elastic<P, ringzero::shm::communicator>(a, text)
+                  : run_elastic<P, ringzero::libfabric::communicator>(a, text);
+  if (launched() && native) {
+    auto comm = ringzero::shm::communicator::from_env();
+    auto o = a.train;
+    o.transport = "processes, " + transport_name(comm);
+    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
+    return;
+  }
   if (launched()) {
     auto comm = ringzero::libfabric::communicator::from_env();
     auto o = a.train;
-    o.transport = "processes, libfabric " + comm.transport().provider();
+    o.transport = "processes, " + transport_name(comm);
     gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
     return;
   }
