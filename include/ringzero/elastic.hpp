@@ -101,6 +101,9 @@ struct limits {
 
 class session {
  public:
+  /// How long an arrival tries to reach the job's store before saying the job is gone.
+  static constexpr std::chrono::seconds arrival_connect{10};
+
   /// Store keys, shared with ringzero-run (tools/run), which serves the store and marks ranks
   /// it reaped as dead.
   struct keys {
@@ -180,9 +183,21 @@ class session {
             "elastic: MASTER_PORT is not set (the store must be served outside the ranks, as "
             "ringzero-run --elastic does)");
       // The launcher serves; no rank does, so rank 0 may die. The world size in the greeting is
-      // the job's limit, which every process of the job knows.
-      st = std::make_shared<bootstrap::tcp_store>(info.master_addr, info.master_port, false,
-                                                  store_world(lim), info.token, timeout);
+      // the job's limit, which every process of the job knows. An arrival finds out at once
+      // when the job is gone (its launcher took the store with it), not after the timeout.
+      const auto connect = arrival ? std::min<std::chrono::nanoseconds>(timeout, arrival_connect)
+                                   : timeout;
+      try {
+        st = std::make_shared<bootstrap::tcp_store>(info.master_addr, info.master_port, false,
+                                                    store_world(lim), info.token, connect);
+      } catch (const timeout_error& e) {
+        throw bootstrap_error(fmt::format(
+            "elastic: the job's store at {}:{} does not answer (has the job finished?): {}",
+            info.master_addr, info.master_port, e.what()));
+      }
+      if (arrival && connect < timeout)
+        st = std::make_shared<bootstrap::tcp_store>(info.master_addr, info.master_port, false,
+                                                    store_world(lim), info.token, timeout);
     } else {
       info.rank = static_cast<int>(*id);
       st = bootstrap::detail::open_store(info, timeout);

@@ -511,7 +511,9 @@ class job {
     try {
       if (env_.arrival) {
         store_ = std::make_unique<ringzero::bootstrap::tcp_store>(
-            env_.addr, env_.port, false, ringzero::elastic::session::store_world(lim), env_.token);
+            env_.addr, env_.port, false, ringzero::elastic::session::store_world(lim), env_.token,
+            std::min<std::chrono::nanoseconds>(ringzero::detail::env_timeout(),
+                                               ringzero::elastic::session::arrival_connect));
         env_.first_id = store_->add(keys::next_id(), opt_.nproc) - opt_.nproc;
       } else {
         store_ = std::make_unique<ringzero::bootstrap::tcp_store>(
@@ -521,7 +523,8 @@ class job {
         store_->add(keys::next_id(), opt_.nproc);
       }
     } catch (const ringzero::error& e) {
-      fmt::print(stderr, "ringzero-run: the elastic job's store: {}\n", e.what());
+      fmt::print(stderr, "ringzero-run: the elastic job's store at {}:{}{}: {}\n", env_.addr,
+                 env_.port, env_.arrival ? " (has the job finished?)" : "", e.what());
       return false;
     }
     if (!opt_.job_file.empty() && !write_job_file(opt_.job_file, env_)) {
