@@ -14,13 +14,13 @@
 set -euo pipefail
 
 perf=${1:?usage: netbed_test.sh RINGZERO_PERF}
-netbed=$(cd "$(dirname "$0")/../../bench" && pwd)/netbed
+netbed=$(cd "${BASH_SOURCE[0]%/*}/../../bench" && pwd)/netbed
 
 skip() {
   echo "SKIP: $*"
   exit 77
 }
-[[ $(id -u) -eq 0 ]] || skip "the bed needs root (network and UTS namespaces)"
+[[ $EUID -eq 0 ]] || skip "the bed needs root (network and UTS namespaces)"
 if ! command -v ip >/dev/null || ! ip netns list >/dev/null 2>&1; then skip "'ip netns' is not available"; fi
 command -v tc >/dev/null || skip "tc (iproute2) is not installed"
 if ! command -v unshare >/dev/null || ! unshare --uts true 2>/dev/null; then
