@@ -75,6 +75,9 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
                         transport, one host)
   --checkpoint DIR      save a checkpoint to DIR every --checkpoint-every steps
   --checkpoint-every K  default 10 under ringzero-run --elastic, else 0 (never)
+  --peer-copy K         under ringzero-run --elastic: every K steps keep the training state in a
+                        ring peer's memory too (twice a rank's optimizer state), and recover
+                        from it when it covers the ranks lost; default 0 (off)
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
 Under ringzero-run --elastic MIN:MAX a rank that dies does not end the job: the others form a
 new world (sizes that divide --batch), load the last checkpoint (--checkpoint, by default a
@@ -134,6 +137,7 @@ args parse(int argc, char** argv) {
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
       {"--checkpoint", [](args& a, auto, auto v) { a.train.checkpoint = v; }},
       {"--transport", [](args& a, auto, auto v) { a.transport = v; }},
+      {"--peer-copy", [](args& a, auto f, auto v) { a.train.peer_copy_every = number<int>(f, v); }},
       {"--checkpoint-every",
        [](args& a, auto f, auto v) { a.checkpoint_every = number<int>(f, v); }},
   };
@@ -165,7 +169,7 @@ args parse(int argc, char** argv) {
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
       t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) ||
-      !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0)
+      !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 || t.peer_copy_every < 0)
     die("sizes, counts, the learning rate and the temperature must be positive");
   a.train.checkpoint_every = a.checkpoint_every.value_or(0);
   if (a.train.checkpoint_every > 0 && a.train.checkpoint.empty())
@@ -209,6 +213,8 @@ void run_elastic(const args& a, const gpt::corpus& text) {
   std::optional<clock::time_point> failed_at;
   std::string failure;
   int fruitless = 0;
+  ringzero::zero::checkpoint_image peer_copy;  // this rank's share of the last peer snapshot
+  std::string resumed_from;
   for (;;) {
     const auto& m = s.current();
     std::FILE* log = m.rank == 0 ? stdout : nullptr;
@@ -228,6 +234,8 @@ void run_elastic(const args& a, const gpt::corpus& text) {
       // The job's own last checkpoint, once it has one; before that --resume, if given.
       g.resume = std::filesystem::exists(manifest) ? o.checkpoint : a.train.resume;
       g.arrivals = [&s] { return s.waiting(); };
+      g.peer_copy = &peer_copy;
+      g.resumed_from = &resumed_from;
       bool first = true;
       g.after_step = [&](std::uint64_t step) {
         if (!first) return;
@@ -237,9 +245,10 @@ void run_elastic(const args& a, const gpt::corpus& text) {
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::system_clock::now().time_since_epoch())
                             .count();
-        const std::string what =
-            fmt::format("recovered: step {} done {:.2f} s after the failure was seen ({})", step,
-                        took, failure);
+        const std::string what = fmt::format(
+            "recovered: step {} done {:.2f} s after the failure was seen ({}), "
+            "resumed from {}",
+            step, took, failure, resumed_from.empty() ? std::string("the start") : resumed_from);
         if (log != nullptr) fmt::print(log, "elastic: {} (unix ms {})\n", what, ms);
         if (m.rank == 0) s.record(what);
         failed_at.reset();

@@ -11,6 +11,7 @@
 
 #include <ringzero/ringzero.hpp>
 #include <ringzero/zero/detail/crc32c.hpp>
+#include <ringzero/zero/peer_snapshot.hpp>
 #include <ringzero/zero/sharder.hpp>
 
 #include <fmt/format.h>
@@ -65,6 +66,13 @@ struct train_options {
   std::function<int()> arrivals;
   /// Called on every rank after each step (an elastic job times its recovery with it).
   std::function<void(std::uint64_t step)> after_step;
+  /// Every this many steps (0: never) keep a snapshot of the training state with a ring peer, in
+  /// `peer_copy` (zero/peer_snapshot.hpp). At the start, if the ranks' copies cover one snapshot,
+  /// training resumes from it rather than from `resume`.
+  int peer_copy_every = 0;
+  ringzero::zero::checkpoint_image* peer_copy = nullptr;
+  /// Set to where training resumed from ("" if it started afresh).
+  std::string* resumed_from = nullptr;
 };
 
 struct train_result {
@@ -284,10 +292,41 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
       plan.buckets().size());
 
   for (int id = 0; id < param_count(c); ++id) shd.set_parameter(id, initial_value(c, id, o.seed));
-  if (!o.resume.empty()) {
+  std::string from;
+  const auto keep_copy = [&] {
+    auto img = shd.snapshot();
+    shd.run_collective([&](Comm& cm) { zero::keep_with_peer(cm, img); });
+    if (o.peer_copy->empty())
+      say(log, "peer copy: {} KiB per rank (its shard and its ring predecessor's)\n",
+          img.bytes() / 1024);
+    *o.peer_copy = std::move(img);
+  };
+  // Every rank asks, with a copy or without (an arrival has none): the answer is collective.
+  const bool copies = o.peer_copy != nullptr && o.peer_copy_every > 0;
+  const bool whole = copies && shd.run_collective([&](Comm& cm) {
+    return zero::gather_snapshot(cm, *o.peer_copy);
+  });
+  // A checkpoint on disk newer than the copies (saved to take in arrivals) wins; every rank
+  // reads the same manifest, so every rank decides alike.
+  const auto step_of = [](const zero::checkpoint_manifest& m) { return m.step; };
+  const bool disk_newer =
+      whole && !o.resume.empty() &&
+      std::filesystem::exists(std::filesystem::path(o.resume) / zero::manifest_file_name) &&
+      step_of(zero::checkpoint_manifest::read(o.resume)) >
+          step_of(zero::checkpoint_manifest::parse(o.peer_copy->manifest, "peer copy"));
+  if (whole && !disk_newer) {
+    shd.load(*o.peer_copy);
+    from = "peers' memory";
+    say(log, "resumed from peers' memory at step {}\n", shd.step_count());
+    keep_copy();  // back to two shards per rank, in this world's layout
+  } else if (!o.resume.empty()) {
     shd.load(o.resume);
+    from = o.resume;
     say(log, "resumed from {} at step {}\n", o.resume, shd.step_count());
   }
+  if (o.resumed_from != nullptr) *o.resumed_from = from;
+  // A fresh copy in this world's layout (what a gather left is the whole state, N shards).
+  if (copies && from != "peers' memory") keep_copy();
 
   train_result res;
   std::vector<int> tokens(static_cast<std::size_t>(per_rank) * len),
@@ -344,6 +383,9 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
     if (o.checkpoint_every > 0 && r.step % static_cast<std::uint64_t>(o.checkpoint_every) == 0 &&
         r.step < last)
       shd.save(o.checkpoint);
+    if (o.peer_copy != nullptr && o.peer_copy_every > 0 &&
+        r.step % static_cast<std::uint64_t>(o.peer_copy_every) == 0 && r.step < last)
+      keep_copy();
     if (o.after_step) o.after_step(r.step);
     if (o.arrivals && r.step < last) {
       int waiting = comm.rank() == 0 ? o.arrivals() : 0;

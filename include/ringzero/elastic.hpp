@@ -185,8 +185,8 @@ class session {
       // The launcher serves; no rank does, so rank 0 may die. The world size in the greeting is
       // the job's limit, which every process of the job knows. An arrival finds out at once
       // when the job is gone (its launcher took the store with it), not after the timeout.
-      const auto connect = arrival ? std::min<std::chrono::nanoseconds>(timeout, arrival_connect)
-                                   : timeout;
+      const auto connect =
+          arrival ? std::min<std::chrono::nanoseconds>(timeout, arrival_connect) : timeout;
       try {
         st = std::make_shared<bootstrap::tcp_store>(info.master_addr, info.master_port, false,
                                                     store_world(lim), info.token, connect);
@@ -269,10 +269,14 @@ class session {
   [[nodiscard]] std::int64_t id() const noexcept { return id_; }
   [[nodiscard]] const limits& bounds() const noexcept { return lim_; }
 
-  /// The store the current generation's communicators rendezvous in.
+  /// The store the current generation's communicators rendezvous in. Its waits give up with
+  /// peer_error naming the rank as soon as a member of the generation is marked dead (ringzero-run
+  /// marks the ranks it reaps), so that a death during a communicator's rendezvous does not hold
+  /// the others until the timeout.
   [[nodiscard]] std::shared_ptr<bootstrap::store> generation_store() const {
-    return std::make_shared<bootstrap::prefixed_store>(store_,
-                                                       fmt::format("g{}/", current_.generation));
+    return std::make_shared<watched_store>(std::make_shared<bootstrap::prefixed_store>(
+                                               store_, fmt::format("g{}/", current_.generation)),
+                                           store_, current_);
   }
   /// The job's store itself (for records that outlive generations).
   [[nodiscard]] bootstrap::store& job_store() const noexcept { return *store_; }
@@ -304,6 +308,62 @@ class session {
 
  private:
   using clock = std::chrono::steady_clock;
+
+  // A generation's store whose blocking waits look, between short slices, for members marked
+  // dead in the job's store.
+  class watched_store final : public bootstrap::store {
+   public:
+    watched_store(std::shared_ptr<bootstrap::store> gen, std::shared_ptr<bootstrap::store> job,
+                  membership m)
+        : gen_(std::move(gen)), job_(std::move(job)), m_(std::move(m)) {}
+
+    void set(std::string_view key, std::span<const std::byte> value) override {
+      gen_->set(key, value);
+    }
+    [[nodiscard]] std::vector<std::byte> get(std::string_view key) override {
+      return get_within(key, ringzero::detail::env_timeout());
+    }
+    std::int64_t add(std::string_view key, std::int64_t delta) override {
+      return gen_->add(key, delta);
+    }
+    void wait(std::span<const std::string> keys) override {
+      for (const auto& k : keys) static_cast<void>(get(k));
+    }
+    std::int64_t add_within(std::string_view key, std::int64_t delta,
+                            std::chrono::nanoseconds limit) override {
+      return gen_->add_within(key, delta, limit);
+    }
+    void set_within(std::string_view key, std::span<const std::byte> value,
+                    std::chrono::nanoseconds limit) override {
+      gen_->set_within(key, value, limit);
+    }
+    [[nodiscard]] std::vector<std::byte> get_within(std::string_view key,
+                                                    std::chrono::nanoseconds limit) override {
+      const auto deadline = clock::now() + limit;
+      for (;;) {
+        const auto left = deadline - clock::now();
+        const auto slice = std::min<std::chrono::nanoseconds>(
+            std::chrono::milliseconds(250), std::max<std::chrono::nanoseconds>(left, {}));
+        try {
+          return gen_->get_within(key, slice);
+        } catch (const timeout_error&) {
+          if (clock::now() >= deadline) throw;
+        }
+        for (int r = 0; r < m_.size(); ++r)
+          if (r != m_.rank && job_->add_within(keys::dead(m_.members[static_cast<std::size_t>(r)]),
+                                               0, std::chrono::seconds(2)) > 0)
+            throw peer_error(
+                fmt::format("elastic: rank {} (member {}) of generation {} died while the ranks "
+                            "met in the store (waiting for '{}')",
+                            r, m_.members[static_cast<std::size_t>(r)], m_.generation, key),
+                r);
+      }
+    }
+
+   private:
+    std::shared_ptr<bootstrap::store> gen_, job_;
+    membership m_;
+  };
 
   [[nodiscard]] bool is_dead(std::int64_t m) { return store_->add(keys::dead(m), 0) > 0; }
 

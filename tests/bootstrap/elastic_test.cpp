@@ -270,3 +270,32 @@ TEST_CASE("elastic: a session refuses ids outside the initial members") {
   CHECK_THROWS_AS(re::session(st, -1, 4, bounds(1, 4)), ringzero::invalid_argument);
   CHECK_THROWS_AS(re::session(nullptr, 0, 4, bounds(1, 4)), ringzero::invalid_argument);
 }
+
+TEST_CASE("elastic: a wait in a generation's store ends when a member is marked dead") {
+  temp_dir d;
+  auto st = open(d);
+  std::vector<std::unique_ptr<re::session>> s(2);
+  run_all({0, 1}, [&](std::int64_t id) {
+    s[static_cast<std::size_t>(id)] = std::make_unique<re::session>(st, id, 2, bounds(1, 2), 20s);
+    return s[static_cast<std::size_t>(id)]->join();
+  });
+  auto g = s[0]->generation_store();
+  std::thread marker([&] {
+    std::this_thread::sleep_for(300ms);
+    st->add(re::session::keys::dead(1), 1);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)g->get("addr/1");
+    FAIL("the wait did not end");
+  } catch (const ringzero::peer_error& e) {
+    CHECK(e.peer() == 1);
+    CHECK(std::string(e.what()).find("rank 1 (member 1) of generation 0 died") !=
+          std::string::npos);
+  }
+  marker.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  // A key that is there is read at once.
+  g->set_string("addr/0", "here");
+  CHECK(g->get_string("addr/0") == "here");
+}

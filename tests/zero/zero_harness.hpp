@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ringzero/transport/loopback.hpp>
+#include <ringzero/zero/peer_snapshot.hpp>
 #include <ringzero/zero/sharder.hpp>
 
 #include <cmath>
@@ -76,6 +77,12 @@ struct run_options {
   std::function<void(zero::config&)> configure;  ///< adjusts the configuration
   std::filesystem::path save_dir;                ///< save after the last step
   std::filesystem::path load_dir;  ///< load before the first step (steps count from there)
+  /// If set: after the last step every rank takes a snapshot, keeps it with its ring peer
+  /// (zero::keep_with_peer) and stores it here at its rank.
+  std::vector<zero::checkpoint_image>* snapshots = nullptr;
+  /// If set: before the first step the ranks gather the snapshot these images (one per rank)
+  /// hold between them (zero::gather_snapshot) and load it; checkpoint_error if they cannot.
+  const std::vector<zero::checkpoint_image>* load_snapshots = nullptr;
   /// Reads layer 0 between the last end_micro_batch() and step(), as logging or evaluation
   /// would; with hold_across_step the handle lives through step() and its values are recorded.
   bool gather_before_step = false;
@@ -139,6 +146,12 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
     shd.set_parameter(static_cast<int>(p), v);
   }
   if (!o.load_dir.empty()) shd.load(o.load_dir);
+  if (o.load_snapshots != nullptr) {
+    zero::checkpoint_image img = (*o.load_snapshots)[static_cast<std::size_t>(comm.rank())];
+    const bool whole = shd.run_collective([&](Comm& c) { return zero::gather_snapshot(c, img); });
+    if (!whole) throw ringzero::checkpoint_error("the survivors' snapshots do not cover one");
+    shd.load(img);
+  }
   const int first = static_cast<int>(shd.step_count());
   const int nl = static_cast<int>(plan.layers().size());
   // On a device space the trainer's "kernels" are this thread's loops: it waits for the compute
@@ -213,6 +226,11 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
     if (comm.rank() == 0) res.steps.push_back(r);
   }
   if (!o.save_dir.empty()) shd.save(o.save_dir);
+  if (o.snapshots != nullptr) {
+    zero::checkpoint_image img = shd.snapshot();
+    shd.run_collective([&](Comm& c) { zero::keep_with_peer(c, img); });
+    (*o.snapshots)[static_cast<std::size_t>(comm.rank())] = std::move(img);
+  }
   res.params[static_cast<std::size_t>(comm.rank())] = shd.full_parameters();
   res.memory[static_cast<std::size_t>(comm.rank())] = shd.memory();
   if (comm.rank() == 0) res.step_count = shd.step_count();

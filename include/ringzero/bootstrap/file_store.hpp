@@ -65,8 +65,13 @@ class file_store final : public store {
   }
 
   [[nodiscard]] std::vector<std::byte> get(std::string_view key) override {
+    return get_within(key, timeout_);
+  }
+
+  [[nodiscard]] std::vector<std::byte> get_within(std::string_view key,
+                                                  std::chrono::nanoseconds limit) override {
     const auto path = path_of(key);
-    const auto deadline = detail::clock::now() + timeout_;
+    const auto deadline = detail::clock::now() + std::min(limit, timeout_);
     poller p;
     for (;;) {
       if (auto v = read_file(path)) return std::move(*v);

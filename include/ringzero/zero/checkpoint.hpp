@@ -399,27 +399,52 @@ static_assert(sizeof(shard_header) == shard_header_bytes);
   return fmt::format("shard-{:05}-of-{:05}.step-{}.{:016x}.bin", rank, world, step, save_id);
 }
 
-/// Writes one rank's shard file: a header, then each array of shard_size floats.
-inline written_file write_shard(const std::filesystem::path& dir, int rank, int world,
-                                std::uint64_t step, std::uint64_t save_id,
-                                std::span<const std::vector<float>> arrays,
-                                std::size_t shard_size) {
+[[nodiscard]] inline shard_header make_shard_header(int rank, int world, std::uint64_t step,
+                                                    std::size_t arrays, std::size_t shard_size) {
   shard_header h{};
   std::memcpy(h.magic, shard_magic, sizeof h.magic);
   h.version = static_cast<std::uint32_t>(checkpoint_format_version);
   h.rank = static_cast<std::uint32_t>(rank);
   h.world = static_cast<std::uint32_t>(world);
-  h.arrays = static_cast<std::uint32_t>(arrays.size());
+  h.arrays = static_cast<std::uint32_t>(arrays);
   h.shard_size = shard_size;
   h.step = step;
-  std::vector<std::span<const std::byte>> parts{std::as_bytes(std::span(&h, 1))};
-  for (const auto& a : arrays) {
+  return h;
+}
+
+inline void check_shard_arrays(std::span<const std::vector<float>> arrays, std::size_t shard_size) {
+  for (const auto& a : arrays)
     if (a.size() != shard_size)
       throw invalid_argument(
           fmt::format("write_shard: array of {} elements, shard has {}", a.size(), shard_size));
-    parts.push_back(std::as_bytes(std::span(a)));
-  }
+}
+
+/// Writes one rank's shard file: a header, then each array of shard_size floats.
+inline written_file write_shard(const std::filesystem::path& dir, int rank, int world,
+                                std::uint64_t step, std::uint64_t save_id,
+                                std::span<const std::vector<float>> arrays,
+                                std::size_t shard_size) {
+  check_shard_arrays(arrays, shard_size);
+  const shard_header h = make_shard_header(rank, world, step, arrays.size(), shard_size);
+  std::vector<std::span<const std::byte>> parts{std::as_bytes(std::span(&h, 1))};
+  for (const auto& a : arrays) parts.push_back(std::as_bytes(std::span(a)));
   return write_file_atomic(dir / shard_file_name(rank, world, step, save_id), parts);
+}
+
+/// The bytes write_shard would write, in memory.
+[[nodiscard]] inline std::vector<std::byte> shard_image(int rank, int world, std::uint64_t step,
+                                                        std::span<const std::vector<float>> arrays,
+                                                        std::size_t shard_size) {
+  check_shard_arrays(arrays, shard_size);
+  const shard_header h = make_shard_header(rank, world, step, arrays.size(), shard_size);
+  std::vector<std::byte> out(shard_header_bytes + arrays.size() * shard_size * sizeof(float));
+  std::memcpy(out.data(), &h, sizeof h);
+  std::size_t at = shard_header_bytes;
+  for (const auto& a : arrays) {
+    if (!a.empty()) std::memcpy(out.data() + at, a.data(), a.size() * sizeof(float));
+    at += a.size() * sizeof(float);
+  }
+  return out;
 }
 
 /// Writes the manifest (after every shard is durable) and then removes shard files that no
@@ -605,8 +630,39 @@ namespace detail {
 
 }  // namespace detail
 
+/// A checkpoint held in memory rather than in a directory: the manifest's text and shard files
+/// by name, as save() would write them (sharder::snapshot() makes one). Loading one checks it as
+/// a directory is checked (sizes, CRC-32C, headers).
+struct checkpoint_image {
+  std::string manifest;
+  std::map<std::string, std::vector<std::byte>> files;
+  [[nodiscard]] bool empty() const noexcept { return manifest.empty(); }
+  /// Bytes held: what keeping it costs.
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    std::size_t n = manifest.size();
+    for (const auto& [name, f] : files) n += f.size();
+    return n;
+  }
+};
+
 class checkpoint_reader {
  public:
+  /// Reads from an image instead of a directory; `image` must outlive the reader.
+  explicit checkpoint_reader(const checkpoint_image& image)
+      : dir_("(in-memory snapshot)"),
+        manifest_(checkpoint_manifest::parse(image.manifest, dir_.string())),
+        image_(&image) {
+    for (const auto& sh : manifest_.shards) {
+      const auto f = image.files.find(sh.file);
+      if (f == image.files.end())
+        throw checkpoint_error(fmt::format("{}: shard {} (rank {} of {}) is not held",
+                                           dir_.string(), sh.file, sh.rank, manifest_.world_size));
+      if (f->second.size() != sh.bytes)
+        throw checkpoint_error(fmt::format("{}: shard {} has {} bytes, the manifest says {}",
+                                           dir_.string(), sh.file, f->second.size(), sh.bytes));
+    }
+  }
+
   explicit checkpoint_reader(std::filesystem::path dir)
       : dir_(std::move(dir)), manifest_(checkpoint_manifest::read(dir_)) {
     for (const auto& sh : manifest_.shards) {
@@ -693,7 +749,7 @@ class checkpoint_reader {
   [[nodiscard]] std::vector<std::byte> load_shard(int rank) const {
     const auto& sh = manifest_.shards[static_cast<std::size_t>(rank)];
     const auto path = dir_ / sh.file;
-    auto data = detail::read_file(path);
+    auto data = image_ != nullptr ? image_->files.at(sh.file) : detail::read_file(path);
     const std::uint32_t crc = detail::crc32c(data);
     if (crc != sh.crc || data.size() != sh.bytes)
       throw checkpoint_error(fmt::format(
@@ -710,6 +766,7 @@ class checkpoint_reader {
 
   std::filesystem::path dir_;
   checkpoint_manifest manifest_;
+  const checkpoint_image* image_ = nullptr;
 };
 
 namespace detail {
@@ -774,21 +831,21 @@ void save_checkpoint(Run&& run, const Options& gather, const std::filesystem::pa
   agree();
 }
 
-/// The collective steps of a load, on one rank: reads the manifest in `dir`, checks that it
+/// The collective steps of a load, on one rank: reads the manifest in `source` (a directory, or
+/// a checkpoint_image), checks that it
 /// holds `plan`'s parameters and state for optimizer `kind`, and reads the pieces
 /// `requests_for(manifest)` asks for. Raises checkpoint_error on every rank if any rank fails,
 /// before any rank uses what it read. `run` and `gather` as for save_checkpoint.
-template <class Run, class Options, class Requests>
+template <class Run, class Options, class Source, class Requests>
 [[nodiscard]] checkpoint_manifest read_checkpoint(Run&& run, const Options& gather,
-                                                  const std::filesystem::path& dir,
-                                                  const partition_plan& plan, optimizer_kind kind,
-                                                  Requests&& requests_for) {
+                                                  const Source& source, const partition_plan& plan,
+                                                  optimizer_kind kind, Requests&& requests_for) {
   std::string failure;
   checkpoint_manifest m;
   try {
-    const checkpoint_reader reader(dir);
+    const checkpoint_reader reader(source);
     m = reader.manifest();
-    check_compatible(m, plan, kind, dir);
+    check_compatible(m, plan, kind, reader.directory());
     reader.read(requests_for(m));
   } catch (const std::exception& e) {
     failure = e.what();

@@ -415,19 +415,37 @@ class sharder {
   /// moments, step counts and (for float16) the loss scaler. Collective; every rank raises
   /// checkpoint_error if any rank finds the checkpoint missing, incomplete, corrupt or
   /// incompatible with this model.
-  void load(const std::filesystem::path& dir) {
+  void load(const std::filesystem::path& dir) { load_from(dir, dir.string()); }
+
+  /// As load(dir), from a checkpoint held in memory (snapshot(), or one gathered from peers by
+  /// zero::gather_snapshot after a rank was lost).
+  void load(const checkpoint_image& image) { load_from(image, "an in-memory snapshot"); }
+
+  /// Collective: the training state as save() would write it, kept in memory instead: the
+  /// manifest and this rank's shard (its bytes are what keeping it costs). Hand it to
+  /// zero::keep_with_peer so that a copy survives this rank, and to load() to go back to it.
+  [[nodiscard]] checkpoint_image snapshot() {
+    if (micro_batches() != 0)
+      throw invalid_argument("snapshot: a step is in progress; call it after step()");
+    const trace::scope phase(comm_, "checkpoint", state_.optimizer_bytes());
+    quiesce();
+    return snapshot_state(shard_runner(), cfg_, state_, steps_);
+  }
+
+ private:
+  template <class Source>
+  void load_from(const Source& source, const std::string& what) {
     if (micro_batches() != 0)
       throw invalid_argument("load: a step is in progress; call it after step()");
     const trace::scope phase(comm_, "checkpoint", state_.optimizer_bytes());
     quiesce();
     const checkpoint_manifest m =
-        load_state(shard_runner(), collective_runner(), cfg_, dir, state_, steps_);
+        load_state(shard_runner(), collective_runner(), cfg_, source, state_, steps_);
     if constexpr (device) space_.synchronize();
     log::info("zero: loaded step {} from {} (saved by {} ranks at stage {})", steps_.step_count(),
-              dir.string(), m.world_size, m.stage);
+              what, m.world_size, m.stage);
   }
 
- private:
   // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
   using reducer_type =
       std::variant<gradient_reducer<Comm, P, Space>, gradient_reducer<Comm, float, Space>>;

@@ -49,10 +49,9 @@ void save_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
 /// incomplete, corrupt or incompatible with this model. `run` as for save_state, over the ranks
 /// `state` is sharded over; `agree` likewise, over every rank that loads (the world, under hybrid
 /// sharding, where each group reads the checkpoint on its own).
-template <class P, class Space, class Run, class Agree>
-checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg,
-                               const std::filesystem::path& dir, model_state<P, Space>& state,
-                               stepper& steps) {
+template <class P, class Space, class Run, class Agree, class Source>
+checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg, const Source& dir,
+                               model_state<P, Space>& state, stepper& steps) {
   const auto& plan = state.plan();
   // Read into staging arrays laid out as the optimizer state, so a refused checkpoint leaves
   // the current state untouched.
@@ -82,10 +81,38 @@ checkpoint_manifest load_state(Run&& run, Agree&& agree, const config& cfg,
 }
 
 /// load_state with one communicator for reading and agreeing.
-template <class P, class Space, class Run>
-checkpoint_manifest load_state(Run&& run, const config& cfg, const std::filesystem::path& dir,
+template <class P, class Space, class Run, class Source>
+checkpoint_manifest load_state(Run&& run, const config& cfg, const Source& dir,
                                model_state<P, Space>& state, stepper& steps) {
   return load_state(run, run, cfg, dir, state, steps);
+}
+
+/// Collective: this rank's part of a checkpoint of `state`, in memory: the manifest (every
+/// rank's) and this rank's shard file, as save_state would write them. File names carry the
+/// step instead of a random save id, so every replica group names a shard alike.
+template <class P, class Space, class Run>
+[[nodiscard]] checkpoint_image snapshot_state(Run&& run, const config& cfg,
+                                              model_state<P, Space>& state, const stepper& steps) {
+  const auto& plan = state.plan();
+  std::vector<std::vector<float>> arrays;
+  for (int a = 0; a <= state.optimizer().moment_count(); ++a) arrays.push_back(state.own_array(a));
+  const std::uint64_t step = steps.step_count();
+  checkpoint_image img;
+  auto bytes =
+      detail::shard_image(state.rank(), plan.world_size(), step, arrays, plan.shard_size());
+  const std::uint64_t mine[3] = {bytes.size(), detail::crc32c(bytes), step};
+  std::vector<std::uint64_t> all(3 * static_cast<std::size_t>(plan.world_size()));
+  run([&](auto& c) {
+    ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
+                         cfg.collectives.all_gather);
+  });
+  const checkpoint_manifest m = make_manifest(
+      plan, state.stage().stage, dtype_of<P>(), cfg.optimizer.kind,
+      {step, steps.optimizer_steps(), steps.scaler().scale(), steps.scaler().good_steps()},
+      saved_groups(cfg, steps.group_lr()), all);
+  img.manifest = m.serialize();
+  img.files.emplace(m.shards[static_cast<std::size_t>(state.rank())].file, std::move(bytes));
+  return img;
 }
 
 }  // namespace ringzero::zero
