@@ -195,8 +195,10 @@ bool launched() {
 template <class P, class Comm>
 void run_elastic(const args& a, const gpt::corpus& text) {
   using clock = std::chrono::steady_clock;
-  const int batch = a.train.batch;
-  auto s = ringzero::elastic::session::from_env([batch](int n) { return batch % n == 0; });
+  const int batch = a.train.batch, group = a.train.shard_group;
+  // Sizes the batch splits over, in whole shard groups.
+  auto s = ringzero::elastic::session::from_env(
+      [batch, group](int n) { return batch % n == 0 && (group == 0 || n % group == 0); });
   s.join();
   auto o = a.train;
   // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after

@@ -7,6 +7,8 @@
 //   ignore         ignore SIGTERM, print "ready" and wait to be killed
 //   sleep S        sleep S seconds
 //   store          rendezvous through the store detect_launch() and make_store() find
+//   elastic V      join the elastic job; member V kills itself with SIGKILL, the others form the
+//                  next generation without it and print what they see
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
+#include "ringzero/elastic.hpp"
 
 namespace {
 
@@ -109,6 +112,23 @@ int main(int argc, char** argv) {
   if (mode == "sleep" && argc > 2) {
     std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(argv[2])));
     return 0;
+  }
+  if (mode == "elastic" && argc > 2) {
+    try {
+      auto s = ringzero::elastic::session::from_env();
+      const auto& m0 = s.join();
+      put(1, fmt::format("member {} gen {} rank {} size {}\n", s.id(), m0.generation, m0.rank,
+                         m0.size()));
+      if (s.id() == std::atoi(argv[2])) ::kill(::getpid(), SIGKILL);
+      const auto& m1 = s.shrink(-1);
+      put(1, fmt::format("member {} gen {} rank {} size {} lost {}\n", s.id(), m1.generation,
+                         m1.rank, m1.size(), m1.lost.empty() ? -1 : m1.lost[0]));
+      if (m1.rank == 0) s.record("helper formed it");
+      return 0;
+    } catch (const std::exception& e) {
+      put(2, fmt::format("member failed: {}\n", e.what()));
+      return 3;
+    }
   }
   if (mode == "store") {
     // Several stores one after another, as a trainer building several communicators would.

@@ -360,7 +360,52 @@ TEST_CASE("--output DIR writes each rank's output to DIR/rank<R>.log") {
   }
 }
 
+TEST_CASE("--elastic: a rank that dies does not stop the others, and the summary says so") {
+  {
+    launch l({"-n", "3", "--elastic", "2:3", RUN_HELPER_EXE, "elastic", "1"});
+    const int status = l.finish();
+    INFO("stdout:\n", l.out(), "stderr:\n", l.err());
+    CHECK(exit_code(status) == 0);
+    CHECK(contains(l.err(), "rank 1 (pid "));
+    CHECK(contains(l.err(), "was killed by signal 9"));
+    CHECK(contains(l.err(), "generation 1 formed at"));
+    CHECK(contains(l.err(), "elastic job (2:3): 3 ranks started, 1 lost"));
+    CHECK(contains(l.err(), "generation 1: 2 ranks (members 0,2); helper formed it"));
+    CHECK(contains(l.out(), "member 0 gen 1 rank 0 size 2 lost 1\n"));
+    CHECK(contains(l.out(), "member 2 gen 1 rank 1 size 2 lost 1\n"));
+  }
+  {
+    // Below the minimum: the survivor fails naming the lost member, and so does the job.
+    launch l({"-n", "2", "--elastic", "2:2", RUN_HELPER_EXE, "elastic", "0"});
+    const int status = l.finish();
+    INFO("stderr:\n", l.err());
+    CHECK(exit_code(status) != 0);
+    CHECK(contains(l.err(), "below the minimum of 2"));
+    CHECK(contains(l.err(), "lost: 0"));
+  }
+}
+
 TEST_CASE("usage") {
+  {
+    launch l({"-n", "2", "--elastic", "4:2", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 2);
+    CHECK(contains(l.err(), "MIN is above MAX"));
+  }
+  {
+    launch l({"-n", "2", "--job-file", "x", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 2);
+    CHECK(contains(l.err(), "--job-file needs --elastic"));
+  }
+  {
+    launch l({"-n", "5", "--elastic", "2:4", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 2);
+    CHECK(contains(l.err(), "above the --elastic maximum"));
+  }
+  {
+    launch l({"-n", "1", "--join", "/nonexistent/job", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 1);
+    CHECK(contains(l.err(), "--join /nonexistent/job"));
+  }
   {
     launch l({"--help"});
     CHECK(exit_code(l.finish()) == 0);
