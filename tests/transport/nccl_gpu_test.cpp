@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +30,8 @@
 
 #include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/algorithms/schedule/host_executor.hpp"
+#include "ringzero/bootstrap/file_store.hpp"
+#include "ringzero/elastic.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/reduce/reproducible.hpp"
@@ -651,6 +655,32 @@ TEST_CASE("a communicator made by single() is a world of one on the chosen devic
   CHECK(comm.transport().stream() != nullptr);
   CHECK_FALSE(comm.transport().aborted());
   ringzero::barrier(comm);
+}
+
+TEST_CASE("elastic: each generation builds its NCCL communicator anew over its own store keys") {
+  if (!have_gpu()) return;
+  char tmpl[] = "/tmp/ringzero-nccl-elastic-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  auto store = std::make_shared<ringzero::bootstrap::file_store>(tmpl, 20s);
+  ringzero::elastic::limits lim;
+  ringzero::elastic::session s(store, 0, 1, lim, 1s);
+  s.join();
+  for (int generation = 0; generation < 2; ++generation) {
+    CAPTURE(generation);
+    auto comm = s.communicator<nccl::communicator>(nccl::config{.device = 0});
+    CHECK(comm.size() == 1);
+    float* d = nullptr;
+    cuda_ok(cudaMalloc(&d, 4 * sizeof(float)), "cudaMalloc");
+    const float h[4] = {1, 2, 3, 4};
+    cuda_ok(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), "cudaMemcpy");
+    ringzero::all_reduce(comm, std::span<float>(d, 4), op::sum);
+    float back[4] = {};
+    cuda_ok(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    CHECK(std::equal(back, back + 4, h));
+    cuda_ok(cudaFree(d), "cudaFree");
+    s.grow();  // the next generation: a fresh key prefix, a fresh NCCL unique id
+  }
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST_CASE("async calls on a caller's stream complete at synchronize()") {
