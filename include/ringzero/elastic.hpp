@@ -35,9 +35,11 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +115,7 @@ class session {
     static std::string admitted() { return "elastic/admitted"; }  ///< arrivals taken in
     static std::string finished() { return "elastic/finished"; }
     static std::string dead(std::int64_t id) { return fmt::format("elastic/dead/{}", id); }
+    static std::string beat(std::int64_t id) { return fmt::format("elastic/beat/{}", id); }
     static std::string slots(std::uint64_t g) { return fmt::format("elastic/{}/slots", g); }
     static std::string slot(std::uint64_t g, std::int64_t i) {
       return fmt::format("elastic/{}/slot/{}", g, i);
@@ -216,6 +219,7 @@ class session {
   /// arrival, the next one the job forms (waiting, up to `wait_limit`, until the job makes room
   /// at a step boundary; fails if the job finishes first).
   const membership& join(std::chrono::nanoseconds wait_limit = std::chrono::hours(24)) {
+    if (!heart_) heart_ = std::make_shared<heart>(store_, id_, beat_period());
     if (initial_ > 0) {
       form(0, {}, initial_, false);
       return current_;
@@ -276,7 +280,7 @@ class session {
   [[nodiscard]] std::shared_ptr<bootstrap::store> generation_store() const {
     return std::make_shared<watched_store>(std::make_shared<bootstrap::prefixed_store>(
                                                store_, fmt::format("g{}/", current_.generation)),
-                                           store_, current_);
+                                           store_, current_, settle_);
   }
   /// The job's store itself (for records that outlive generations).
   [[nodiscard]] bootstrap::store& job_store() const noexcept { return *store_; }
@@ -314,8 +318,12 @@ class session {
   class watched_store final : public bootstrap::store {
    public:
     watched_store(std::shared_ptr<bootstrap::store> gen, std::shared_ptr<bootstrap::store> job,
-                  membership m)
-        : gen_(std::move(gen)), job_(std::move(job)), m_(std::move(m)) {}
+                  membership m, std::chrono::nanoseconds silence)
+        : gen_(std::move(gen)),
+          job_(std::move(job)),
+          m_(std::move(m)),
+          silence_(silence),
+          beats_(m_.members.size(), {-1, clock::now()}) {}
 
     void set(std::string_view key, std::span<const std::byte> value) override {
       gen_->set(key, value);
@@ -349,21 +357,87 @@ class session {
         } catch (const timeout_error&) {
           if (clock::now() >= deadline) throw;
         }
-        for (int r = 0; r < m_.size(); ++r)
-          if (r != m_.rank && job_->add_within(keys::dead(m_.members[static_cast<std::size_t>(r)]),
-                                               0, std::chrono::seconds(2)) > 0)
-            throw peer_error(
-                fmt::format("elastic: rank {} (member {}) of generation {} died while the ranks "
-                            "met in the store (waiting for '{}')",
-                            r, m_.members[static_cast<std::size_t>(r)], m_.generation, key),
-                r);
+        check_members(key);
       }
     }
 
    private:
+    // Throws peer_error for a member marked dead, or one whose heartbeat (session::heart) has
+    // not moved for `silence_` (then marks it dead, for the others): without a launcher to
+    // reap processes, the heartbeat is how a death during a rendezvous is found, on any host.
+    void check_members(std::string_view key) {
+      std::lock_guard lock(mutex_);
+      const auto now = clock::now();
+      for (int r = 0; r < m_.size(); ++r) {
+        if (r == m_.rank) continue;
+        const std::int64_t id = m_.members[static_cast<std::size_t>(r)];
+        const auto fail = [&](std::string_view why) {
+          throw peer_error(fmt::format("elastic: rank {} (member {}) of generation {} {} while "
+                                       "the ranks met in the store (waiting for '{}')",
+                                       r, id, m_.generation, why, key),
+                           r);
+        };
+        if (job_->add_within(keys::dead(id), 0, std::chrono::seconds(2)) > 0) fail("died");
+        auto& [last, moved] = beats_[static_cast<std::size_t>(r)];
+        const std::int64_t beat = job_->add_within(keys::beat(id), 0, std::chrono::seconds(2));
+        if (beat != last) {
+          last = beat;
+          moved = now;
+        } else if (now - moved >= silence_) {
+          job_->add_within(keys::dead(id), 1, std::chrono::seconds(2));
+          fail(fmt::format("stopped its heartbeat {:.1f} s ago",
+                           std::chrono::duration<double>(now - moved).count()));
+        }
+      }
+    }
+
     std::shared_ptr<bootstrap::store> gen_, job_;
     membership m_;
+    std::chrono::nanoseconds silence_;
+    std::mutex mutex_;  // transports may wait from several threads
+    std::vector<std::pair<std::int64_t, clock::time_point>> beats_;
   };
+
+  // Beats this member's counter in the job's store every `period` while the session lives.
+  class heart {
+   public:
+    heart(std::shared_ptr<bootstrap::store> st, std::int64_t id, std::chrono::milliseconds period)
+        : thread_([this, st = std::move(st), id, period] {
+            std::unique_lock lock(mutex_);
+            while (!stop_) {
+              lock.unlock();
+              try {
+                st->add_within(keys::beat(id), 1, std::chrono::seconds(2));
+              } catch (const std::exception&) {
+                // A store that does not answer now may answer at the next beat.
+              }
+              lock.lock();
+              cv_.wait_for(lock, period, [this] { return stop_; });
+            }
+          }) {}
+    heart(const heart&) = delete;
+    heart& operator=(const heart&) = delete;
+    ~heart() {
+      {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
+    }
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;  // last: starts once the members above exist
+  };
+
+  // A fifth of the settle time, within [100 ms, 1 s].
+  [[nodiscard]] std::chrono::milliseconds beat_period() const {
+    return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(settle_ / 5),
+                      std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+  }
 
   [[nodiscard]] bool is_dead(std::int64_t m) { return store_->add(keys::dead(m), 0) > 0; }
 
@@ -504,6 +578,7 @@ class session {
   limits lim_;
   std::chrono::nanoseconds settle_;
   membership current_;
+  std::shared_ptr<heart> heart_;
 };
 
 }  // namespace ringzero::elastic

@@ -299,3 +299,27 @@ TEST_CASE("elastic: a wait in a generation's store ends when a member is marked 
   g->set_string("addr/0", "here");
   CHECK(g->get_string("addr/0") == "here");
 }
+
+TEST_CASE("elastic: without a launcher, a member whose heartbeat stops is found in a wait") {
+  temp_dir d;
+  auto st = open(d);
+  std::vector<std::unique_ptr<re::session>> s(2);
+  run_all({0, 1}, [&](std::int64_t id) {
+    s[static_cast<std::size_t>(id)] = std::make_unique<re::session>(st, id, 2, bounds(1, 2), 500ms);
+    return s[static_cast<std::size_t>(id)]->join();
+  });
+  auto g = s[0]->generation_store();
+  s[1].reset();  // its process is gone: nobody marks it, its heart stops
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)g->get("addr/1");
+    FAIL("the wait did not end");
+  } catch (const ringzero::peer_error& e) {
+    CHECK(e.peer() == 1);
+    CHECK(std::string(e.what()).find("stopped its heartbeat") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  // It is marked dead for the others, and the survivor forms the next generation alone.
+  CHECK(st->add(re::session::keys::dead(1), 0) == 1);
+  CHECK(s[0]->shrink(1).members == std::vector<std::int64_t>{0});
+}
