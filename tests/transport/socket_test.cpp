@@ -418,3 +418,43 @@ TEST_CASE(
   });
   require_all_passed(out);
 }
+
+TEST_CASE("hierarchical over two nodes of one host: shm inside the node, bitwise as sockets") {
+  auto out = multiprocess::run(4, 120s, [](int r, int n, ringzero::bootstrap::store& s) {
+    if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))
+      return multiprocess::rank_skipped;
+    rank_checks check{r};
+    sock::communicator comm(sock::transport(s, r, n, {.timeout = 60s}));
+    const auto t = comm.topo();
+    check.expect(t.node_count == 2 && t.local_size == 2 && t.node == r / 2,
+                 fmt::format("2 nodes of 2 ranks, got {} nodes of {}", t.node_count, t.local_size));
+    auto sockets_only = comm.split(0, r);
+    const ringzero::options hier{.algorithm = ringzero::algorithm::hierarchical};
+    for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+      std::vector<float> a(count);
+      std::uint32_t x = 2654435761u * static_cast<std::uint32_t>(r + 1);
+      for (std::size_t i = 0; i < count; ++i) {
+        x = x * 1664525u + 1013904223u;
+        a[i] = static_cast<float>(x >> 8) * 1e-3f - 7e3f;
+      }
+      std::vector<float> fa(count), fb(count);
+      ringzero::all_reduce(comm, std::span<const float>(a), std::span<float>(fa), op::sum, hier);
+      if (!sockets_only->hierarchy()) ::setenv("RINGZERO_NODE_SHM", "0", 1);
+      ringzero::all_reduce(*sockets_only, std::span<const float>(a), std::span<float>(fb), op::sum,
+                           hier);
+      ::unsetenv("RINGZERO_NODE_SHM");
+      check.expect(std::memcmp(fa.data(), fb.data(), count * sizeof(float)) == 0,
+                   fmt::format("{} floats: node shm bitwise as sockets alone", count));
+    }
+    check.expect(comm.hierarchy() && comm.hierarchy()->node, "the node level over shm");
+    check.expect(sockets_only->hierarchy() && !sockets_only->hierarchy()->node,
+                 "the node level over sockets with RINGZERO_NODE_SHM=0");
+    return check.code();
+  });
+  if (std::all_of(out.status.begin(), out.status.end(),
+                  [](int st) { return st == multiprocess::rank_skipped; })) {
+    MESSAGE("skipped: ranks cannot have host names of their own here (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  require_all_passed(out);
+}

@@ -19,6 +19,9 @@
 // (and the rail that went last). A peer that closes its transport says so, naming the rank it
 // saw fail first, if any, so that every survivor's error names the same culprit.
 //
+// Ranks of one host run the hierarchical algorithm's node level over the native shm transport
+// (node_transport), as under libfabric.
+//
 // Progress is manual, as for every ringzero transport: messages move while a thread is inside
 // test() or progress(), which every blocking collective calls. A communicator is used from one
 // thread at a time; those split from one world share its transport (calls are serialized).
@@ -47,6 +50,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/rails.hpp"
 #include "ringzero/transport/socket/wire.hpp"
@@ -74,6 +78,9 @@ struct options {
 class transport {
  public:
   using from_env_options = socket::options;
+  /// The ranks of one host also share memory: the hierarchical algorithm runs its node level
+  /// over the native shm transport, set up over this one (RINGZERO_NODE_SHM=0 keeps it here).
+  using node_transport = ringzero::shm::transport;
 
   /// Handle to one posted send or receive. Destroying it before completion cancels it: a
   /// receive is never written afterwards; a send already under way finishes from a copy.
