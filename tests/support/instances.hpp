@@ -40,3 +40,8 @@ RINGZERO_TEST_FLOATING_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::shm::transpo
 RINGZERO_TEST_INTEGER_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::libfabric::transport)
 RINGZERO_TEST_FLOATING_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::libfabric::transport)
 #endif
+#ifdef RINGZERO_TEST_INSTANCES_SOCKET
+#include "ringzero/transport/socket.hpp"
+RINGZERO_TEST_INTEGER_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::socket::transport)
+RINGZERO_TEST_FLOATING_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::socket::transport)
+#endif

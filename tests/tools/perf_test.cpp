@@ -148,6 +148,8 @@ TEST_CASE("the command line reads nccl-tests' flags") {
   const perf::options g = perf::parse_args(glued);
   CHECK(g.root == 1);
   CHECK(g.types == std::vector<ringzero::dtype>{ringzero::dtype::float16});
+  const std::vector<std::string_view> sock = {"all_gather", "-T", "socket"};
+  CHECK(perf::parse_args(sock).transport == perf::transport_kind::socket);
   CHECK(g.ops == std::vector<ringzero::op>{ringzero::op::min});
 }
 

@@ -4,6 +4,8 @@
 //   ringzero-run -n 4 test_soak shm                      # the native shm transport
 //   ringzero-run -n 4 test_soak libfabric shm            # libfabric's shm provider
 //   ringzero-run -n 4 test_soak libfabric 'tcp;ofi_rxm'
+//   ringzero-run -n 4 test_soak socket                   # ringzero's socket transport
+//   ringzero-run -n 4 test_soak socket rails             # the same striped over three rails
 //
 // Op i is drawn from (seed, i) alone, identically on every rank: a kind (the nine collectives
 // of the conformance matrix and barrier), element type, op, count (0, 1, primes, up to 4 MiB
@@ -38,6 +40,7 @@
 // The shm communicator's collectives first: the conformance matrix's qualified calls must see
 // them.
 #include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/socket.hpp"
 
 #include "conformance_matrix.hpp"
 #include "reference.hpp"
@@ -332,7 +335,7 @@ int soak(Comm& comm, const settings& s) {
 }
 
 constexpr const char* usage =
-    "usage: test_soak [--ops N] shm | libfabric PROVIDER\n"
+    "usage: test_soak [--ops N] shm | socket [rails] | libfabric PROVIDER\n"
     "  one rank per process, under a launcher: ringzero-run -n 4 test_soak shm\n"
     "  RINGZERO_SOAK_OPS overrides --ops (default 1000, a 25th under sanitizers);\n"
     "  RINGZERO_SOAK_SEED repeats a run;\n"
@@ -354,6 +357,19 @@ int run(int argc, char** argv) {
   if (args.size() == 1 && args[0] == "shm") {
     s.label = "shm";
     auto comm = ringzero::shm::communicator::from_env();
+    return soak(comm, s);
+  }
+  if (!args.empty() && args.size() <= 2 && args[0] == "socket") {
+    // "rails": three loopback addresses as rails, every message of 1 KiB or more striped.
+    const bool rails = args.size() == 2 && args[1] == "rails";
+    if (args.size() == 2 && !rails) {
+      std::fputs(usage, stderr);
+      return 2;
+    }
+    s.label = rails ? "socket, 3 rails" : "socket";
+    ringzero::socket::options o;
+    if (rails) o = {.rails = {"127.0.0.1", "127.0.0.2", "127.0.0.3"}, .stripe_bytes = 1024};
+    auto comm = ringzero::socket::communicator::from_env(o);
     return soak(comm, s);
   }
   if (args.size() == 2 && args[0] == "libfabric") {

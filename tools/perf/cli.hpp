@@ -86,7 +86,7 @@ inline constexpr coll_kind all_colls[] = {
   return std::nullopt;
 }
 
-enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl, shm };
+enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl, shm, socket };
 
 [[nodiscard]] constexpr std::string_view transport_name(transport_kind t) noexcept {
   switch (t) {
@@ -100,6 +100,8 @@ enum class transport_kind : std::uint8_t { automatic, loopback, libfabric, nccl,
       return "nccl";
     case transport_kind::shm:
       return "shm";
+    case transport_kind::socket:
+      return "socket";
   }
   return "?";
 }
@@ -256,8 +258,10 @@ nccl-tests flags:
   -R,--local_register <0|1|2> 0 user buffers, 1 registered, 2 symmetric
 ringzero flags:
   -A,--algorithm <a>        ring tree rd rhd hier pairwise bruck linear auto (default auto)
-  -T,--transport <t>        loopback libfabric shm nccl (default: libfabric when a launcher
-                            set WORLD_SIZE and it is built in, else loopback)
+  -T,--transport <t>        loopback libfabric shm socket nccl (default: libfabric when a
+                            launcher set WORLD_SIZE and it is built in, else loopback);
+                            socket: ringzero's own TCP transport, on the rails RINGZERO_RAILS
+                            names (interfaces, comma-separated)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)
      --memory <host|device> where the buffers live; device: cudaMalloc on GPU LOCAL_RANK %
                             (visible GPUs), moved by the provider (FI_HMEM_CUDA, e.g. efa),
@@ -447,11 +451,13 @@ ringzero flags:
           o.transport = transport_kind::nccl;
         else if (v == "shm")
           o.transport = transport_kind::shm;
+        else if (v == "socket")
+          o.transport = transport_kind::socket;
         else if (v == "auto")
           o.transport = transport_kind::automatic;
         else
-          throw invalid_argument(
-              fmt::format("-T: unknown transport '{}' (loopback, libfabric, shm or nccl)", v));
+          throw invalid_argument(fmt::format(
+              "-T: unknown transport '{}' (loopback, libfabric, shm, socket or nccl)", v));
         break;
       case 'p':
         o.provider = std::string(v);

@@ -12,6 +12,7 @@
 #include "ringzero/transport/nccl.hpp"
 #endif
 #include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/socket.hpp"
 
 #if RINGZERO_PERF_WITH_LIBFABRIC
 #include "libfabric_backend.hpp"
@@ -24,6 +25,7 @@
 #endif
 #include "perf.hpp"
 #include "shm_backend.hpp"
+#include "socket_backend.hpp"
 
 extern char** environ;
 
@@ -40,5 +42,6 @@ int main(int argc, char** argv) {
   extra.nccl = ringzero::perf::run_nccl;
 #endif
   extra.shm = ringzero::perf::run_shm;
+  extra.socket = ringzero::perf::run_socket;
   return ringzero::perf::main(args, argv[0], stdout, stderr, environ, extra);
 }

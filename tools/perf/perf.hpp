@@ -49,6 +49,7 @@ struct transports {
   runner libfabric_device;
   runner nccl;
   runner shm;
+  runner socket;
 };
 
 [[nodiscard]] inline std::string algorithm_line(const options& o) {
@@ -231,6 +232,15 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "-t applies to -T loopback; start shm ranks with a launcher "
               "(ringzero-run -n N ringzero-perf -T shm ...)");
         return extra.shm(o, ctx);
+      case transport_kind::socket:
+        if (o.device_memory)
+          throw invalid_argument("--memory device: the socket transport moves host memory only");
+        if (!extra.socket) throw unsupported("-T socket: this ringzero-perf was built without it");
+        if (o.threads != 1)
+          throw invalid_argument(
+              "-t applies to -T loopback; start socket ranks with a launcher "
+              "(ringzero-run -n N ringzero-perf -T socket ...)");
+        return extra.socket(o, ctx);
       case transport_kind::nccl:
         if (o.reproducible)
           throw invalid_argument("--reproducible: ringzero-perf measures it on host buffers only");

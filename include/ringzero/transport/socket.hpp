@@ -1,0 +1,410 @@
+// The socket transport: ranks as processes on one host or many, over TCP connections of
+// their own, with rails. Header-only, POSIX only; nothing to link.
+//
+//   auto comm = ringzero::socket::communicator::from_env();  // ringzero-run, torchrun, Slurm
+//   ringzero::all_reduce(comm, std::span<float>(grads), ringzero::op::sum);
+//
+// Rails: RINGZERO_RAILS=eth0,eth1,... (interface names, alike on every host, as
+// NCCL_SOCKET_IFNAME takes them; IPv4 addresses also do) opens one connection per rail to
+// each peer, from and to that interface's IPv4 address. Messages of at least
+// options::stripe_bytes are cut into pieces spread over the rails (each piece to the rail with
+// the least queued, so a slower rail takes fewer), smaller ones go whole, round robin; a
+// message completes once every piece arrived, and what arrives is bitwise what was sent.
+// Without RINGZERO_RAILS: one rail, on RINGZERO_SOCKET_IFNAME when set, else loopback when
+// every rank is on this host, else the address this host reaches MASTER_ADDR from.
+//
+// A rail whose connection to a peer fails while other rails to that peer still work: its
+// unacknowledged pieces and all later traffic go over the others (a warning names the rail);
+// only when no rail to a peer is left do the waits on it fail, with peer_error naming the rank
+// (and the rail that went last). A peer that closes its transport says so, naming the rank it
+// saw fail first, if any, so that every survivor's error names the same culprit.
+//
+// Ranks of one host run the hierarchical algorithm's node level over the native shm transport
+// (node_transport), as under libfabric.
+//
+// Progress is manual, as for every ringzero transport: messages move while a thread is inside
+// test() or progress(), which every blocking collective calls. A communicator is used from one
+// thread at a time; those split from one world share its transport (calls are serialized).
+// docs/architecture.md says why ringzero has this transport besides libfabric's tcp;ofi_rxm.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/bootstrap/environment.hpp"
+#include "ringzero/bootstrap/rendezvous.hpp"
+#include "ringzero/bootstrap/store.hpp"
+#include "ringzero/communicator.hpp"
+#include "ringzero/detail/env.hpp"
+#include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/shm.hpp"
+#include "ringzero/transport/socket/engine.hpp"
+#include "ringzero/transport/socket/rails.hpp"
+#include "ringzero/transport/socket/wire.hpp"
+
+namespace ringzero::socket {
+
+struct options {
+  /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds the setup and every collective.
+  std::chrono::nanoseconds timeout{0};
+  /// Interface names or IPv4 addresses, one per rail; empty: RINGZERO_RAILS, else one rail on
+  /// RINGZERO_SOCKET_IFNAME, else as the header says. Every rank must have as many.
+  std::vector<std::string> rails{};
+  /// Messages of at least this many bytes are striped over the rails.
+  std::size_t stripe_bytes = std::size_t{64} << 10;
+  /// SO_SNDBUF and SO_RCVBUF of every connection; 0 leaves them to the kernel's autotuning.
+  std::size_t buffer_bytes = std::size_t{4} << 20;
+  /// How long a connection may hold unacknowledged data before it counts as failed
+  /// (TCP_USER_TIMEOUT): what bounds the detection of a link that went down silently.
+  std::chrono::milliseconds rail_timeout{10000};
+  /// Cost-model constants; unset: 25 us per message and 1.25 GB/s per rail. Must be the same
+  /// on every rank.
+  std::optional<cost_params> cost{};
+};
+
+class transport {
+ public:
+  using from_env_options = socket::options;
+  /// The ranks of one host also share memory: the hierarchical algorithm runs its node level
+  /// over the native shm transport, set up over this one (RINGZERO_NODE_SHM=0 keeps it here).
+  using node_transport = ringzero::shm::transport;
+
+  /// Handle to one posted send or receive. Destroying it before completion cancels it: a
+  /// receive is never written afterwards; a send already under way finishes from a copy.
+  class request {
+   public:
+    request() = default;
+    request(request&& o) noexcept : eng_(std::move(o.eng_)), op_(std::move(o.op_)) {}
+    request& operator=(request&& o) noexcept {
+      if (this != &o) {
+        abandon();
+        eng_ = std::move(o.eng_);
+        op_ = std::move(o.op_);
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    ~request() { abandon(); }
+
+   private:
+    friend class transport;
+    void abandon() noexcept {
+      if (op_ && op_->state == detail::op::status::pending) eng_->abandon(op_);
+      op_.reset();
+    }
+    std::shared_ptr<detail::engine> eng_;
+    std::shared_ptr<detail::op> op_;
+  };
+
+  /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
+  /// variables): opens the store, connects, closes the store again.
+  [[nodiscard]] static transport from_env(const from_env_options& opt = {}) {
+    const bootstrap::launch_info info = bootstrap::detect_launch();
+    log::detail::process_rank().store(info.rank);
+    const auto timeout = opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout();
+    const std::unique_ptr<bootstrap::store> store = bootstrap::make_store(info, timeout);
+    return transport(*store, info.rank, info.world_size, opt, info.master_addr);
+  }
+
+  /// Collective over the `size` processes sharing `store` (used only while constructing).
+  /// options::rails empty: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else loopback on one
+  /// host, else the address that reaches MASTER_ADDR.
+  transport(bootstrap::store& store, int rank, int size, const options& opt = {})
+      : transport(store, rank, size, opt,
+                  ringzero::detail::getenv_str("MASTER_ADDR").value_or("127.0.0.1")) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
+  [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
+  [[nodiscard]] std::string tuning_name() const { return "socket"; }
+  [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
+  [[nodiscard]] const std::string& host_of(int r) const noexcept {
+    return hosts_[static_cast<std::size_t>(r)];
+  }
+
+  /// Rails, by name as given (the same order on every rank).
+  [[nodiscard]] int rails() const noexcept { return eng_->rails(); }
+  [[nodiscard]] const std::string& rail_name(int r) const { return eng_->rail_name(r); }
+  /// Rails to `peer` that still work.
+  [[nodiscard]] int live_rails(int peer) const { return eng_->live_rails(peer); }
+  /// Payload bytes each rail delivered (acknowledged), to every peer together.
+  [[nodiscard]] std::vector<std::uint64_t> rail_bytes() const { return eng_->rail_bytes(); }
+  /// For tests: breaks the connection to `peer` on `rail`, as a failing link would.
+  void break_rail(int peer, int rail) { eng_->break_rail(peer, rail); }
+
+  [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_peer(peer, "isend");
+    request r;
+    r.eng_ = eng_;
+    r.op_ = eng_->send(peer, tag, data);
+    return r;
+  }
+
+  [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_peer(peer, "irecv");
+    request r;
+    r.eng_ = eng_;
+    r.op_ = eng_->recv(peer, tag, data);
+    return r;
+  }
+
+  /// Moves every connection; true once r finished. Throws peer_error when its peer is gone
+  /// (or another rank failed, or abort() was called), transport_error on a size mismatch.
+  [[nodiscard]] bool test(request& r) {
+    if (!r.op_) throw invalid_argument("test() on an empty request");
+    std::lock_guard lock(eng_->mutex());
+    try {
+      if (!eng_->test_locked(r.op_)) return false;
+    } catch (...) {
+      r.op_.reset();
+      throw;
+    }
+    return true;
+  }
+
+  void progress() { eng_->progress(); }
+
+  /// The rank this one saw fail first (a broken connection, or a peer's word), or -1.
+  [[nodiscard]] int failed_rank() const { return eng_->failed_rank(); }
+
+  /// Fails every wait on this transport, and so on every communicator over it, with
+  /// peer_error carrying `why`: now, including waits in another thread, and every call after.
+  void abort(const std::string& why) { eng_->abort(why); }
+  [[nodiscard]] std::optional<std::string> abort_reason() const {
+    if (!eng_->aborted()) return std::nullopt;
+    return eng_->abort_reason();
+  }
+
+  /// The rails the environment names: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else none
+  /// (the constructor then picks one).
+  [[nodiscard]] static std::vector<std::string> rails_from_env() {
+    std::vector<std::string> out;
+    if (auto v = ringzero::detail::getenv_str("RINGZERO_RAILS")) {
+      std::string_view s = *v;
+      while (!s.empty()) {
+        const auto comma = s.find(',');
+        const auto item = s.substr(0, comma);
+        if (!item.empty()) out.emplace_back(item);
+        if (comma == std::string_view::npos) break;
+        s.remove_prefix(comma + 1);
+      }
+      if (out.empty()) throw invalid_argument("RINGZERO_RAILS names no interface");
+      return out;
+    }
+    if (auto v = ringzero::detail::getenv_str("RINGZERO_SOCKET_IFNAME")) return {*v};
+    return out;
+  }
+
+ private:
+  transport(bootstrap::store& store, int rank, int size, const options& opt,
+            const std::string& master_addr)
+      : rank_(rank),
+        timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw invalid_argument(
+          fmt::format("socket transport: rank {} is not in [0, {})", rank, size));
+    connect(store, size, opt, master_addr);
+  }
+
+  void check_peer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size() || peer == rank_)
+      throw invalid_argument(fmt::format(
+          "socket transport: {} to peer {}: peers are the other ranks of [0, {}), not {}", what,
+          peer, size(), rank_));
+  }
+
+  void connect(bootstrap::store& store, int size, const options& opt,
+               const std::string& master_addr) {
+    namespace d = detail;
+    const auto deadline = d::clock::now() + timeout_;
+    const std::int64_t generation = (store.add("ringzero-socket/joined", 1) - 1) / size;
+    const auto key = [&](std::string_view what, int r) {
+      return fmt::format("ringzero-socket/{}/{}/{}", generation, what, r);
+    };
+    store.set_string(key("host", rank_), log::detail::host_name());
+    hosts_.resize(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r)
+      hosts_[static_cast<std::size_t>(r)] = store.get_string(key("host", r));
+    const bool one_host =
+        std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h == hosts_[0]; });
+
+    // This rank's rails, and a listener on each.
+    std::vector<d::rail> rails;
+    std::string failure;
+    try {
+      const std::vector<std::string> wanted = opt.rails.empty() ? rails_from_env() : opt.rails;
+      if (!wanted.empty()) {
+        for (const auto& name : wanted) rails.push_back(d::find_rail(name));
+      } else if (one_host) {
+        rails.push_back(d::find_rail("127.0.0.1"));
+      } else if (auto r = d::route_to(master_addr)) {
+        rails.push_back(*r);
+      } else {
+        throw bootstrap_error(
+            "socket transport: no route to MASTER_ADDR; set RINGZERO_SOCKET_IFNAME or "
+            "RINGZERO_RAILS");
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    std::vector<d::unique_fd> listeners;
+    std::string published;
+    if (failure.empty()) {
+      try {
+        for (const auto& r : rails) {
+          auto [fd, addr] = d::listen_on(r, opt.buffer_bytes);
+          listeners.push_back(std::move(fd));
+          if (!published.empty()) published += ' ';
+          published += fmt::format("{}={}", r.name, d::address_text(addr));
+        }
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    // A rank that cannot take part says why instead of its addresses, so the others fail at
+    // once with that reason instead of at the store's deadline.
+    store.set_string(key("rails", rank_), failure.empty() ? published : "!" + failure);
+    if (!failure.empty()) throw bootstrap_error(failure);
+    std::vector<std::vector<sockaddr_in>> addrs(static_cast<std::size_t>(size));
+    std::vector<std::string> names;
+    for (int r = 0; r < size; ++r) {
+      const std::string v = store.get_string(key("rails", r));
+      if (!v.empty() && v[0] == '!')
+        throw bootstrap_error(
+            fmt::format("rank {} could not open its socket transport: {}", r, v.substr(1)));
+      std::vector<std::string> rank_names;
+      std::string_view s = v;
+      while (!s.empty()) {
+        const auto sp = s.find(' ');
+        const std::string_view item = s.substr(0, sp);
+        const auto eq = item.rfind('=');
+        const auto colon = item.rfind(':');
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        const std::string ip(item.substr(eq + 1, colon - eq - 1));
+        ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+        a.sin_port =
+            htons(static_cast<std::uint16_t>(std::stoi(std::string(item.substr(colon + 1)))));
+        addrs[static_cast<std::size_t>(r)].push_back(a);
+        rank_names.emplace_back(item.substr(0, eq));
+        if (sp == std::string_view::npos) break;
+        s.remove_prefix(sp + 1);
+      }
+      if (rank_names.size() != rails.size())
+        throw bootstrap_error(fmt::format(
+            "socket transport: rank {} has {} rail{} ({}), this rank {}: RINGZERO_RAILS must "
+            "name as many interfaces on every host",
+            r, rank_names.size(), rank_names.size() == 1 ? "" : "s", v, rails.size()));
+    }
+    for (const auto& r : rails) names.push_back(r.name);
+
+    eng_ = std::make_shared<d::engine>(rank_, size, names, opt.stripe_bytes);
+    const auto user_timeout = std::chrono::milliseconds(std::max<long long>(
+        1000, std::min<long long>(
+                  opt.rail_timeout.count(),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count())));
+    const auto gen32 = static_cast<std::uint32_t>(generation);
+    // Connect to the ranks above, rail by rail; the kernel completes the handshake before the
+    // peer accepts, so every rank connects first and accepts after.
+    for (int p = rank_ + 1; p < size; ++p)
+      for (std::size_t r = 0; r < rails.size(); ++r) {
+        auto fd = d::connect_from(rails[r], addrs[static_cast<std::size_t>(p)][r], opt.buffer_bytes,
+                                  user_timeout, deadline);
+        const d::hello h{.rank = static_cast<std::uint32_t>(rank_),
+                         .rail = static_cast<std::uint32_t>(r),
+                         .generation = gen32};
+        if (d::bsd::send_all(fd.get(), std::as_bytes(std::span(&h, 1)), deadline) !=
+            d::bsd::io_result::ok)
+          throw bootstrap_error(
+              fmt::format("socket transport: rank {} closed the connection on rail {} during setup",
+                          p, rails[r].name));
+        eng_->adopt(p, static_cast<int>(r), std::move(fd));
+      }
+    // Accept the ranks below.
+    std::size_t expected = static_cast<std::size_t>(rank_) * rails.size();
+    std::vector<pollfd> pfds;
+    for (const auto& l : listeners) pfds.push_back({l.get(), POLLIN, 0});
+    while (expected > 0) {
+      const int rc = ::poll(pfds.data(), pfds.size(), d::bsd::poll_ms_until(deadline));
+      if (rc == 0)
+        throw bootstrap_error(fmt::format(
+            "socket transport: {} connection{} from lower ranks never arrived within {}", expected,
+            expected == 1 ? "" : "s", d::bsd::seconds_text(timeout_)));
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        throw bootstrap_error(fmt::format("poll failed: {}", std::strerror(errno)));
+      }
+      for (std::size_t r = 0; r < pfds.size(); ++r) {
+        if (!(pfds[r].revents & POLLIN)) continue;
+        d::unique_fd fd(
+            ::accept4(listeners[r].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) continue;
+        d::tune(fd.get(), 0, user_timeout);
+        d::hello h{};
+        if (d::bsd::recv_all(fd.get(), std::as_writable_bytes(std::span(&h, 1)), deadline) !=
+                d::bsd::io_result::ok ||
+            h.magic != d::hello{}.magic || h.generation != gen32 ||
+            h.rank >= static_cast<std::uint32_t>(rank_) || h.rail != r) {
+          log::warn(
+              "socket transport: dropped a connection on rail {} that did not introduce "
+              "itself as a rank of this job",
+              rails[r].name);
+          continue;
+        }
+        eng_->adopt(static_cast<int>(h.rank), static_cast<int>(r), std::move(fd));
+        --expected;
+      }
+    }
+    // Rank 0 returns last, so that a store it serves may close without stranding a rank.
+    store.set_string(key("ready", rank_), "1");
+    std::vector<std::string> ready;
+    for (int r = 0; r < size; ++r) ready.push_back(key("ready", r));
+    store.wait(ready);
+    if (rank_ != 0) {
+      store.set_string(key("done", rank_), "1");
+    } else {
+      std::vector<std::string> done;
+      for (int r = 1; r < size; ++r) done.push_back(key("done", r));
+      store.wait(done);
+    }
+    cost_ = opt.cost ? *opt.cost
+                     : cost_params{.alpha = 25e-6,
+                                   .beta = 1.0 / (1.25e9 * static_cast<double>(rails.size())),
+                                   .gamma = 1.0 / 10e9,
+                                   .chunk_bytes = std::size_t{1} << 20};
+    std::string rail_text;
+    for (const auto& r : rails) {
+      char buf[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &r.address, buf, sizeof buf);
+      rail_text += fmt::format("{}{} ({})", rail_text.empty() ? "" : ", ", r.name, buf);
+    }
+    log::info("socket: rank {} of {} on {}, {} rail{}: {}", rank_, size,
+              hosts_[static_cast<std::size_t>(rank_)], rails.size(), rails.size() == 1 ? "" : "s",
+              rail_text);
+  }
+
+  std::shared_ptr<detail::engine> eng_;
+  std::vector<std::string> hosts_;
+  int rank_ = 0;
+  cost_params cost_{};
+  std::chrono::nanoseconds timeout_{0};
+};
+
+/// ringzero's communicator over sockets: communicator::from_env() joins the job.
+using communicator = ringzero::communicator<transport>;
+
+}  // namespace ringzero::socket
