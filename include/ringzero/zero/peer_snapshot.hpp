@@ -122,7 +122,8 @@ template <class Comm>
   const std::uint64_t crc = all[3 * static_cast<std::size_t>(source) + 2];
   // The manifest, to everyone (so every rank knows the shard names and sizes).
   std::vector<std::byte> text(image.manifest.size());
-  std::memcpy(text.data(), image.manifest.data(), text.size());
+  // An arrival's image is empty, and memcpy must not see the null pointer of an empty vector.
+  if (!text.empty()) std::memcpy(text.data(), image.manifest.data(), text.size());
   text = detail::broadcast_bytes(
       comm, comm.rank() == source ? std::move(text) : std::vector<std::byte>{}, source);
   const std::string manifest(reinterpret_cast<const char*>(text.data()), text.size());
