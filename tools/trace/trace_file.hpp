@@ -25,13 +25,13 @@ struct json {
   double num = 0;
   std::string str;
   std::vector<json> arr;
-  std::vector<std::pair<std::string, json>> obj;
+  // An object's members in file order: a struct completed after json, not a std::pair<std::string,
+  // json>, which needs json complete where it is declared (Clang refuses it). The functions that
+  // make a json are defined after the struct for the same reason.
+  struct member;
+  std::vector<member> obj;
 
-  [[nodiscard]] const json* find(std::string_view key) const {
-    for (const auto& [name, v] : obj)
-      if (name == key) return &v;
-    return nullptr;
-  }
+  [[nodiscard]] const json* find(std::string_view key) const;
   [[nodiscard]] double number_or(std::string_view key, double fallback) const {
     const json* v = find(key);
     return v != nullptr && v->k == kind::number ? v->num : fallback;
@@ -40,25 +40,42 @@ struct json {
     const json* v = find(key);
     return v != nullptr && v->k == kind::string ? v->str : fallback;
   }
-  json& set(std::string_view key, json v) {
-    for (auto& [name, x] : obj)
-      if (name == key) return x = std::move(v);
-    obj.emplace_back(std::string(key), std::move(v));
-    return obj.back().second;
-  }
-  static json number_value(double d) {
-    json j;
-    j.k = kind::number;
-    j.num = d;
-    return j;
-  }
-  static json string_value(std::string s) {
-    json j;
-    j.k = kind::string;
-    j.str = std::move(s);
-    return j;
-  }
+  json& set(std::string_view key, json v);
+  static json number_value(double d);
+  static json string_value(std::string s);
 };
+
+struct json::member {
+  std::string first;
+  json second;
+};
+
+inline const json* json::find(std::string_view key) const {
+  for (const auto& [name, v] : obj)
+    if (name == key) return &v;
+  return nullptr;
+}
+
+inline json json::number_value(double d) {
+  json j;
+  j.k = kind::number;
+  j.num = d;
+  return j;
+}
+
+inline json json::string_value(std::string s) {
+  json j;
+  j.k = kind::string;
+  j.str = std::move(s);
+  return j;
+}
+
+inline json& json::set(std::string_view key, json v) {
+  for (auto& [name, x] : obj)
+    if (name == key) return x = std::move(v);
+  obj.push_back(member{std::string(key), std::move(v)});
+  return obj.back().second;
+}
 
 struct parse_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -115,7 +132,7 @@ class parser {
           skip_ws();
           std::string key = string();
           expect(':');
-          v.obj.emplace_back(std::move(key), value());
+          v.obj.push_back(json::member{std::move(key), value()});
         } while (eat(','));
         expect('}');
       }

@@ -509,8 +509,11 @@ class sharder {
 
   /// run_collective as a callable, for the checkpoint steps that take one.
   [[nodiscard]] auto collective_runner() {
-    return
-        [this](auto&& f) -> decltype(auto) { return run_collective(std::forward<decltype(f)>(f)); };
+    // this-> spelled out: Clang takes an unqualified call in a generic lambda for one that does
+    // not use the capture.
+    return [this](auto&& f) -> decltype(auto) {
+      return this->run_collective(std::forward<decltype(f)>(f));
+    };
   }
 
   /// The same over the shard group, for everything that is collective over the ranks the state

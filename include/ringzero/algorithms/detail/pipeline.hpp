@@ -355,7 +355,10 @@ template <collective_comm T, element E, class... P>
 void drive(tree_pipeline<T, E>& first, P&... rest) {
   ringzero::detail::backoff b;
   while (!(first.done() && (rest.done() && ...))) {
-    const bool moved = (first.advance() | ... | rest.advance());
+    // Every pipeline advances on every pass (no short circuit): a logical `||` would starve the
+    // later ones while the first keeps moving.
+    const bool moved =
+        (static_cast<int>(first.advance()) | ... | static_cast<int>(rest.advance())) != 0;
     if (moved)
       b.reset();
     else

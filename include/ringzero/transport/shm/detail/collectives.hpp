@@ -135,7 +135,11 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_ca
       const std::size_t hi = count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(n);
       return std::array<std::size_t, 2>{lo, hi};
     };
-    const auto [lo, hi] = block(me);
+    // Named variables, not a structured binding: the lambda below captures lo, and Clang before
+    // 16 cannot capture a binding.
+    const auto mine_block = block(me);
+    const std::size_t lo = mine_block[0];
+    const std::size_t hi = mine_block[1];
     E* mine = reinterpret_cast<E*>(ws.buffer(me, p + 1)) + lo;
     reduce_in_order<E>(
         o, n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
