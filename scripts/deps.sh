@@ -9,7 +9,7 @@ pkgs=(
   libfabric-dev libfabric-bin          # ringzero::libfabric (shm, tcp;ofi_rxm, sockets)
   iproute2                             # network namespaces for the two-host test
   clang-format                         # style check
-  clang-16 libclang-rt-16-dev          # the sanitizer stages and the libFuzzer targets
+  clang-14 libclang-rt-14-dev          # the libFuzzer targets (scripts/fuzz.sh)
   python3-matplotlib                   # the plots in docs/ (tools/model, tools/trace)
   libopenmpi-dev openmpi-bin libgloo-dev  # peers for bench/compare
 )

@@ -28,8 +28,8 @@ if [[ $seed != random ]]; then
   seed_flag=(-seed="$seed")
 fi
 
-cxx=$(command -v clang++-16 || command -v clang++ || true)
-[[ -n $cxx ]] || { echo "fuzz: clang++ not found (scripts/deps.sh installs clang-16)" >&2; exit 2; }
+cxx=$(command -v clang++-14 || command -v clang++ || true)
+[[ -n $cxx ]] || { echo "fuzz: clang++ not found (scripts/deps.sh installs clang-14)" >&2; exit 2; }
 
 dir=build/fuzz
 cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -126,19 +126,12 @@ if [[ ${RINGZERO_FUZZ:-1} != 0 ]]; then
 fi
 
 if ((quick == 0)); then
-  # The sanitizer stages compile with Clang: at -O0/-O1 it builds these template-heavy tests two
-  # to four times faster than GCC (docs/testing.md), and a second compiler's warnings (-Werror)
-  # check the headers as Clang users see them. Stage 1 stays with GCC, Debian's compiler and
-  # nvcc's host compiler. Clang 16, Debian 12's newest, which scripts/deps.sh installs (the
-  # fuzzers use it too).
-  san_cc=(-DCMAKE_C_COMPILER=clang-16 -DCMAKE_CXX_COMPILER=clang++-16)
-  command -v clang++-16 >/dev/null || san_cc=()
   stage "2/3 AddressSanitizer + UndefinedBehaviorSanitizer"
   # Sanitizer builds: line tables only (-g1) are enough for the reports' stack traces and
   # compile in two thirds of the time; ASan at -O0 compiles three times faster than at -O1
   # and the suite still runs in minutes. NCCL is left to stage 1: without a GPU its tests
   # only check arguments, and instrumenting them against the CUDA runtime adds nothing.
-  configure_build build/asan "${san_cc[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" \
+  configure_build build/asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" \
     -DRINGZERO_SANITIZE=address,undefined -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF \
     -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF
   lap "2 asan+ubsan build"
@@ -148,7 +141,7 @@ if ((quick == 0)); then
 
   stage "3/3 ThreadSanitizer"
   # TSan keeps -O1: unoptimized, its instrumented programs run several times slower.
-  configure_build build/tsan "${san_cc[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+  configure_build build/tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DRINGZERO_SANITIZE=thread -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF \
     -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF
   lap "3 tsan build"
