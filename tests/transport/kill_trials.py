@@ -240,7 +240,7 @@ def trial(perf, run, rng, tmp, idx):
                 if STRICT_CULPRIT:
                     result["ok"] = False
                 last = [l for l in text.splitlines() if "ringzero" in l and "INFO" not in l]
-                result["why"].append(f"rank {r} did not name rank {victim}: {last[-2:]}")
+                result["why"].append(f"rank {r} did not name rank {victim}: {last[-6:]}")
                 result["wrong"] = True
     time.sleep(0.05)
     left = [p for p in pids if p > 0 and alive(p)]
