@@ -88,6 +88,10 @@ fi
 # instrumenting them against the CUDA runtime adds nothing.
 sanitizer_builds() {
   renice -n 19 -p "$$" >/dev/null || true
+  # With the scheduler's autogroups (sched_autogroup_enabled), each session is a group and
+  # groups share the CPU equally, whatever their processes' nice values: the group's own nice
+  # is the one that counts, and this build is a session of its own.
+  echo 19 >/proc/self/autogroup 2>/dev/null || true
   local name rc start
   for name in asan tsan; do
     start=$SECONDS
