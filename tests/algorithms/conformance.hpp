@@ -9,11 +9,12 @@
 // everywhere. Outputs are poisoned before each call, so an element nobody writes is caught.
 //
 // RINGZERO_CONFORMANCE=reduced keeps every algorithm, type, op and world size but drops the
-// largest count (for sanitizer builds). RINGZERO_CONFORMANCE=threads, for ThreadSanitizer, is
-// reduced with one element type of each size (int8, float16, float, double) instead of all ten:
-// which rank thread touches which bytes when depends on the algorithm, the world, the count and
-// the element size, not on the arithmetic, and the arithmetic of every type runs on one thread
-// (checked by the plain and AddressSanitizer builds, which run all ten).
+// largest count. RINGZERO_CONFORMANCE=sizes (the sanitizer builds; `threads` is its old name)
+// is reduced with one element type of each size (int8, float16, float, double) instead of all
+// ten: which bytes an algorithm touches, and which rank thread touches them when, depends on the
+// algorithm, the world, the count and the element size, not on the arithmetic. The arithmetic
+// of every type is the reduction kernels', which run under the sanitizers for all ten types in
+// test_reduce and test_simd, and on every type through the algorithms in the plain build.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -42,8 +43,12 @@ inline constexpr int max_world = 9;
   const char* v = std::getenv("RINGZERO_CONFORMANCE");
   return v != nullptr ? std::string_view(v) : std::string_view();
 }
+/// One element type of each size (RINGZERO_CONFORMANCE=sizes, or its old name threads).
+[[nodiscard]] inline bool one_type_per_size() {
+  return conformance_mode() == "sizes" || conformance_mode() == "threads";
+}
 [[nodiscard]] inline bool reduced_mode() {
-  return conformance_mode() == "reduced" || conformance_mode() == "threads";
+  return conformance_mode() == "reduced" || one_type_per_size();
 }
 
 [[nodiscard]] inline std::vector<std::size_t> counts_for(int n) {
@@ -63,10 +68,10 @@ inline constexpr int max_world = 9;
 }
 
 /// Calls f(E{}) for each of the ten element types (one of each size under
-/// RINGZERO_CONFORMANCE=threads).
+/// RINGZERO_CONFORMANCE=sizes).
 template <class F>
 void for_each_type(F&& f) {
-  const bool all = conformance_mode() != "threads";
+  const bool all = !one_type_per_size();
   f(std::int8_t{});
   if (all) f(std::uint8_t{});
   if (all) f(std::int32_t{});

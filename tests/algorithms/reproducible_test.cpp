@@ -179,8 +179,8 @@ void run(int n, int per_node) {
             [&](loopback::communicator& comm, world_log& log) {
               matrix<float>(comm, log, world, per_node != 0);
               matrix<double>(comm, log, world, per_node != 0);
-              // One type of each size under ThreadSanitizer (conformance.hpp says why).
-              if (conformance_mode() != "threads")
+              // One type of each size under the sanitizers (conformance.hpp says why).
+              if (!one_type_per_size())
                 matrix<bfloat16>(comm, log, world, per_node != 0);
               matrix<float16>(comm, log, world, per_node != 0);
             });

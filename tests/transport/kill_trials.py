@@ -18,8 +18,8 @@ usage: kill_trials.py RINGZERO_PERF RINGZERO_RUN [--trials N] [--budget S] [--se
 Environment: RINGZERO_KILL_TRIALS (trials, default 50), RINGZERO_KILL_BUDGET (seconds, default
 170: the trials stop early, as a failure, if they would run past it), RINGZERO_KILL_SEED,
 RINGZERO_KILL_CULPRIT (strict or report).
-Prints one line per trial and a summary: trials, hangs, wrong culprit, time from the kill until
-every rank is gone (median, max) by transport and launcher.
+Prints one line per trial and a summary: trials, hangs, wrong culprit, survivors that crashed,
+time from the kill until every rank is gone (median, max) by transport and launcher.
 """
 import argparse
 import os
@@ -232,6 +232,15 @@ def trial(perf, run, rng, tmp, idx):
             if rc == 0:
                 result["ok"] = False
                 result["why"].append(f"rank {r} exited 0")
+    # A survivor that crashed: libfabric's psm provider (libpsm_infinipath, linked into
+    # libfabric on Debian) installs a handler for fatal signals that prints "terminated with
+    # signal N ... Backtrace:" and exits 1, so the crash shows in the log, not in the exit status.
+    # Counted and shown (summary: crashes), not yet a failure of its own.
+    for r, text in survivors.items():
+        m = re.search(r"terminated with signal (\d+)", text)
+        if m:
+            result["crash"] = True
+            result["why"].append(f"rank {r} crashed with signal {m.group(1)}")
     if not launcher:
         # Under ringzero-run the launcher stops the survivors at once; its verdict names the
         # victim. Without it, every survivor must find the culprit itself.
@@ -290,13 +299,16 @@ def main():
             print(f"trial {i:3d}: {r['provider']:11s} {r['coll']:14s} "
                   f"{'ringzero-run' if r['launcher'] else 'torchrun-env':12s} world {r['world']} "
                   f"victim {r['victim']}: {'ok' if r['ok'] else 'FAILED'} in {r['secs']:.2f} s"
-                  + ("" if r["ok"] and not r.get("wrong") else " — " + "; ".join(r["why"])),
+                  + ("" if r["ok"] and not r.get("wrong") and not r.get("crash")
+                     else " — " + "; ".join(r["why"])),
                   flush=True)
     failed = [r for r in results if not r["ok"]]
     hangs = sum(1 for r in results if r.get("hang"))
     wrong = sum(1 for r in results if r.get("wrong"))
+    crashes = sum(1 for r in results if r.get("crash"))
     print(f"summary: {len(results)} trials, {len(failed)} failed, {hangs} hangs, "
-          f"{wrong} wrong or missing culprit, {time.monotonic() - begin:.0f} s")
+          f"{wrong} wrong or missing culprit, {crashes} survivor crashes, "
+          f"{time.monotonic() - begin:.0f} s")
     for prov in TRANSPORTS:
         for launcher in (False, True):
             ts = [r["secs"] for r in results if r["provider"] == prov and r["launcher"] == launcher]
