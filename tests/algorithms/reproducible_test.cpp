@@ -180,8 +180,7 @@ void run(int n, int per_node) {
               matrix<float>(comm, log, world, per_node != 0);
               matrix<double>(comm, log, world, per_node != 0);
               // One type of each size under the sanitizers (conformance.hpp says why).
-              if (!one_type_per_size())
-                matrix<bfloat16>(comm, log, world, per_node != 0);
+              if (!one_type_per_size()) matrix<bfloat16>(comm, log, world, per_node != 0);
               matrix<float16>(comm, log, world, per_node != 0);
             });
 }
