@@ -92,19 +92,18 @@ sanitizer_builds() {
   # groups share the CPU equally, whatever their processes' nice values: the group's own nice
   # is the one that counts, and this build is a session of its own.
   echo 19 >/proc/self/autogroup 2>/dev/null || true
-  local name rc start
-  for name in asan tsan; do
+  local build name flags sanitize rc start
+  # <name> <CMAKE_CXX_FLAGS_DEBUG> <RINGZERO_SANITIZE>, in the order the stages need them.
+  for build in "asan|-O0 -g1|address,undefined" "tsan|-O1 -g1|thread"; do
+    IFS='|' read -r name flags sanitize <<<"$build"
     start=$SECONDS
     rm -f "build/$name.done"
-    if [[ $name == asan ]]; then
-      if configure_build build/asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" \
-        -DRINGZERO_SANITIZE=address,undefined -DRINGZERO_BUILD_EXAMPLES=OFF \
-        -DRINGZERO_BUILD_BENCH=OFF -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF \
-        >build/asan.log 2>&1; then rc=0; else rc=$?; fi
+    if configure_build "build/$name" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=$flags" \
+      "-DRINGZERO_SANITIZE=$sanitize" -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF \
+      -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF >"build/$name.log" 2>&1; then
+      rc=0
     else
-      if configure_build build/tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-        -DRINGZERO_SANITIZE=thread -DRINGZERO_BUILD_EXAMPLES=OFF -DRINGZERO_BUILD_BENCH=OFF \
-        -DRINGZERO_WITH_NCCL=OFF -DRINGZERO_WITH_CUDA=OFF >build/tsan.log 2>&1; then rc=0; else rc=$?; fi
+      rc=$?
     fi
     echo "$rc $((SECONDS - start))" >"build/$name.done"
   done
