@@ -155,6 +155,12 @@ echo "=== ringzero-cuda-train, stages 0-3 (per-step time and device budget)"
 for s in 0 1 2 3; do
   step "cuda_train_stage$s" 90 "$build/examples/ringzero-cuda-train" --stage "$s" --steps 20
 done
+# config::reproducible on device memory: the per-step time against the lines above, and the
+# weights' checksum (the same at stages 0 and 3).
+for s in 0 3; do
+  step "cuda_train_reproducible_stage$s" 90 "$build/examples/ringzero-cuda-train" --stage "$s" \
+    --steps 20 --reproducible
+done
 
 if [[ -n $sanitizer ]]; then
   echo "=== compute-sanitizer ($sanitizer)"
@@ -178,6 +184,14 @@ step perf_nccl_all_reduce 120 "$build/tools/perf/ringzero-perf" all_reduce -T nc
   -b 8 -e 256M -f 8 -n 20 -w 5 -c 1
 step perf_nccl_all_reduce_bf16_avg 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
   -b 1K -e 256M -f 16 -n 20 -w 5 -c 1 -d bfloat16 -o avg
+# options::reproducible on device buffers (the kernels of kernels/cuda/reproducible.cuh), each
+# sum checked bitwise against the exact serial sum; the plain rows above are the comparison.
+step perf_nccl_reproducible_all_reduce 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
+  -b 8 -e 256M -f 8 -n 20 -w 5 -c 1 --reproducible
+step perf_nccl_reproducible_reduce_scatter_bf16_avg 120 "$build/tools/perf/ringzero-perf" \
+  reduce_scatter -T nccl -b 1K -e 256M -f 16 -n 20 -w 5 -c 1 -d bfloat16 -o avg --reproducible
+step perf_nccl_reproducible_reduce_double 120 "$build/tools/perf/ringzero-perf" reduce -T nccl \
+  -b 1K -e 64M -f 16 -n 10 -w 3 -c 1 -d double --reproducible
 step perf_nccl_ring_schedule 120 "$build/tools/perf/ringzero-perf" all_reduce -T nccl \
   -b 1K -e 64M -f 16 -n 10 -w 3 -c 1 -A ring
 if [[ -x $build/tools/run/ringzero-run ]]; then

@@ -5,6 +5,7 @@
 // The model fits random targets (a quadratic loss with noisy samples), so the loss must fall.
 //
 //   ringzero-cuda-train [--stage 0-3] [--steps N] [--micro-batches K] [--save DIR]
+//                       [--reproducible]
 //   ringzero-run -n 2 ringzero-cuda-train --stage 3       (one rank per GPU)
 //
 // Without a GPU it says so and exits with status 77 (a skip, for test drivers).
@@ -14,6 +15,7 @@
 #include <ringzero/kernels/element.hpp>
 #include <ringzero/ringzero.hpp>
 #include <ringzero/transport/nccl.hpp>
+#include <ringzero/zero/detail/crc32c.hpp>
 #include <ringzero/zero/sharder.hpp>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -98,12 +101,17 @@ struct args {
   int steps = 20;
   int micro_batches = 2;
   std::string save;
+  bool reproducible = false;  ///< config::reproducible; prints the weights' crc32c
 };
 
 args parse(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
     const std::string_view k = argv[i];
+    if (k == "--reproducible") {
+      a.reproducible = true;
+      continue;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) throw ringzero::invalid_argument(fmt::format("{} needs a value", k));
     if (k == "--stage")
@@ -119,6 +127,13 @@ args parse(int argc, char** argv) {
     ++i;
   }
   return a;
+}
+
+/// The first sample of micro-batch m on `rank`: the global batch is world * micro_batches
+/// micro-batches of `per` samples; reproducible training gives each rank a contiguous run of
+/// them, so the sum over the batch does not depend on how many ranks share it.
+int first_sample(const args& a, int m, int rank, int world, int per) {
+  return (a.reproducible ? rank * a.micro_batches + m : m * world + rank) * per;
 }
 
 /// Prints the budget line the GPU check reads, and whether every warm step kept to it.
@@ -171,6 +186,7 @@ int run(const args& a) {
   cfg.accumulation_steps = a.micro_batches;
   cfg.max_grad_norm = 1.0f;
   cfg.reduce_dtype = ringzero::dtype::float32;  // bf16 parameters, fp32 gradient reduction
+  cfg.reproducible = a.reproducible;
 
   // The trainer's stream: forward and backward run there, the sharder orders its work with it.
   // Declared before the sharder so that it outlives it: the sharder's destructor waits on it and
@@ -211,7 +227,7 @@ int run(const args& a) {
           const std::size_t n = wp.size();
           backward<<<static_cast<unsigned>((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024), 256, 0,
                      compute>>>(wp.data(), grads[static_cast<std::size_t>(p)], loss, n, p,
-                                (m * comm.size() + rank) * per, per, shd.loss_scale());
+                                first_sample(a, m, rank, comm.size(), per), per, shd.loss_scale());
           check(cudaGetLastError(), "backward");
           shd.add_grad(p, std::span<const float>(grads[static_cast<std::size_t>(p)], n));
         }
@@ -234,6 +250,12 @@ int run(const args& a) {
   }
   // docs-end: loop
   if (!a.save.empty()) shd.save(a.save);
+  if (a.reproducible) {
+    // The weights' checksum: the same on every world size that divides the micro-batches.
+    const auto full = shd.full_parameters();
+    if (rank == 0)
+      fmt::print("crc32c {:08x}\n", ringzero::zero::detail::crc32c(std::as_bytes(std::span(full))));
+  }
   const auto m = shd.memory();
   if (rank == 0)
     fmt::print("rank 0 holds {} B of parameters, {} B of gradients, {} B of optimizer state\n",
@@ -246,7 +268,8 @@ int run(const args& a) {
   shd.synchronize();
   for (float* g : grads) static_cast<void>(cudaFree(g));
   static_cast<void>(cudaFree(loss));
-  const bool in_budget = report_budget(rank, a, budget);
+  // Reproducible mode reads every gradient back to the host: not the device path's budget.
+  const bool in_budget = report_budget(rank, a, budget) || a.reproducible;
   return learned && in_budget ? 0 : 1;
 }
 

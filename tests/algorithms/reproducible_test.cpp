@@ -334,3 +334,41 @@ TEST_CASE("reproducible sums on device buffers: the kernels' passes give the hos
     for (const auto& f : failures) FAIL_CHECK(f);
   }
 }
+
+TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's stream") {
+  // The input is written by a copy still queued on the caller's stream (options::stream); the
+  // passes run on a stream of their own, which must be ordered behind it, and complete before
+  // the call returns even when options::async asks for stream order.
+  const fake_device::installed fake;
+  const auto& rt = fake_device::runtime;
+  const auto& k = fake_device::reproducible;
+  loopback::world w(1);
+  w.run([&](loopback::communicator& comm) {
+    constexpr std::size_t count = 300;
+    std::vector<float> in(count);
+    for (std::size_t i = 0; i < count; ++i) in[i] = special_term<float>(5, 0, i);
+    fake_device::buffer<float> din(count), dout(count);
+    std::memset(din.data(), 0, count * sizeof(float));
+    CUstream_st* caller = fake_device::create_stream(0);
+    fake_device::copy(din.data(), in.data(), count * sizeof(float), caller);  // runs late
+    const std::size_t before = fake_device::global().orderings;
+    options opt;
+    opt.reproducible = true;
+    opt.async = true;
+    opt.stream = caller;
+    const algorithms::call<float> dc{collective::all_reduce, std::span<const float>(din.span()),
+                                     dout.span(), op::sum, 0};
+    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k);
+    CHECK(fake_device::global().orderings == before + 1);
+    std::vector<float> want(count);
+    options host;
+    host.reproducible = true;
+    ringzero::detail::run_reproducible(
+        comm,
+        algorithms::call<float>{collective::all_reduce, std::span<const float>(in),
+                                std::span<float>(want), op::sum, 0},
+        host);
+    CHECK(std::memcmp(want.data(), dout.data(), count * sizeof(float)) == 0);
+    fake_device::destroy_stream(caller);
+  });
+}

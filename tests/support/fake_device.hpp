@@ -69,6 +69,7 @@ struct state {
   std::vector<std::pair<const std::byte*, std::size_t>> ranges;
   std::size_t events = 0;
   std::size_t polls = 0;
+  std::size_t orderings = 0;  ///< reproducible calls ordered behind their caller's stream
 };
 inline state& global() {
   static state s;
@@ -270,9 +271,17 @@ inline void rp_apply_specials(ringzero::dtype type, const std::int64_t* codes, s
 inline void rp_synchronize(CUstream_st* s) {
   drain(s);
 }
+/// The stand-in has no default stream: a named caller's stream is run to its end (what the
+/// event would wait for), and every ordering is counted so a test sees the call asked for it.
+inline void rp_after(CUstream_st*, CUstream_st* caller) {
+  if (caller != nullptr) drain(caller);
+  auto& g = global();
+  std::lock_guard lock(g.m);
+  ++g.orderings;
+}
 inline constexpr ringzero::kernels::device_reproducible reproducible{
-    &rp_windows,        &rp_digits, &rp_round,      &rp_special_codes,
-    &rp_apply_specials, &copy,      &rp_synchronize};
+    &rp_windows,        &rp_digits, &rp_round,       &rp_special_codes,
+    &rp_apply_specials, &copy,      &rp_synchronize, &rp_after};
 
 /// Device memory of `n` elements, freed on destruction.
 template <class T>

@@ -6,6 +6,8 @@
 //
 //   - the weights equal those of host memory, bit for bit, at every stage (one rank, no
 //     clipping: every value is element-wise arithmetic the kernels share with the host);
+//   - in reproducible mode (config::reproducible, clipped) they equal host memory's at 1, 2 and
+//     3 ranks;
 //   - a warm step waits on the host once, launches the statistics once, creates no event and
 //     takes no memory from the driver (device_counters and the pool's reserved bytes);
 //   - a stream that never drains makes step(), synchronize() and the destructor raise
@@ -20,12 +22,14 @@
 #include <ringzero/transport/nccl.hpp>
 #include <ringzero/zero/sharder.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using test_support::stream_gate;
@@ -85,11 +89,12 @@ float initial_value(int p, std::size_t i) {
          1e-2f;
 }
 
-/// Trains `steps` steps and returns the final parameters (as float, in layout order). `on_step`
-/// sees the sharder after each step.
+/// Trains `steps` steps and returns the final parameters (as float, in layout order). `after`
+/// sees the sharder after each step. Each step takes `micros` micro-batches, numbered from
+/// `first_micro` (a rank's contiguous run of the global batch in reproducible training).
 template <class Comm, class Hand, class After>
-std::vector<float> train(zero::sharder<Comm, bfloat16>& shd, int steps, Hand&& hand,
-                         After&& after) {
+std::vector<float> train(zero::sharder<Comm, bfloat16>& shd, int steps, Hand&& hand, After&& after,
+                         int micros = 2, int first_micro = 0) {
   const auto& plan = shd.plan();
   const int n = static_cast<int>(plan.params().size());
   for (int p = 0; p < n; ++p) {
@@ -98,7 +103,7 @@ std::vector<float> train(zero::sharder<Comm, bfloat16>& shd, int steps, Hand&& h
     shd.set_parameter(p, v);
   }
   for (int s = 0; s < steps; ++s) {
-    for (int m = 0; m < 2; ++m) {
+    for (int m = first_micro; m < first_micro + micros; ++m) {
       for (int l = static_cast<int>(plan.layers().size()) - 1; l >= 0; --l) {
         auto held = shd.gather(l, zero::pass::backward);
         const auto& li = plan.layers()[static_cast<std::size_t>(l)];
@@ -128,7 +133,77 @@ std::vector<float> on_host(int stage, int steps) {
   return r;
 }
 
+/// Reproducible training: a global batch of 6 micro-batches, each of `world` ranks taking a
+/// contiguous run, clipped (the exact global norm decides the factor).
+zero::config exact_config(int stage, int world) {
+  zero::config c = config(stage);
+  c.accumulation_steps = 6 / world;
+  c.reproducible = true;
+  c.max_grad_norm = 1.0f;
+  return c;
+}
+
+/// The same training on host memory over `world` loopback ranks: rank 0's weights.
+std::vector<float> exact_on_host(int stage, int world, int steps) {
+  std::vector<float> r;
+  ringzero::loopback::world w(world);
+  w.run([&](ringzero::loopback::communicator& comm) {
+    zero::sharder<ringzero::loopback::communicator, bfloat16> shd(comm, layout(),
+                                                                  exact_config(stage, world));
+    const int micros = 6 / world;
+    auto got = train(
+        shd, steps, [&](int p, const std::vector<float>& g) { shd.add_grad(p, std::span(g)); },
+        [](int) {}, micros, comm.rank() * micros);
+    if (comm.rank() == 0) r = std::move(got);
+  });
+  return r;
+}
+
+std::size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t d = a.size() == b.size() ? 0 : std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    d += std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i]);
+  return d;
+}
+
 }  // namespace
+
+TEST_CASE("on a GPU: reproducible training gives the bits of host memory at 1, 2 and 3 ranks") {
+  if (!have_gpu()) return;
+  constexpr int steps = 3;
+  for (int stage : {0, 3}) {
+    CAPTURE(stage);
+    const auto host1 = exact_on_host(stage, 1, steps);
+    // The host runs agree among themselves (what config::reproducible promises), so the GPU's
+    // single rank is compared with every world size at once.
+    CHECK(bits_differ(exact_on_host(stage, 2, steps), host1) == 0);
+    CHECK(bits_differ(exact_on_host(stage, 3, steps), host1) == 0);
+    auto comm = nccl::communicator::single();
+    float* dev = nullptr;
+    ok(cudaMalloc(&dev, 20000 * sizeof(float)), "cudaMalloc");
+    const auto on_gpu = [&](bool reproducible) {
+      zero::config c = exact_config(stage, 1);
+      c.reproducible = reproducible;
+      zero::sharder<nccl::communicator, bfloat16> shd(comm, layout(), c);
+      return train(
+          shd, steps,
+          [&](int p, const std::vector<float>& g) {
+            ok(cudaMemcpyAsync(dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
+                               shd.space().compute_stream()),
+               "cudaMemcpyAsync");
+            shd.add_grad(p, std::span<const float>(dev, g.size()));
+          },
+          [](int) {}, 6, 0);
+    };
+    const auto got = on_gpu(true);
+    const std::size_t differ = bits_differ(got, host1);
+    CHECK_MESSAGE(differ == 0, differ, " of ", got.size(), " weights differ from host memory's");
+    // Without the option the device sums in float, in its own order: for comparison only.
+    MESSAGE("stage ", stage, ": without config::reproducible ", bits_differ(on_gpu(false), host1),
+            " of ", got.size(), " weights differ");
+    ok(cudaFree(dev), "cudaFree");
+  }
+}
 
 TEST_CASE(
     "on a GPU: every stage gives the weights of host memory, and a warm step keeps to its budget") {

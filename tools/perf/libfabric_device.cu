@@ -59,6 +59,7 @@ class libfabric_device_backend {
       opt_.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
     timed_ = opt_;
     timed_.algorithm = o.algo;
+    timed_.reproducible = o.reproducible;
   }
   ~libfabric_device_backend() {
     for (auto& b : buffers_) {

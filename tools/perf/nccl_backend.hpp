@@ -34,6 +34,9 @@ class nccl_backend {
     if (o.timeout_s > 0)
       opt_.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
     opt_.async = o.blocking == 0;
+    // A reproducible call reads its agreed windows on the host between passes: it completes
+    // before returning whatever -z says.
+    opt_.reproducible = o.reproducible;
     meta_.timeout = opt_.timeout;
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
     if (registration_ == 2) registration_ = 1;

@@ -213,9 +213,6 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "-t applies to -T loopback; start libfabric ranks with a "
               "launcher (ringzero-run -n N ringzero-perf ...)");
         if (o.device_memory) {
-          if (o.reproducible)
-            throw invalid_argument(
-                "--reproducible: ringzero-perf measures it on host buffers only (--memory host)");
           if (!extra.libfabric_device)
             throw unsupported(
                 "--memory device: this ringzero-perf was built without CUDA (it needs nvcc and "
@@ -242,8 +239,6 @@ inline int main(std::span<const std::string_view> args, std::string_view program
               "(ringzero-run -n N ringzero-perf -T socket ...)");
         return extra.socket(o, ctx);
       case transport_kind::nccl:
-        if (o.reproducible)
-          throw invalid_argument("--reproducible: ringzero-perf measures it on host buffers only");
         if (!extra.nccl)
           throw unsupported("-T nccl: this ringzero-perf was built without the NCCL transport");
         if (o.threads != 1)

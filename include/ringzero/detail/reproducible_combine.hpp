@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
@@ -22,6 +23,22 @@
 
 namespace ringzero::detail {
 
+/// How combine_accumulators and exact_sumsq::agree reach their communicator: the collectives
+/// run on the host vectors themselves. A sharder whose communicator moves device memory only
+/// (NCCL) passes an object with the same two members that copies the vectors through device
+/// memory (zero/gradient_reducer.hpp's staged collectives).
+struct host_collectives {
+  template <class Comm, class T>
+  void all_reduce(Comm& comm, std::span<T> values, op o, const options& opt) const {
+    ringzero::all_reduce(comm, values, o, opt);
+  }
+  template <class Comm, class T>
+  void reduce_scatter(Comm& comm, std::span<const T> in, std::span<T> out, op o,
+                      const options& opt) const {
+    ringzero::reduce_scatter(comm, in, out, o, opt);
+  }
+};
+
 /// The ranks' accumulators summed exactly and rounded once into out, divided by `divisor`
 /// first (avg): as all_reduce when out has acc.size() elements, as reduce_scatter (this rank's
 /// block of acc.size() / comm.size()) when out is that long. The sum does not depend on how the
@@ -33,9 +50,11 @@ namespace ringzero::detail {
 /// within comm, then across), the digits are reduce_scattered (or all_reduced) within comm and
 /// all_reduced across, and only then rounded: integer sums are exact in any grouping, so the
 /// result is the same bits as one combine over the world.
-template <class Comm, class E>
+///
+/// `via` runs the collectives (host_collectives: on these host vectors); `out` is host memory.
+template <class Comm, class E, class Via = host_collectives>
 void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std::span<E> out,
-                          std::uint32_t divisor, const options& opt) {
+                          std::uint32_t divisor, const options& opt, const Via& via = Via{}) {
   const int n = comm.size();
   const std::size_t total = acc.size();
   const bool scatter = out.size() != total;
@@ -50,8 +69,8 @@ void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std
   aux.algorithm = algorithm::automatic;
   // An integer sum or max over the world: within comm, then across the groups.
   const auto agree = [&](auto values, op o, const options& with) {
-    all_reduce(comm, values, o, with);
-    if (across != nullptr) all_reduce(*across, values, o, aux);
+    via.all_reduce(comm, values, o, with);
+    if (across != nullptr) via.all_reduce(*across, values, o, aux);
   };
   // The words must hold every rank's terms at once.
   std::int64_t adds = acc.max_adds();
@@ -73,9 +92,9 @@ void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std
       acc.write(win, static_cast<std::size_t>(r) * count, static_cast<std::size_t>(r + 1) * count,
                 q.data() + static_cast<std::size_t>(r) * seg);
     std::vector<std::int64_t> mine(seg);
-    reduce_scatter(comm, std::span<const std::int64_t>(q), std::span<std::int64_t>(mine), op::sum,
-                   inner);
-    if (across != nullptr) all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
+    via.reduce_scatter(comm, std::span<const std::int64_t>(q), std::span<std::int64_t>(mine),
+                       op::sum, inner);
+    if (across != nullptr) via.all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
     read_digits(mine.data(), win, from, from + count, divisor, out.data());
   } else {
     std::vector<std::int64_t> q(digits_between(win, 0, total));
@@ -86,23 +105,25 @@ void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std
   if (special) {
     std::vector<std::int64_t> codes(total);
     acc.write_specials(0, total, codes.data());
-    std::vector<std::int64_t> mine(count);
-    if (scatter)
-      reduce_scatter(comm, std::span<const std::int64_t>(codes), std::span<std::int64_t>(mine),
-                     op::sum, aux);
-    else
-      all_reduce(comm, std::span<const std::int64_t>(codes), std::span<std::int64_t>(mine), op::sum,
-                 aux);
-    if (across != nullptr) all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
+    std::vector<std::int64_t> mine;
+    if (scatter) {
+      mine.resize(count);
+      via.reduce_scatter(comm, std::span<const std::int64_t>(codes), std::span<std::int64_t>(mine),
+                         op::sum, aux);
+    } else {
+      via.all_reduce(comm, std::span<std::int64_t>(codes), op::sum, aux);
+      mine = std::move(codes);
+    }
+    if (across != nullptr) via.all_reduce(*across, std::span<std::int64_t>(mine), op::sum, aux);
     apply_specials(mine.data(), count, out.data());
   }
 }
 
 /// combine_accumulators over one group of ranks: the world.
-template <class Comm, class E>
+template <class Comm, class E, class Via = host_collectives>
 void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
-                          std::uint32_t divisor, const options& opt) {
-  combine_accumulators(comm, static_cast<Comm*>(nullptr), acc, out, divisor, opt);
+                          std::uint32_t divisor, const options& opt, const Via& via = Via{}) {
+  combine_accumulators(comm, static_cast<Comm*>(nullptr), acc, out, divisor, opt, via);
 }
 
 }  // namespace ringzero::detail

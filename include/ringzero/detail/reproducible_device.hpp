@@ -83,12 +83,18 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   const std::size_t count = scatter ? c.out.size() : total;
   const auto divisor = static_cast<std::uint32_t>(c.reduction == op::avg ? n : 1);
   const dtype t = dtype_of<E>();
+  // The host reads the windows between the passes, so each inner collective completes before
+  // it returns (options::async does not carry over) and runs on the communicator's own stream.
   options inner = opt;
   inner.reproducible = false;
+  inner.async = false;
+  inner.stream = nullptr;
   options aux = inner;
   aux.algorithm = algorithm::automatic;
   device_scratch scratch(rt);
   CUstream_st* s = scratch.stream();
+  // The passes read c.in on s: behind what the caller queued before the call.
+  k.after(s, opt.stream);
 
   // 1. windows, agreed by max
   const std::size_t blocks = (total + rp::block_elems - 1) / rp::block_elems;

@@ -45,6 +45,10 @@ struct device_reproducible {
   void (*copy)(void* dst, const void* src, std::size_t bytes, CUstream_st* stream);
   /// Waits for everything enqueued on stream; throws its error.
   void (*synchronize)(CUstream_st* stream);
+  /// Makes `stream` wait for the work queued on `caller` so far (null: the default stream),
+  /// without a host wait: the call's passes run on a stream of their own, which would not
+  /// otherwise see a buffer the trainer's kernels or copies are still writing.
+  void (*after)(CUstream_st* stream, CUstream_st* caller);
 };
 
 namespace detail {

@@ -27,6 +27,13 @@
 // the groups (hybrid sharding), rounded once into the gradients. A gradient slot is then zeroed
 // at its first use in every micro-batch, and its content is added when its bucket completes.
 //
+// On a device space reproducible mode keeps the accumulators in host memory: each gradient is
+// read back once its stream wrote it and added on the host, and the combine's collectives copy
+// their integer vectors through device memory of the space (staged_collectives), which is what a
+// device communicator moves. The rounded sum is copied into the device gradients. That costs a
+// host wait per gradient and a copy each way of the bucket's digits per step, where the plain
+// device path has none; the bits are those of host memory at every world size.
+//
 // G is the type gradients are reduced and accumulated in: the parameter type, or float for
 // 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
 // multiplying by 1 / config::gradient_predivide.
@@ -49,6 +56,7 @@
 #include "ringzero/reduce/reproducible_accumulator.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
+#include "ringzero/zero/detail/exact_sumsq.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/memory_space.hpp"
@@ -89,11 +97,6 @@ class gradient_reducer {
         work_(work),
         meter_(meter),
         space_(space) {
-    if (reproducible_ && device)
-      throw invalid_argument(
-          "zero: config::reproducible needs the sharder's buffers in host memory: the exact "
-          "gradient accumulator and its combine run on the host, and the device space has "
-          "neither (use zero::host_space)");
     grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
     if (sharded_)
       for (int i = 0; i < cfg.reduce_buffers; ++i)
@@ -156,11 +159,30 @@ class gradient_reducer {
     // The step's one host wait: the verdict (skip or apply, the clipping factor) is the host's.
     return space_.read_stats(st);
   }
+  /// agree_stats in reproducible mode: the exact sum of squares (zero/detail/exact_sumsq.hpp)
+  /// of the segments' gradients, read back to the host, agreed over this reducer's communicator
+  /// (the shard group, what the stepper's runner hands out) through staged collectives, which
+  /// keep the communication stream's order themselves.
+  [[nodiscard]] gradient_stats agree_exact_stats(const std::vector<segment>& segs, float scale,
+                                                 const ringzero::options& o) requires device {
+    detail::exact_sumsq sq;
+    for (const auto& s : segs) {
+      host_out_.resize(s.count);
+      space_.download(space_.comm_stream(), host_out_.data(), gradient(s), s.count);
+      sq.add(host_out_.data(), s.count);
+    }
+    const auto [sum, bad] = sq.agree(comm_, o, staged_collectives(*this));
+    gradient_stats stats;
+    stats.sumsq = sum * static_cast<double>(scale) * static_cast<double>(scale);
+    stats.nonfinite = bad;
+    return stats;
+  }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
-  /// The gradients' bytes, and in reproducible mode the accumulators' (at their largest yet).
+  /// The gradients' bytes, and in reproducible mode the accumulators' (at their largest yet),
+  /// and on a device space the device memory their collectives pass through.
   [[nodiscard]] std::size_t gradient_bytes() const noexcept {
-    std::size_t b = grads_.bytes();
+    std::size_t b = grads_.bytes() + staging_.bytes();
     for (const auto& a : accs_) b += a.bytes();
     return b;
   }
@@ -275,6 +297,14 @@ class gradient_reducer {
   /// element rounded to G after the predivide as add_into would.
   template <class S>
   void add_terms(const param_info& pi, const S* src) {
+    if constexpr (device) {
+      // The accumulator is host memory: the gradient comes over once the compute stream, where
+      // backward wrote it, got there.
+      host_in_.resize((pi.numel * sizeof(S) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t));
+      auto* h = reinterpret_cast<S*>(host_in_.data());
+      space_.download(space_.compute_stream(), h, src, pi.numel);
+      src = h;
+    }
     auto& acc = accs_[static_cast<std::size_t>(pi.bucket)];
     const std::size_t at = pi.offset - plan_.buckets()[static_cast<std::size_t>(pi.bucket)].offset;
     if constexpr (std::is_same_v<S, G>) {
@@ -313,6 +343,10 @@ class gradient_reducer {
       bucket_buffer_[static_cast<std::size_t>(b)] = -1;
     }
     if (micro_ + 1 < accumulation_) return;
+    if constexpr (device) {
+      reduce_exact_device(b);
+      return;
+    }
     work_.submit([this, b] {
       const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
       const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
@@ -329,6 +363,82 @@ class gradient_reducer {
       }
       acc.clear();
     });
+  }
+
+  /// The collectives of the exact combine and norm on a device space: host vectors copied
+  /// through device memory of the space, in the communication stream's order, since a device
+  /// communicator (NCCL) moves nothing else. Each call is complete when it returns.
+  class staged_collectives {
+   public:
+    explicit staged_collectives(gradient_reducer& r) : r_(r) {}
+    template <class C, class T>
+    void all_reduce(C& comm, std::span<T> values, op o, const ringzero::options& opt) const {
+      const auto st = r_.space_.comm_stream();
+      T* d = r_.template staging<T>(values.size());
+      r_.space_.upload(st, d, values.data(), values.size());
+      r_.space_.run_sync(
+          st, [&] { ringzero::all_reduce(comm, std::span<T>(d, values.size()), o, opt); });
+      r_.space_.download(st, values.data(), d, values.size());
+    }
+    template <class C, class T>
+    void reduce_scatter(C& comm, std::span<const T> in, std::span<T> out, op o,
+                        const ringzero::options& opt) const {
+      const auto st = r_.space_.comm_stream();
+      T* d = r_.template staging<T>(in.size() + out.size());
+      r_.space_.upload(st, d, in.data(), in.size());
+      r_.space_.run_sync(st, [&] {
+        ringzero::reduce_scatter(comm, std::span<const T>(d, in.size()),
+                                 std::span<T>(d + in.size(), out.size()), o, opt);
+      });
+      r_.space_.download(st, out.data(), d + in.size(), out.size());
+    }
+
+   private:
+    gradient_reducer& r_;
+  };
+
+  /// Device memory for n elements of T, kept and grown for the staged collectives.
+  template <class T>
+  [[nodiscard]] T* staging(std::size_t n) {
+    static_assert(alignof(T) <= alignof(std::int64_t));
+    const std::size_t words = std::max<std::size_t>(1, (n * sizeof(T) + 7) / 8);
+    if (staging_.size() < words) {
+      space_.synchronize();  // the old buffer may still be read by a stream
+      // With room to spare: the digits' length follows the data's windows from step to step.
+      staging_ = space_.template allocate<std::int64_t>(words + words / 2);
+    }
+    return reinterpret_cast<T*>(staging_.data());
+  }
+
+  /// Reproducible mode on a device space, bucket b's last micro-batch: the exact combine on this
+  /// thread through staged collectives, rounded on the host and copied into the gradients.
+  void reduce_exact_device(int b) requires device {
+    const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
+    const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
+    auto& acc = accs_[static_cast<std::size_t>(b)];
+    const auto st = space_.comm_stream();
+    const staged_collectives via(*this);
+    if (!sharded_ && replicate_ == nullptr) {
+      host_out_.resize(bucket.padded);
+      ringzero::detail::combine_accumulators(comm_, acc, std::span<G>(host_out_), 1, all_reduce_,
+                                             via);
+      space_.upload(st, grads_.data() + bucket.offset, host_out_.data(), bucket.padded);
+    } else {
+      host_out_.resize(bucket.slice);
+      ringzero::detail::combine_accumulators(comm_, replicate_, acc, std::span<G>(host_out_), 1,
+                                             reduce_scatter_, via);
+      G* own = grads_.data() +
+               (sharded_ ? bucket.shard_offset
+                         : bucket.offset + static_cast<std::size_t>(rank_) * bucket.slice);
+      space_.upload(st, own, host_out_.data(), bucket.slice);
+      if (!sharded_)
+        space_.run_sync(st, [&] {
+          ringzero::all_gather(comm_, std::span<const G>(own, bucket.slice),
+                               std::span<G>(grads_.data() + bucket.offset, bucket.padded),
+                               all_gather_);
+        });
+    }
+    acc.clear();
   }
 
   /// Refuses a gradient for `pi` once the step's micro-batches are done or it has them all.
@@ -529,6 +639,11 @@ class gradient_reducer {
   // Reproducible mode: each bucket's exact sum of the step's gradients, a gradient converted to G
   // on its way there, and which parameters' slots are still to be added.
   std::vector<reproducible::accumulator<G>> accs_;
+  // Reproducible mode on a device space: host copies of gradients coming in (any type, so
+  // int64-aligned words) and of results going out, and the staged collectives' device memory.
+  std::vector<std::uint64_t> host_in_;
+  std::vector<G> host_out_;
+  buffer<std::int64_t> staging_;
   std::vector<G> scratch_;
   std::vector<bool> pending_;
   int next_bucket_ = -1;

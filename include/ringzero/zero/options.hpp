@@ -242,7 +242,9 @@ struct config {
   /// of 64 elements spans more than about 80 bits of magnitude, plus about 1 byte per element
   /// of block headers: counted in memory_report::gradients. Each gradient collective moves
   /// those words instead of G: typically 4x the bytes of fp32, plus the windows (8 bytes per
-  /// 64 elements). Needs host memory (a device space refuses it).
+  /// 64 elements). On a device space the accumulators stay in host memory: each gradient is
+  /// read back to the host once (a host wait per gradient) and the integer collectives copy
+  /// their words through device memory, so the weights are those of host memory, bit for bit.
   bool reproducible = false;
 };
 

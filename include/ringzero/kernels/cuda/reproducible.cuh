@@ -154,12 +154,21 @@ inline void rp_synchronize(CUstream_st* s) {
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
+inline void rp_after(CUstream_st* s, CUstream_st* caller) {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  const cudaError_t recorded = cudaEventRecord(e, caller);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(s, e, 0) : recorded;
+  static_cast<void>(cudaEventDestroy(e));  // released once the wait is satisfied
+  check(waited, "options::reproducible: ordering behind the caller's stream");
+}
+
 }  // namespace detail
 
 /// The table kernels/cuda/device_reduction.cuh registers.
 inline constexpr device_reproducible device_reproducible_kernels{
     &detail::rp_windows,       &detail::rp_digits,         &detail::rp_round,
     &detail::rp_special_codes, &detail::rp_apply_specials, &detail::rp_copy,
-    &detail::rp_synchronize};
+    &detail::rp_synchronize,   &detail::rp_after};
 
 }  // namespace ringzero::kernels::cuda

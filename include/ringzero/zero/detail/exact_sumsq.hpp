@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "ringzero/collectives.hpp"
+#include "ringzero/detail/reproducible_combine.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 
@@ -83,14 +84,15 @@ class exact_sumsq {
 
   /// Collective over `comm`: the sum of every rank's squares, rounded once, and whether any
   /// rank saw an infinity or NaN. `o`: the all_reduces' options.
-  template <class Comm>
-  [[nodiscard]] std::pair<double, bool> agree(Comm& comm, const ringzero::options& o) const {
+  template <class Comm, class Via = ringzero::detail::host_collectives>
+  [[nodiscard]] std::pair<double, bool> agree(Comm& comm, const ringzero::options& o,
+                                              const Via& via = Via{}) const {
     ringzero::options plain = o;
     plain.reproducible = false;
     std::int32_t bad = nonfinite_ ? 1 : 0;
-    ringzero::all_reduce(comm, std::span<std::int32_t>(&bad, 1), op::max, plain);
+    via.all_reduce(comm, std::span<std::int32_t>(&bad, 1), op::max, plain);
     words_type w = words();
-    ringzero::all_reduce(comm, std::span<std::int64_t>(w), op::sum, plain);
+    via.all_reduce(comm, std::span<std::int64_t>(w), op::sum, plain);
     return {round(w), bad != 0};
   }
 
