@@ -133,6 +133,19 @@ std::vector<float> on_host(int stage, int steps) {
   return r;
 }
 
+/// Hands gradient g of parameter p over from device memory `dev`, as a trainer whose backward
+/// wrote it there on the compute stream. The pageable copy returns once the source is read; the
+/// next one may reuse dev only after add_grad's work, which is ordered behind it on that stream
+/// (or, in reproducible mode, done before add_grad returns).
+template <class Comm>
+void hand_from_device(zero::sharder<Comm, bfloat16>& shd, float* dev, int p,
+                      const std::vector<float>& g) {
+  ok(cudaMemcpyAsync(dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
+                     shd.space().compute_stream()),
+     "cudaMemcpyAsync");
+  shd.add_grad(p, std::span<const float>(dev, g.size()));
+}
+
 /// Reproducible training: a global batch of 6 micro-batches, each of `world` ranks taking a
 /// contiguous run, clipped (the exact global norm decides the factor).
 zero::config exact_config(int stage, int world) {
@@ -186,13 +199,7 @@ TEST_CASE("on a GPU: reproducible training gives the bits of host memory at 1, 2
       c.reproducible = reproducible;
       zero::sharder<nccl::communicator, bfloat16> shd(comm, layout(), c);
       return train(
-          shd, steps,
-          [&](int p, const std::vector<float>& g) {
-            ok(cudaMemcpyAsync(dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
-                               shd.space().compute_stream()),
-               "cudaMemcpyAsync");
-            shd.add_grad(p, std::span<const float>(dev, g.size()));
-          },
+          shd, steps, [&](int p, const std::vector<float>& g) { hand_from_device(shd, dev, p, g); },
           [](int) {}, 6, 0);
     };
     const auto got = on_gpu(true);
@@ -222,15 +229,7 @@ TEST_CASE(
     std::vector<std::uint64_t> reserved;
     zero::device_counters before = shd.space().counters();
     const auto got = train(
-        shd, steps,
-        [&](int p, const std::vector<float>& g) {
-          ok(cudaMemcpyAsync(dev, g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice,
-                             shd.space().compute_stream()),
-             "cudaMemcpyAsync");
-          shd.add_grad(p, std::span<const float>(dev, g.size()));
-          // The pageable copy above returns once the source is read; the next one may reuse dev
-          // only after add_grad's accumulation, which is ordered behind it on the same stream.
-        },
+        shd, steps, [&](int p, const std::vector<float>& g) { hand_from_device(shd, dev, p, g); },
         [&](int) {
           const auto now = shd.space().counters();
           per_step.push_back(
