@@ -419,15 +419,11 @@ void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const ca
   const bool root = comm.rank() == c.root;
   if (c.kind != collective::broadcast || root) adopt(c.in.data(), c.in.size_bytes());
   if (c.kind != collective::reduce || root) adopt(c.out.data(), c.out.size_bytes());
-  std::shared_ptr<device_cache>& cache = comm.state().device;
-  if (!cache || cache->device() != device || &cache->runtime() != &rt) {
-    cache.reset();
-    cache = std::make_shared<device_cache>(
-        rt, device, [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
-  }
+  device_cache& cache = device_cache_of(
+      comm, rt, device, [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
   const std::size_t elems = algorithms::schedule::scratch_elems(a, c, comm.size());
-  E* scratch = elems > 0 ? reinterpret_cast<E*>(cache->scratch(elems * sizeof(E), adopt)) : nullptr;
-  device_executor<communicator<T>, E> x(comm, *cache, reductions, what, algorithm_name(a),
+  E* scratch = elems > 0 ? reinterpret_cast<E*>(cache.scratch(elems * sizeof(E), adopt)) : nullptr;
+  device_executor<communicator<T>, E> x(comm, cache, reductions, what, algorithm_name(a),
                                         opt.timeout);
   algorithms::schedule::run(x, a, c, std::span<E>(scratch, elems));
   x.finish();

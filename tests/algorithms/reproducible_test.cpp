@@ -338,7 +338,7 @@ TEST_CASE("reproducible sums on device buffers: the kernels' passes give the hos
 TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's stream") {
   // The input is written by a copy still queued on the caller's stream (options::stream); the
   // passes run on a stream of their own, which must be ordered behind it, and complete before
-  // the call returns even when options::async asks for stream order.
+  // the call returns even when options::async asks for stream order. Their scratch is kept.
   const fake_device::installed fake;
   const auto& rt = fake_device::runtime;
   const auto& k = fake_device::reproducible;
@@ -368,6 +368,17 @@ TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's
         algorithms::call<float>{collective::all_reduce, std::span<const float>(in),
                                 std::span<float>(want), op::sum, 0},
         host);
+    CHECK(std::memcmp(want.data(), dout.data(), count * sizeof(float)) == 0);
+    // The scratch stays with the communicator: a second call of the size allocates nothing.
+    const auto held = [] {
+      auto& g = fake_device::global();
+      std::lock_guard lock(g.m);
+      return g.ranges.size();
+    };
+    const std::size_t after_first = held();
+    std::memset(dout.data(), 0, count * sizeof(float));
+    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k);
+    CHECK(held() == after_first);
     CHECK(std::memcmp(want.data(), dout.data(), count * sizeof(float)) == 0);
     fake_device::destroy_stream(caller);
   });

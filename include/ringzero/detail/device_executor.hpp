@@ -17,6 +17,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ringzero/detail/exchange.hpp"
@@ -62,8 +64,8 @@ class device_scope {
 };
 
 /// What a communicator keeps between device calls (in comm_state::device_cache): the stream the
-/// kernels run on and one scratch allocation, registered with the transport once and grown,
-/// never shrunk, so a registering provider sees the same memory every call.
+/// kernels run on and a few scratch allocations, each registered with the transport once and
+/// grown, never shrunk, so a registering provider sees the same memory every call.
 class device_cache {
  public:
   using forget_fn = std::function<void(const void*, std::size_t)>;
@@ -90,37 +92,60 @@ class device_cache {
   [[nodiscard]] CUstream_st* stream() const noexcept { return stream_; }
 
   /// Scratch of at least `bytes` on this cache's device (current), registered by `adopt`
-  /// when new. Only between calls may it move: no message or kernel uses it then.
+  /// when new. Only between calls may it move: no message or kernel uses it then. `slot` 0 is
+  /// the schedules'; options::reproducible's passes keep theirs in the others
+  /// (detail/reproducible_device.hpp), which a schedule they call must not move.
   template <class Adopt>
-  [[nodiscard]] std::byte* scratch(std::size_t bytes, Adopt&& adopt) {
-    if (bytes <= scratch_bytes_) return scratch_;
-    release_scratch();
-    scratch_ = static_cast<std::byte*>(rt_.allocate(bytes));
-    scratch_bytes_ = bytes;
-    adopt(scratch_, scratch_bytes_);
-    return scratch_;
+  [[nodiscard]] std::byte* scratch(std::size_t bytes, Adopt&& adopt, std::size_t slot = 0) {
+    block& b = slots_.at(slot);
+    if (bytes <= b.bytes) return b.data;
+    release(b);
+    b.data = static_cast<std::byte*>(rt_.allocate(bytes));
+    b.bytes = bytes;
+    adopt(b.data, b.bytes);
+    return b.data;
   }
+  static constexpr std::size_t slots = 8;
 
  private:
-  void release_scratch() noexcept {
-    if (scratch_ == nullptr) return;
+  struct block {
+    std::byte* data = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  void release(block& b) noexcept {
+    if (b.data == nullptr) return;
     try {
-      forget_(scratch_, scratch_bytes_);
+      forget_(b.data, b.bytes);
     } catch (...) {
       // A transport already torn down dropped its registrations with its endpoint.
     }
-    rt_.release(scratch_);
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
+    rt_.release(b.data);
+    b = {};
+  }
+  void release_scratch() noexcept {
+    for (block& b : slots_) release(b);
   }
 
   const kernels::device_runtime& rt_;
   int device_;
   forget_fn forget_;
   CUstream_st* stream_ = nullptr;
-  std::byte* scratch_ = nullptr;
-  std::size_t scratch_bytes_ = 0;
+  std::array<block, slots> slots_{};
 };
+
+/// The communicator's device_cache for `device` (current) and runtime `rt`, made anew when
+/// either changed; `forget` drops the transport's registration of memory about to be freed.
+template <class Comm>
+[[nodiscard]] device_cache& device_cache_of(Comm& comm, const kernels::device_runtime& rt,
+                                            int device, device_cache::forget_fn forget) {
+  std::shared_ptr<device_cache>& cache = comm.state().device;
+  if (!cache || cache->device() != device || &cache->runtime() != &rt) {
+    cache.reset();
+    cache = std::make_shared<device_cache>(rt, device, std::move(forget));
+  }
+  return *cache;
+}
 
 /// Executor over communicator `comm` for one call on device buffers of the cache's device
 /// (current for the executor's lifetime): takes one collective sequence number, like a host

@@ -15,6 +15,7 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/detail/device_executor.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
@@ -23,36 +24,13 @@
 
 namespace ringzero::detail {
 
-/// Device memory of the current device for one call, released on every path out.
-class device_scratch {
- public:
-  explicit device_scratch(const kernels::device_runtime& rt) : rt_(rt) {}
-  device_scratch(const device_scratch&) = delete;
-  device_scratch& operator=(const device_scratch&) = delete;
-  ~device_scratch() {
-    for (void* p : held_) rt_.release(p);
-    if (stream_ != nullptr) {
-      rt_.drain(stream_);
-      rt_.destroy_stream(stream_);
-    }
-  }
-  template <class T>
-  [[nodiscard]] T* get(std::size_t n) {
-    if (n == 0) return nullptr;
-    void* p = rt_.allocate(n * sizeof(T));
-    held_.push_back(p);
-    return static_cast<T*>(p);
-  }
-  [[nodiscard]] CUstream_st* stream() {
-    if (stream_ == nullptr) stream_ = rt_.create_stream(rt_.current_device());
-    return stream_;
-  }
-
- private:
-  const kernels::device_runtime& rt_;
-  std::vector<void*> held_;
-  CUstream_st* stream_ = nullptr;
-};
+/// n elements of T in scratch slot `index` of the communicator's device cache; null for none.
+template <class T>
+[[nodiscard]] T* scratch_slot(device_cache& cache, std::size_t index, std::size_t n) {
+  if (n == 0) return nullptr;
+  return reinterpret_cast<T*>(cache.scratch(
+      n * sizeof(T), [](const void*, std::size_t) {}, index));
+}
 
 /// The exclusive prefix sum of each block's digits (blocks of block_elems elements, the last
 /// shorter), from the agreed windows; returns the total.
@@ -91,14 +69,22 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   inner.stream = nullptr;
   options aux = inner;
   aux.algorithm = algorithm::automatic;
-  device_scratch scratch(rt);
-  CUstream_st* s = scratch.stream();
+  // The scratch and stream stay with the communicator (device_cache, as the schedules'): a
+  // fresh allocation and stream per call cost about 100 us on an H200, and memory a transport
+  // registered (libfabric FI_HMEM) is forgotten there before it is freed.
+  const int device = rt.current_device();
+  device_cache& cache =
+      device_cache_of(comm, rt, device, [&comm](const void* p, std::size_t bytes) {
+        if constexpr (requires { comm.transport().forget_memory(p, bytes); })
+          comm.transport().forget_memory(p, bytes);
+      });
+  CUstream_st* s = cache.stream();
   // The passes read c.in on s: behind what the caller queued before the call.
   k.after(s, opt.stream);
 
   // 1. windows, agreed by max
   const std::size_t blocks = (total + rp::block_elems - 1) / rp::block_elems;
-  std::int32_t* d_win = scratch.get<std::int32_t>(2 * blocks + 1);
+  std::int32_t* d_win = scratch_slot<std::int32_t>(cache, 1, 2 * blocks + 1);
   k.windows(t, c.in.data(), total, d_win, s);
   k.synchronize(s);
   all_reduce(comm, std::span<std::int32_t>(d_win, 2 * blocks + 1), op::max, aux);
@@ -119,15 +105,15 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
       seg = std::max(seg, static_cast<std::size_t>(pos((r + 1) * count) - pos(r * count)));
   }
   const std::size_t q_len = scatter ? seg * un : static_cast<std::size_t>(words);
-  std::uint64_t* d_off = scratch.get<std::uint64_t>(off.size());
-  std::int64_t* d_q = scratch.get<std::int64_t>(q_len);
+  std::uint64_t* d_off = scratch_slot<std::uint64_t>(cache, 2, off.size());
+  std::int64_t* d_q = scratch_slot<std::int64_t>(cache, 3, q_len);
   if (!off.empty()) k.copy(d_off, off.data(), off.size() * sizeof(std::uint64_t), s);
   if (total > 0) k.digits(t, c.in.data(), total, d_win, d_off, count, seg, d_q, s);
   k.synchronize(s);
   std::int64_t* d_mine = d_q;
   const std::size_t from = scatter ? static_cast<std::size_t>(comm.rank()) * count : 0;
   if (scatter) {
-    d_mine = scratch.get<std::int64_t>(seg);
+    d_mine = scratch_slot<std::int64_t>(cache, 4, seg);
     reduce_scatter(comm, std::span<const std::int64_t>(d_q, q_len),
                    std::span<std::int64_t>(d_mine, seg), op::sum, inner);
   } else if (c.kind == collective::all_reduce) {
@@ -138,12 +124,12 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   std::int64_t* d_codes = nullptr;
   std::int64_t* d_my_codes = nullptr;
   if (special) {
-    d_codes = scratch.get<std::int64_t>(total);
+    d_codes = scratch_slot<std::int64_t>(cache, 5, total);
     k.special_codes(t, c.in.data(), total, d_codes, s);
     k.synchronize(s);
     d_my_codes = d_codes;
     if (scatter) {
-      d_my_codes = scratch.get<std::int64_t>(count);
+      d_my_codes = scratch_slot<std::int64_t>(cache, 6, count);
       reduce_scatter(comm, std::span<const std::int64_t>(d_codes, total),
                      std::span<std::int64_t>(d_my_codes, count), op::sum, aux);
     } else if (c.kind == collective::all_reduce) {
