@@ -175,6 +175,11 @@ if [[ -n $sanitizer ]]; then
     "$build/examples/ringzero-cuda-train" --stage 3 --steps 4
   step racecheck_cuda_train_stage3 120 "$sanitizer" --tool racecheck --error-exitcode 9 \
     "$build/examples/ringzero-cuda-train" --stage 3 --steps 6
+  step memcheck_nccl_reproducible 200 "$sanitizer" --tool memcheck --report-api-errors no \
+    --error-exitcode 9 "$build/tests/transport/test_nccl_gpu" -tc='*reproducible*'
+  step memcheck_cuda_train_reproducible 150 "$sanitizer" --tool memcheck \
+    --report-api-errors no --error-exitcode 9 \
+    "$build/examples/ringzero-cuda-train" --stage 3 --steps 4 --reproducible
 else
   echo "=== compute-sanitizer is not installed: sanitizer steps not run"
 fi
