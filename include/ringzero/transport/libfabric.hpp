@@ -44,6 +44,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/libfabric/endpoint.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
@@ -83,34 +84,8 @@ class transport {
 
   /// Handle to one posted send or receive. Destroying it before completion cancels the
   /// operation and waits for the provider to release the buffer.
-  class request {
-   public:
-    request() = default;
-    request(request&& o) noexcept
-        : ep_(std::move(o.ep_)), ctx_(std::exchange(o.ctx_, nullptr)), done_(o.done_) {}
-    request& operator=(request&& o) noexcept {
-      if (this != &o) {
-        abandon();
-        ep_ = std::move(o.ep_);
-        ctx_ = std::exchange(o.ctx_, nullptr);
-        done_ = o.done_;
-      }
-      return *this;
-    }
-    request(const request&) = delete;
-    request& operator=(const request&) = delete;
-    ~request() { abandon(); }
-
-   private:
-    friend class transport;
-    void abandon() noexcept {
-      if (ctx_) ep_->abandon(ctx_);
-      ctx_ = nullptr;
-    }
-    std::shared_ptr<detail::endpoint> ep_;
-    detail::op_context* ctx_ = nullptr;
-    bool done_ = false;
-  };
+  using request =
+      ringzero::detail::transport_request<transport, detail::endpoint, detail::op_context*>;
 
   /// Joins the job the environment describes (torchrun, Slurm, Open MPI or ringzero-run
   /// variables, see bootstrap/environment.hpp): opens the store (rank 0 serves the TCP store),
@@ -181,16 +156,16 @@ class transport {
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     request r;
-    r.ep_ = ep_;
-    r.ctx_ = ep_->send(peer, peer, tag, data);
-    r.done_ = r.ctx_ == nullptr;
+    r.eng_ = ep_;
+    r.op_ = ep_->send(peer, peer, tag, data);
+    r.done_ = r.op_ == nullptr;
     return r;
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
     request r;
-    r.ep_ = ep_;
-    r.ctx_ = ep_->recv(peer, peer, tag, data);
+    r.eng_ = ep_;
+    r.op_ = ep_->recv(peer, peer, tag, data);
     return r;
   }
 
@@ -198,11 +173,11 @@ class transport {
   /// operation failed, transport_error on a size mismatch or a provider failure.
   [[nodiscard]] bool test(request& r) {
     if (r.done_) return true;
-    if (!r.ctx_) throw invalid_argument("test() on an empty request");
+    if (!r.op_) throw invalid_argument("test() on an empty request");
     // Once the endpoint reports an outcome, finished or thrown, it has taken the context back.
-    auto* c = std::exchange(r.ctx_, nullptr);
+    auto* c = std::exchange(r.op_, nullptr);
     if (!ep_->test(c)) {
-      r.ctx_ = c;
+      r.op_ = c;
       return false;
     }
     r.done_ = true;

@@ -44,6 +44,7 @@
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/native.hpp"
 #include "ringzero/transport/shm/detail/collectives.hpp"
 #include "ringzero/transport/shm/detail/engine.hpp"
@@ -115,45 +116,7 @@ class transport {
 
   /// Handle to one posted send or receive. Destroying it before completion cancels it: a
   /// receive is never written afterwards; a send already under way is finished from a copy.
-  class request {
-   public:
-    request() = default;
-    request(request&& o) noexcept
-        : eng_(std::move(o.eng_)), op_(std::exchange(o.op_, nullptr)), done_(o.done_) {}
-    request& operator=(request&& o) noexcept {
-      if (this != &o) {
-        abandon();
-        eng_ = std::move(o.eng_);
-        op_ = std::exchange(o.op_, nullptr);
-        done_ = o.done_;
-      }
-      return *this;
-    }
-    request(const request&) = delete;
-    request& operator=(const request&) = delete;
-    ~request() { abandon(); }
-
-   private:
-    friend class transport;
-    void abandon() noexcept {
-      if (!op_) return;
-      std::lock_guard lock(eng_->mutex());
-      // Dropped while pending: a wait gave up (a deadline, a failure, abort()).
-      if (op_->state == detail::op::status::pending && log::enabled(log::level::info) &&
-          eng_->first_give_up()) {
-        try {
-          log::info("shm: rank {} gave up waiting; {}", eng_->rank(), eng_->pending_list());
-        } catch (...) {
-          // Only a diagnostic: the cancellation below matters more.
-        }
-      }
-      eng_->cancel(op_);
-      op_ = nullptr;
-    }
-    std::shared_ptr<detail::engine> eng_;
-    detail::op* op_ = nullptr;
-    bool done_ = false;
-  };
+  using request = ringzero::detail::transport_request<transport, detail::engine, detail::op*>;
 
   /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
   /// variables): opens the store, builds the transport, closes the store again.

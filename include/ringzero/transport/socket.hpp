@@ -50,6 +50,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/rails.hpp"
@@ -84,31 +85,8 @@ class transport {
 
   /// Handle to one posted send or receive. Destroying it before completion cancels it: a
   /// receive is never written afterwards; a send already under way finishes from a copy.
-  class request {
-   public:
-    request() = default;
-    request(request&& o) noexcept : eng_(std::move(o.eng_)), op_(std::move(o.op_)) {}
-    request& operator=(request&& o) noexcept {
-      if (this != &o) {
-        abandon();
-        eng_ = std::move(o.eng_);
-        op_ = std::move(o.op_);
-      }
-      return *this;
-    }
-    request(const request&) = delete;
-    request& operator=(const request&) = delete;
-    ~request() { abandon(); }
-
-   private:
-    friend class transport;
-    void abandon() noexcept {
-      if (op_ && op_->state == detail::op::status::pending) eng_->abandon(op_);
-      op_.reset();
-    }
-    std::shared_ptr<detail::engine> eng_;
-    std::shared_ptr<detail::op> op_;
-  };
+  using request =
+      ringzero::detail::transport_request<transport, detail::engine, std::shared_ptr<detail::op>>;
 
   /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
   /// variables): opens the store, connects, closes the store again.

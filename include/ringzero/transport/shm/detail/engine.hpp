@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
 
@@ -309,7 +310,22 @@ class engine {
                             : "is gone: its process exited or was killed");
   }
 
-  /// The request's owner gave up on o before it finished.
+  /// A request dropped before it finished (transport::request's destructor): a wait gave up (a
+  /// deadline, a failure, abort()) or the caller lost interest. Lists what was pending once,
+  /// under RINGZERO_DEBUG=INFO, then cancels o.
+  void abandon(op* o) noexcept {
+    std::lock_guard lock(mutex_);
+    if (o->state == op::status::pending && log::enabled(log::level::info) && first_give_up()) {
+      try {
+        log::info("shm: rank {} gave up waiting; {}", rank_, pending_list());
+      } catch (...) {
+        // Only a diagnostic: the cancellation below matters more.
+      }
+    }
+    cancel(o);
+  }
+
+  /// The request's owner gave up on o before it finished. Call with mutex() held.
   void cancel(op* o) {
     auto& ps = peers_[static_cast<std::size_t>(o->peer)];
     if (o->state != op::status::pending) {
