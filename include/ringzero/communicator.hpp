@@ -38,11 +38,13 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/algorithms/ring.hpp"
 #include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/native.hpp"
 #include "ringzero/tuning/tuning_file.hpp"
 
 namespace ringzero {
@@ -308,6 +310,22 @@ class communicator {
     return members_.empty() ? -1 : members_[static_cast<std::size_t>(rank_)];
   }
   [[nodiscard]] std::uint32_t comm_id() const noexcept { return comm_id_; }
+
+  /// The algorithm to name for collective `c` where every call of it must add an element's
+  /// terms in one order whatever the message size: the sharder's default, so that stages 0-1
+  /// (all_reduce) and 2-3 (reduce_scatter) give the same bits. automatic where the transport
+  /// runs the call itself, in an order of its own that does not follow the cost model (NCCL;
+  /// the native shm transport on its world of more than one rank); else the ring, whose order
+  /// depends only on the number of ranks; automatic for a collective the ring does not run.
+  [[nodiscard]] algorithm fixed_order_algorithm(collective c) const noexcept {
+    bool transport_runs_it = false;
+    if constexpr (native_collectives<T>)
+      transport_runs_it = true;
+    else if constexpr (some_native_collectives<T>)
+      transport_runs_it = comm_id_ == 0 && size() > 1;
+    const bool ring_runs_it = algorithms::ring::descriptor::implements.contains(c);
+    return transport_runs_it || !ring_runs_it ? algorithm::automatic : algorithm::ring;
+  }
 
   // Messaging in this communicator's numbering, for the algorithms (detail::exchange).
   using request = typename detail::request_of<T>::type;

@@ -1172,6 +1172,27 @@ static_assert(ringzero::some_native_collectives<offering_transport>);
 
 }  // namespace
 
+TEST_CASE("the communicator names the sharder's fixed-order algorithm") {
+  using ringzero::algorithm;
+  using ringzero::collective;
+  ringzero::loopback::world w(2);
+  w.run([&](zt::communicator& c) {
+    // Messages only: the ring where it runs the collective, automatic where it does not.
+    CHECK(c.fixed_order_algorithm(collective::all_reduce) == algorithm::ring);
+    CHECK(c.fixed_order_algorithm(collective::reduce_scatter) == algorithm::ring);
+    CHECK(c.fixed_order_algorithm(collective::all_gather) == algorithm::ring);
+    CHECK(c.fixed_order_algorithm(collective::gather) == algorithm::automatic);
+    // A transport with collectives of its own runs them on its world of more than one rank,
+    // not on a communicator split from it.
+    ringzero::communicator<offering_transport> comm(offering_transport(c.transport()));
+    CHECK(comm.fixed_order_algorithm(collective::all_reduce) == algorithm::automatic);
+    auto half = comm.split(comm.rank(), 0);
+    REQUIRE(half.has_value());
+    CHECK(half->comm_id() != 0);
+    CHECK(half->fixed_order_algorithm(collective::all_reduce) == algorithm::ring);
+  });
+}
+
 TEST_CASE("collectives left unset go to the transport's own; a named ring stays the ring") {
   const auto layout = small_model<float>();
   const auto run = [&](std::optional<ringzero::algorithm> named) {

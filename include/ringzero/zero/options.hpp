@@ -124,10 +124,11 @@ struct loss_scaling {
 /// outcomes. An algorithm must implement its kind (checked when the sharder is built).
 /// The ring for all three keeps the reduction order of an element the same whether it is
 /// all_reduced (stages 0-1) or reduce_scattered (2-3): the stages then agree bit for bit.
-/// Left at algorithm::automatic (the default), each is the communicator's default for the
-/// sharder: its own collectives where the transport runs them itself (NCCL; the native shm
-/// transport's world), else the ring. An algorithm named here is run as named: `ring` on NCCL is
-/// ringzero's fixed-order ring, not NCCL's choice (configuration() shows what was resolved).
+/// Left at algorithm::automatic (the default), each is what the shard communicator's
+/// fixed_order_algorithm() names: its own collectives where the transport runs them itself
+/// (NCCL; the native shm transport's world), else the ring. An algorithm named here is run as
+/// named: `ring` on NCCL is ringzero's fixed-order ring, not NCCL's choice (configuration() shows
+/// what was resolved).
 struct collective_options {
   ringzero::options all_reduce{};
   ringzero::options reduce_scatter{};

@@ -140,30 +140,18 @@ class sharder {
   /// chosen for, a loss scaling that cannot grow, a shard_group_size that does not divide the
   /// world) is an invalid_argument here.
   sharder(Comm& comm, const model_layout& layout, config cfg)
-      : comm_(comm),
-        cfg_(check_config(std::move(cfg), layout, dtype_of<P>(), ringzero::knows_nodes<Comm>)),
-        stage_(stage_of(cfg_.stage)),
-        rank_(comm.rank()),
-        world_(comm.size()),
-        groups_(comm, cfg_.shard_group_size),
-        plan_(layout, groups_.size(), bucket_elements(cfg_), cfg_.alignment),
-        space_(choose_memory()),
-        state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer, space_),
-        steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
-        reducer_(make_reducer()),
-        cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
-               cfg_.max_gathered_bytes, worker_, meter_, space_),
-        // A device space's streams order the collectives; the host thread only enqueues them.
-        worker_(!device && cfg_.comm_thread) {
-    log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
-              plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
-  }
+      : sharder(comm, layout,
+                check_config(std::move(cfg), layout, dtype_of<P>(), ringzero::knows_nodes<Comm>),
+                checked{}) {}
 
   sharder(const sharder&) = delete;
   sharder& operator=(const sharder&) = delete;
 
-  /// On a device space, waits for both streams first: their queued work uses the buffers.
+  /// Joins the communication thread first (its queued collectives finish; while unwinding an
+  /// exception they are dropped), and on a device space waits for both streams: the queued
+  /// work of either uses the buffers the members below hold.
   ~sharder() {
+    worker_.join();
     if constexpr (device) {
       try {
         space_.synchronize();
@@ -446,6 +434,29 @@ class sharder {
               what, m.world_size, m.stage);
   }
 
+  struct checked {};
+  /// `cfg` passed check_config. The shard groups come before the configuration's collectives
+  /// are resolved: their algorithms are the shard communicator's fixed-order ones.
+  sharder(Comm& comm, const model_layout& layout, config cfg, checked)
+      : comm_(comm),
+        // A device space's streams order the collectives; the host thread only enqueues them.
+        worker_(!device && cfg.comm_thread),
+        groups_(comm, cfg.shard_group_size),
+        cfg_(with_collectives_resolved(std::move(cfg), groups_.shard())),
+        stage_(stage_of(cfg_.stage)),
+        rank_(comm.rank()),
+        world_(comm.size()),
+        plan_(layout, groups_.size(), bucket_elements(cfg_), cfg_.alignment),
+        space_(memory_of(groups_.shard())),
+        state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer, space_),
+        steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
+        reducer_(make_reducer()),
+        cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
+               cfg_.max_gathered_bytes, worker_, meter_, space_) {
+    log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
+              plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
+  }
+
   // Gradients reduced in the parameter type, or in float (config::reduce_dtype).
   using reducer_type =
       std::variant<gradient_reducer<Comm, P, Space>, gradient_reducer<Comm, float, Space>>;
@@ -458,23 +469,26 @@ class sharder {
                         meter_, groups_.replicate(), space_);
   }
 
-  /// The buffers' space: the communicator's choice where Space is the one it chooses, else a
-  /// Space of its own. Also resolves the collectives left unset (algorithm::automatic, see
-  /// collective_options): the transport's own where it runs them itself, else the ring. One the
-  /// caller named is kept. cfg_ is complete by then.
-  [[nodiscard]] Space choose_memory() {
-    Comm& shard = groups_.shard();
-    bool native = false;
-    if constexpr (requires { typename Comm::transport_type; }) {
-      constexpr bool all_native = ringzero::native_collectives<typename Comm::transport_type>;
-      if constexpr (all_native || ringzero::some_native_collectives<typename Comm::transport_type>)
-        // NCCL: its own collectives (ringzero's schedules are unpipelined); shm: the world's
-        // calls in its segment.
-        native = all_native || (shard.comm_id() == 0 && shard.size() > 1);
+  /// cfg with the collectives left automatic (collective_options) resolved to the shard
+  /// communicator's fixed-order algorithm; one the caller named is kept.
+  [[nodiscard]] static config with_collectives_resolved(config cfg, const Comm& shard) {
+    const std::pair<collective, ringzero::options*> kinds[] = {
+        {collective::all_reduce, &cfg.collectives.all_reduce},
+        {collective::reduce_scatter, &cfg.collectives.reduce_scatter},
+        {collective::all_gather, &cfg.collectives.all_gather}};
+    for (auto [c, o] : kinds) {
+      if (o->algorithm != algorithm::automatic) continue;
+      if constexpr (requires { shard.fixed_order_algorithm(c); })
+        o->algorithm = shard.fixed_order_algorithm(c);
+      else
+        o->algorithm = algorithm::ring;
     }
-    for (auto* o : {&cfg_.collectives.all_reduce, &cfg_.collectives.reduce_scatter,
-                    &cfg_.collectives.all_gather})
-      if (o->algorithm == algorithm::automatic && !native) o->algorithm = algorithm::ring;
+    return cfg;
+  }
+
+  /// The buffers' space: the communicator's choice where Space is the one it chooses, else a
+  /// Space of its own.
+  [[nodiscard]] static Space memory_of(Comm& shard) {
     if constexpr (std::is_same_v<Space, memory_space_t<Comm>>)
       return memory_space_for(shard);
     else
@@ -531,15 +545,16 @@ class sharder {
     };
   }
 
-  // Construction order matters: the plan before everything sized by it; the worker last, so it
-  // is joined (its queued collectives finished or dropped) before the buffers its tasks use go
-  // away. The components only take the worker's address before it is constructed.
+  // Construction order: the worker first, so that everything handed its address finds it
+  // built; ~sharder joins it before any member goes. The shard groups before the configuration,
+  // whose collectives they resolve; the plan before everything sized by it.
   Comm& comm_;
+  detail::worker worker_;
+  shard_groups<Comm> groups_;
   config cfg_;
   const stage_layout& stage_;
   int rank_;
   int world_;
-  shard_groups<Comm> groups_;
   partition_plan plan_;
   Space space_;
   model_state<P, Space> state_;
@@ -547,7 +562,6 @@ class sharder {
   detail::buffer_meter meter_;
   reducer_type reducer_;
   parameter_cache<Comm, P, Space> cache_;
-  detail::worker worker_;
 };
 
 }  // namespace ringzero::zero

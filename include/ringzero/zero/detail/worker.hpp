@@ -30,10 +30,14 @@ class worker {
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;
 
-  ~worker() {
+  ~worker() { join(); }
+
+  /// Ends the thread; nothing is queued afterwards (submit runs tasks inline). On a normal exit
+  /// the queued collectives finish first (peers expect them); while unwinding an exception they
+  /// are dropped and only the running one ends. Its owner calls this before the buffers its
+  /// tasks use go away; a second call does nothing.
+  void join() noexcept {
     if (!thread_.joinable()) return;
-    // On a normal exit let queued collectives finish (peers expect them); while unwinding an
-    // exception, drop them and only let the running one end.
     {
       std::unique_lock lock(mutex_);
       if (std::uncaught_exceptions() == 0)
