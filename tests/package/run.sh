@@ -50,6 +50,11 @@ snapshot=$work/src
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 warnings="-Wall -Wextra -Wpedantic -Werror"
+# The consumers build unoptimized (no CMAKE_BUILD_TYPE): they check that the package is found,
+# compiles cleanly and runs, which optimization adds nothing to, and the shared main.cpp compiles
+# in 16 s of CPU this way against 37 s at Release's -O3. The library's code is checked optimized
+# by the project's own -Werror build.
+consumer_build_type=""
 version=$(sed -nE 's/^project\(ringzero VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 
 skip() {
@@ -91,8 +96,8 @@ configure_consumer() {
   rm -rf "${work:?}/$step" && mkdir -p "$work/$step"
   cp -r "$here/$project" "$work/$step/src"
   [[ -f $work/$step/src/main.cpp ]] || cp "$here/find_package/main.cpp" "$work/$step/src/"
-  cmake -S "$work/$step/src" -B "$work/$step/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    "-DCMAKE_CXX_FLAGS=$warnings" "$@"
+  cmake -S "$work/$step/src" -B "$work/$step/build" "${generator[@]}" \
+    "-DCMAKE_BUILD_TYPE=$consumer_build_type" "-DCMAKE_CXX_FLAGS=$warnings" "$@"
 }
 
 build_consumer() {
@@ -297,7 +302,7 @@ step_add_subdirectory() {
   cp -r "$snapshot" "$work/add_subdirectory/src/third_party/ringzero"
   rm -rf "$work/add_subdirectory/src/third_party/ringzero/.git"
   cmake -S "$work/add_subdirectory/src" -B "$work/add_subdirectory/build" "${generator[@]}" \
-    -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=$warnings" || return 1
+    "-DCMAKE_BUILD_TYPE=$consumer_build_type" "-DCMAKE_CXX_FLAGS=$warnings" || return 1
   check_nothing_extra add_subdirectory
   build_consumer add_subdirectory || return 1
   "$work/add_subdirectory/build/allreduce" | tee "$work/add_subdirectory/out.txt" || return 1
