@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
-#include "ringzero/algorithms/ring.hpp"
 #include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
@@ -323,7 +322,12 @@ class communicator {
       transport_runs_it = true;
     else if constexpr (some_native_collectives<T>)
       transport_runs_it = comm_id_ == 0 && size() > 1;
-    const bool ring_runs_it = algorithms::ring::descriptor::implements.contains(c);
+    // The ring descriptor's collectives (algorithms/ring.hpp), named here so that the
+    // communicator does not depend on an algorithm; tests/zero/sharder_test.cpp checks the two
+    // lists agree.
+    const bool ring_runs_it = c == collective::all_reduce || c == collective::reduce_scatter ||
+                              c == collective::all_gather || c == collective::broadcast ||
+                              c == collective::reduce;
     return transport_runs_it || !ring_runs_it ? algorithm::automatic : algorithm::ring;
   }
 

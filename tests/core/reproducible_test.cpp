@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -337,6 +338,7 @@ void one_word_cases() {
   std::mt19937_64 rng(0xd161);
   const std::uint32_t divisors[] = {1, 2, 3, 7, 1000, (1u << 23) - 1};
   int checked = 0;
+  int converted = 0;
   for (int trial = 0; trial < 20000; ++trial) {
     const int bits = 1 + static_cast<int>(rng() % 62);
     auto a = static_cast<std::int64_t>(rng() >> (64 - bits));
@@ -353,9 +355,93 @@ void one_word_cases() {
     const T ref = rp::round_words<T>(&s, w, d);
     INFO("s = " << s << ", low = " << low << ", divisor = " << d);
     CHECK(rp::bits_of(fast) == rp::bits_of(ref));
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      // The hardware conversion, where it answers (a normal result), as the integer paths.
+      T hw{};
+      if (d == 1 && ringzero::detail::round_int64_nearest<T>(s, w.low(), hw)) {
+        CHECK(rp::bits_of(hw) == rp::bits_of(ref));
+        ++converted;
+      }
+    }
     ++checked;
   }
   CHECK(checked == 20000);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    // low is spread over the whole range: a good share of the results are normal numbers.
+    CHECK(converted > 20000 / 6 / 4);
+  }
+}
+
+/// detail::round_two_words and its conversion path against rp::round_words on two-digit words
+/// of every magnitude (one word or both up to the 2^63 headroom), every divisor kind.
+template <class T>
+void two_word_cases() {
+  using F = rp::format<T>;
+  std::mt19937_64 rng(0x2d16);
+  const std::uint32_t divisors[] = {1, 2, 3, 7, 1000, (1u << 23) - 1};
+  int converted = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::int64_t w[2];
+    for (auto& x : w) {
+      const int bits = static_cast<int>(rng() % 63);
+      const auto a = bits == 0 ? std::int64_t{0} : static_cast<std::int64_t>(rng() >> (64 - bits));
+      x = (rng() & 1) != 0 ? -a : a;
+    }
+    if (trial % 7 == 0) w[1] = 0;
+    if (trial % 11 == 0) w[0] = 0;
+    const int span = F::emax - F::emin + 2 * F::p + 160;
+    const int low = F::emin - F::p - 120 + static_cast<int>(rng() % span);
+    const rp::window win{low + 2 * rp::digit_bits, -low};
+    REQUIRE(rp::words(win) == 2);
+    const std::uint32_t d = divisors[trial % 6];
+    const T ref = rp::round_words<T>(w, win, d);
+    INFO("w = " << w[0] << ", " << w[1] << ", low = " << low << ", divisor = " << d);
+    CHECK(rp::bits_of(ringzero::detail::round_two_words<T>(w, low, d)) == rp::bits_of(ref));
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      T hw{};
+      if (d == 1 && ringzero::detail::round_two_words_nearest<T>(w, low, hw)) {
+        CHECK(rp::bits_of(hw) == rp::bits_of(ref));
+        ++converted;
+      }
+    }
+  }
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    CHECK(converted > 20000 / 6 / 4);
+  }
+}
+
+/// read_digits gives the same bits whatever the thread's rounding mode: the conversion it takes
+/// under round-to-nearest is refused under the others, where the integer path rounds. Terms of
+/// `sig_bits` significant bits over `binades` binades in a block: one digit each at 24 and 8,
+/// two at 53 and 16.
+template <class T>
+void rounding_mode_cases(int sig_bits, int binades) {
+  std::mt19937_64 rng(0xfe7);
+  const std::size_t n = 1000;
+  std::vector<T> in(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double m = std::ldexp(static_cast<double>(rng() >> (64 - sig_bits)), -sig_bits) + 0.5;
+    in[i] = static_cast<T>(std::ldexp((rng() & 1) != 0 ? -m : m, static_cast<int>(i) % binades));
+  }
+  std::vector<std::int32_t> win;
+  ringzero::detail::local_windows(std::span<const T>(in), win);
+  std::vector<std::int64_t> q(ringzero::detail::digits_between(win, 0, n));
+  ringzero::detail::write_digits(std::span<const T>(in), win, 0, n, q.data());
+  // Twice each digit, as two ranks' terms would sum: the rounding is not the identity.
+  for (auto& d : q) d = 2 * d + 1;
+  std::vector<T> nearest(n), upward(n);
+  ringzero::detail::read_digits(q.data(), win, 0, n, 1, nearest.data());
+  const int mode = std::fegetround();
+  REQUIRE(std::fesetround(FE_UPWARD) == 0);
+  ringzero::detail::read_digits(q.data(), win, 0, n, 1, upward.data());
+  std::fesetround(mode);
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(rp::bits_of(upward[i]) == rp::bits_of(nearest[i]));
+    const rp::window w = rp::window_at(win.data(), i / rp::block_elems);
+    const std::size_t at = ringzero::detail::digits_between(win, 0, i);
+    CHECK(rp::bits_of(nearest[i]) == rp::bits_of(rp::round_words<T>(&q[at], w)));
+  }
 }
 
 /// detail::gathered_sum (one int64 where the terms span little, serial_sum otherwise) against
@@ -388,6 +474,13 @@ TEST_CASE("the collective's fast paths round as round_words and serial_sum do") 
   one_word_cases<double>();
   one_word_cases<float16>();
   one_word_cases<bfloat16>();
+  two_word_cases<float>();
+  two_word_cases<double>();
+  two_word_cases<float16>();
+  two_word_cases<bfloat16>();
+  rounding_mode_cases<float>(24, 8);
+  rounding_mode_cases<double>(24, 8);
+  rounding_mode_cases<double>(53, 16);
   gathered_cases<float>(-140, 120);
   gathered_cases<double>(-1060, 1000);
   gathered_cases<float16>(-20, 14);

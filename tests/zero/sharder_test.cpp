@@ -1182,6 +1182,12 @@ TEST_CASE("the communicator names the sharder's fixed-order algorithm") {
     CHECK(c.fixed_order_algorithm(collective::reduce_scatter) == algorithm::ring);
     CHECK(c.fixed_order_algorithm(collective::all_gather) == algorithm::ring);
     CHECK(c.fixed_order_algorithm(collective::gather) == algorithm::automatic);
+    for (int k = 0; k <= static_cast<int>(collective::scatter); ++k) {
+      const auto kind = static_cast<collective>(k);
+      CAPTURE(ringzero::collective_name(kind));
+      CHECK((c.fixed_order_algorithm(kind) == algorithm::ring) ==
+            ringzero::algorithms::ring::descriptor::implements.contains(kind));
+    }
     // A transport with collectives of its own runs them on its world of more than one rank,
     // not on a communicator split from it.
     ringzero::communicator<offering_transport> comm(offering_transport(c.transport()));
