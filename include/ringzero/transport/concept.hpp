@@ -92,6 +92,9 @@ struct tag_layout {
   [[nodiscard]] static constexpr tag_t with_comm_id(std::uint32_t id, tag_t tag) noexcept {
     return (static_cast<tag_t>(id) << algorithm_bits) | (tag & algorithm_mask);
   }
+  [[nodiscard]] static constexpr std::uint32_t sequence_of(tag_t tag) noexcept {
+    return static_cast<std::uint32_t>(tag >> sequence_shift) & sequence_mask;
+  }
   [[nodiscard]] static constexpr std::uint32_t step_of(tag_t tag) noexcept {
     return static_cast<std::uint32_t>(tag >> step_shift) & step_mask;
   }
@@ -105,7 +108,8 @@ static_assert(tag_layout::algorithm_bits == 52, "transports reserve 12 bits abov
 static_assert(tag_layout::make(true, tag_layout::sequence_mask, tag_layout::step_mask,
                                tag_layout::chunk_mask) == tag_layout::algorithm_mask,
               "the algorithm fields tile their 52 bits without gaps or overlap");
-static_assert(tag_layout::step_of(tag_layout::make(false, 7, 300, 9)) == 300 &&
+static_assert(tag_layout::sequence_of(tag_layout::make(false, 7, 300, 9)) == 7 &&
+                  tag_layout::step_of(tag_layout::make(false, 7, 300, 9)) == 300 &&
                   tag_layout::chunk_of(tag_layout::make(false, 7, 300, 9)) == 9,
               "fields read back what was written");
 

@@ -32,6 +32,7 @@
 #include "ringzero/communicator.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/abort_state.hpp"
 
 namespace ringzero::loopback {
 
@@ -63,12 +64,6 @@ struct mailbox {
 };
 
 /// One rank's abort(): shared by the communicators over its transport, read by every wait.
-struct abort_state {
-  std::atomic<bool> set{false};
-  std::mutex mutex;
-  std::string why;  // written once, under mutex, before set
-};
-
 struct shared_state {
   explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {}
   std::vector<mailbox> boxes;
@@ -162,17 +157,10 @@ class transport {
   /// peer_error carrying `why`: now, including waits blocked in another thread, and every call
   /// after. Thread-safe; the first reason given is the one kept. The other ranks learn of it as
   /// of any failure: when this rank's function throws, world::run fails their waits.
-  void abort(const std::string& why) {
-    std::lock_guard lock(aborted_->mutex);
-    if (aborted_->set.load(std::memory_order_relaxed)) return;
-    aborted_->why = why;
-    aborted_->set.store(true, std::memory_order_release);
-  }
+  void abort(const std::string& why) { aborted_->set(why); }
   /// Why abort() was called, or nullopt if it was not.
   [[nodiscard]] std::optional<std::string> abort_reason() const {
-    if (!aborted_->set.load(std::memory_order_acquire)) return std::nullopt;
-    std::lock_guard lock(aborted_->mutex);
-    return aborted_->why;
+    return aborted_->reason_if_set();
   }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
@@ -260,7 +248,8 @@ class transport {
   std::shared_ptr<detail::shared_state> shared_;
   int rank_;
   world_options opts_;
-  std::shared_ptr<detail::abort_state> aborted_ = std::make_shared<detail::abort_state>();
+  std::shared_ptr<ringzero::detail::abort_state> aborted_ =
+      std::make_shared<ringzero::detail::abort_state>();
 };
 
 using communicator = ringzero::communicator<transport>;

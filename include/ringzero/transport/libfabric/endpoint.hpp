@@ -54,6 +54,8 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/transport/detail/pending_report.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
 #include "ringzero/transport/libfabric/watchdog.hpp"
@@ -413,20 +415,10 @@ class endpoint {
 
   /// Fails every operation waiting on this endpoint, now and from now on, with `why`. Safe to
   /// call from any thread, without waiting for a thread that is inside a call.
-  void abort(const std::string& why) {
-    {
-      std::lock_guard lock(abort_mutex_);
-      if (aborted_.load(std::memory_order_acquire)) return;
-      abort_reason_ = why;
-    }
-    aborted_.store(true, std::memory_order_release);
-  }
-  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
+  void abort(const std::string& why) { abort_.set(why); }
+  [[nodiscard]] bool aborted() const noexcept { return abort_.is_set(); }
   /// What abort() was given (empty until it was called).
-  [[nodiscard]] std::string abort_reason() const {
-    std::lock_guard lock(abort_mutex_);
-    return abort_reason_;
-  }
+  [[nodiscard]] std::string abort_reason() const { return abort_.reason(); }
 
   [[nodiscard]] const std::string& provider() const noexcept { return provider_; }
   /// Tag bits above the algorithm's that this provider matches: room for communicator ids.
@@ -651,20 +643,16 @@ class endpoint {
   /// Every posted or queued operation, for RINGZERO_DEBUG=INFO when a wait gives up.
   void log_pending() const {
     if (!log::enabled(log::level::info)) return;
-    std::string list;
-    std::size_t n = 0;
+    ringzero::detail::pending_report report;
     for (const op_context& o : pool_) {
       if (o.state != op_context::status::pending ||
           std::find(free_.begin(), free_.end(), &o) != free_.end())
         continue;
-      if (++n > 64) continue;
-      list += fmt::format("\n  {} rank {} (world {}), {} bytes, sequence {}, step {}, chunk {}{}",
-                          o.is_send ? "send to" : "receive from", o.peer, o.world_peer, o.length,
-                          (o.tag >> 28) & 0x7fffffu, (o.tag >> 16) & 0xfffu, o.tag & 0xffffu,
-                          o.posted ? "" : " (queued in the endpoint)");
+      report.add(o.is_send, o.peer, o.length, o.tag, o.world_peer,
+                 o.posted ? "" : " (queued in the endpoint)");
     }
-    if (n > 64) list += fmt::format("\n  ... and {} more", n - 64);
-    log::info("libfabric: {} pending operations when a wait gave up:{}", n, list);
+    log::info("libfabric: {} pending operations when a wait gave up:{}", report.count(),
+              report.lines());
   }
 
   void abandon_locked(op_context* c) noexcept {
@@ -948,9 +936,7 @@ class endpoint {
   bool logged_pending_ = false;
   std::size_t orphans_ = 0;
   std::size_t held_ = 0;  ///< orphaned operations the provider has not given back
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex abort_mutex_;
-  std::string abort_reason_;
+  ringzero::detail::abort_state abort_;
   // Last: stopped first, before anything it watches goes.
   std::unique_ptr<watchdog> dog_;
 };

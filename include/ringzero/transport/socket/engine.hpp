@@ -43,6 +43,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/abort_state.hpp"
 #include "ringzero/transport/socket/wire.hpp"
 
 namespace ringzero::socket::detail {
@@ -319,19 +320,9 @@ class engine {
     abandon_locked(o);
   }
 
-  void abort(const std::string& why) {
-    {
-      std::lock_guard lock(abort_mutex_);
-      if (aborted_.load(std::memory_order_acquire)) return;
-      abort_reason_ = why;
-    }
-    aborted_.store(true, std::memory_order_release);
-  }
-  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
-  [[nodiscard]] std::string abort_reason() const {
-    std::lock_guard lock(abort_mutex_);
-    return abort_reason_;
-  }
+  void abort(const std::string& why) { abort_.set(why); }
+  [[nodiscard]] bool aborted() const noexcept { return abort_.is_set(); }
+  [[nodiscard]] std::string abort_reason() const { return abort_.reason(); }
   [[nodiscard]] int failed_rank() const {
     std::lock_guard lock(mutex_);
     return failed_rank_;
@@ -872,9 +863,7 @@ class engine {
   clock::time_point failed_at_{};
   bool closed_ = false;
   mutable std::mutex mutex_;
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex abort_mutex_;
-  std::string abort_reason_;
+  ringzero::detail::abort_state abort_;
 };
 
 }  // namespace ringzero::socket::detail

@@ -36,6 +36,8 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/transport/detail/pending_report.hpp"
 #include "ringzero/transport/shm/detail/segment.hpp"
 
 namespace ringzero::shm::detail {
@@ -150,17 +152,9 @@ class engine {
 
   /// abort(): every wait of the transport reads the flag where it already polls its deadline (a
   /// load, no syscall); it is this process's, not in the segment, so a peer cannot set or hold it.
-  void abort(const std::string& why) {
-    std::lock_guard lock(abort_mutex_);
-    if (aborted_.load(std::memory_order_relaxed)) return;
-    abort_reason_ = why;
-    aborted_.store(true, std::memory_order_release);
-  }
-  [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
-  [[nodiscard]] std::string abort_reason() const {
-    std::lock_guard lock(abort_mutex_);
-    return abort_reason_;
-  }
+  void abort(const std::string& why) { abort_.set(why); }
+  [[nodiscard]] bool aborted() const noexcept { return abort_.is_set(); }
+  [[nodiscard]] std::string abort_reason() const { return abort_.reason(); }
   /// Throws peer_error once abort() was called.
   void check_aborted(std::string_view where) const {
     if (aborted())
@@ -176,20 +170,14 @@ class engine {
   /// The messages posted and not finished, one line each (RINGZERO_DEBUG=INFO when a wait gives
   /// up). Call with mutex() held.
   [[nodiscard]] std::string pending_list() const {
-    std::string list;
-    std::size_t n = 0;
+    ringzero::detail::pending_report report;
     for (const op* o : all_ops_) {
       if (o->state != op::status::pending || o->orphan ||
           std::find(free_.begin(), free_.end(), o) != free_.end())
         continue;
-      if (++n > 64) continue;
-      list += fmt::format("\n  {} rank {}, {} bytes, sequence {}, step {}, chunk {}",
-                          o->is_send ? "send to" : "receive from", o->peer, o->size,
-                          (o->tag >> tag_layout::sequence_shift) & tag_layout::sequence_mask,
-                          tag_layout::step_of(o->tag), tag_layout::chunk_of(o->tag));
+      report.add(o->is_send, o->peer, o->size, o->tag);
     }
-    if (n > 64) list += fmt::format("\n  ... and {} more", n - 64);
-    return fmt::format("{} pending messages{}", n, list);
+    return fmt::format("{} pending messages{}", report.count(), report.lines());
   }
 
   /// Sends as much as the ring takes now; returns the op still to finish, or nullptr.
@@ -526,9 +514,7 @@ class engine {
   std::vector<op*> free_;
   std::mutex mutex_;
   bool gave_up_ = false;
-  std::atomic<bool> aborted_{false};
-  mutable std::mutex abort_mutex_;
-  std::string abort_reason_;  // written once, under abort_mutex_, before aborted_
+  ringzero::detail::abort_state abort_;
 };
 
 }  // namespace ringzero::shm::detail
