@@ -186,17 +186,22 @@ template <class E>
   return rp::round_words<E>(&s, w, divisor);
 }
 
-/// rp::round_words for a two-digit block (a double's usual case): the words are one integer
-/// w[0] + w[1] 2^40 in units of 2^low, under 2^104 in magnitude, so it is formed in 128 bits and
-/// rounded once, without round_words' carries between digits.
-template <class E>
-[[nodiscard]] inline E round_two_words(const std::int64_t* w, int low, std::uint32_t divisor) {
+/// A two-digit block's words as one integer, w[0] + w[1] 2^40 in units of 2^low: its magnitude
+/// (under 2^104) and sign.
+[[nodiscard]] inline rp::u128 joined_words(const std::int64_t* w, bool& neg) noexcept {
   __extension__ using i128 = __int128;
   const i128 s = static_cast<i128>(w[1]) * (i128{1} << rp::digit_bits) + w[0];
-  if (s == 0) return rp::from_bits<E>(0);
-  const bool neg = s < 0;
-  const auto a = neg ? rp::u128{0} - static_cast<rp::u128>(s) : static_cast<rp::u128>(s);
-  return rp::round_to<E>(neg, a, low, false, divisor);
+  neg = s < 0;
+  return neg ? rp::u128{0} - static_cast<rp::u128>(s) : static_cast<rp::u128>(s);
+}
+
+/// rp::round_words for a two-digit block (a double's usual case): the words joined in 128 bits
+/// and rounded once, without round_words' carries between digits.
+template <class E>
+[[nodiscard]] inline E round_two_words(const std::int64_t* w, int low, std::uint32_t divisor) {
+  bool neg = false;
+  const rp::u128 a = joined_words(w, neg);
+  return a == 0 ? rp::from_bits<E>(0) : rp::round_to<E>(neg, a, low, false, divisor);
 }
 
 /// round_int64 without a divisor through the hardware's int64-to-floating conversion, for float
@@ -212,13 +217,13 @@ template <class E>
   using B = typename F::bits;
   constexpr int frac_bits = F::p - 1;
   constexpr int max_biased = (1 << F::exp_bits) - 2;
-  const B b = rp::bits_of(static_cast<E>(s));
-  const int biased = static_cast<int>((b >> frac_bits) & ((B{1} << F::exp_bits) - 1)) + low;
-  if (s == 0 || biased < 1 || biased > max_biased) {
-    if (s != 0) return false;
+  if (s == 0) {
     out = rp::from_bits<E>(0);
     return true;
   }
+  const B b = rp::bits_of(static_cast<E>(s));
+  const int biased = static_cast<int>((b >> frac_bits) & ((B{1} << F::exp_bits) - 1)) + low;
+  if (biased < 1 || biased > max_biased) return false;
   // Unsigned arithmetic: a negative low wraps to the subtraction it stands for.
   out = rp::from_bits<E>(static_cast<B>(b + static_cast<B>(static_cast<B>(low) << frac_bits)));
   return true;
@@ -230,10 +235,8 @@ template <class E>
 /// round_int64_nearest. False where the result would not be a normal number.
 template <class E>
 [[nodiscard]] inline bool round_two_words_nearest(const std::int64_t* w, int low, E& out) noexcept {
-  __extension__ using i128 = __int128;
-  const i128 s = static_cast<i128>(w[1]) * (i128{1} << rp::digit_bits) + w[0];
-  const bool neg = s < 0;
-  const auto a = neg ? rp::u128{0} - static_cast<rp::u128>(s) : static_cast<rp::u128>(s);
+  bool neg = false;
+  const rp::u128 a = joined_words(w, neg);
   const int shift = std::max(0, rp::bit_width128(a) - 62);
   auto t = static_cast<std::uint64_t>(a >> shift);
   if (shift > 0 && (a & ((rp::u128{1} << shift) - 1)) != 0) t |= 1u;
