@@ -97,7 +97,7 @@ void options_example(ringzero::loopback::communicator& comm) {
 
   // What the cost model would pick for 64 MiB on this communicator:
   const ringzero::algorithm pick = ringzero::tuning::select(
-      ringzero::collective::all_reduce, 64.0 * (1 << 20), comm.size(), comm.cost());
+      ringzero::collective::all_reduce, 64.0 * (1 << 20), comm.size(), comm.tuning());
   ringzero::log::info("64 MiB all_reduce on {} ranks: {}", comm.size(),
                       ringzero::algorithm_name(pick));
   // docs-end: options

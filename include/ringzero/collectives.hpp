@@ -114,7 +114,7 @@ template <class Table, class T>
     return *from_env;
   const int nodes = spans_nodes(comm) ? comm.topo().node_count : 1;
   return Table::select(
-      tuning::cost_query{c, static_cast<double>(bytes), comm.size(), comm.cost(), nodes});
+      tuning::cost_query{c, static_cast<double>(bytes), comm.size(), comm.tuning(), nodes});
 }
 
 /// What RINGZERO_CHECK=1 compares across ranks before each collective.

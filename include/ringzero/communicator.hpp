@@ -250,6 +250,8 @@ class communicator {
     if constexpr (messaging<T>) ids_ = std::make_shared<detail::comm_ids>(id_limit());
     topo_ = place();
     apply_tuning_file();
+    // A price the model cannot compare (a zero beta, a NaN) would make ranks pick differently.
+    tuning::check(tuning_, "communicator");
   }
 
   /// Opens the transport from the job's environment (torchrun, Slurm, Open MPI or ringzero-run
@@ -274,7 +276,7 @@ class communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
   /// The tuning policy the cost model and the algorithms' flow control use.
-  [[nodiscard]] const cost_params& cost() const noexcept { return tuning_; }
+  [[nodiscard]] const tuning::policy& tuning() const noexcept { return tuning_; }
   /// The deadline of every blocking call that does not set options::timeout.
   [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] topology topo() const noexcept { return topo_; }
@@ -519,7 +521,7 @@ class communicator {
   std::vector<int> members_;
   int rank_ = 0;
   std::uint32_t comm_id_ = 0;
-  cost_params tuning_{};
+  tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};
   topology topo_{};
   detail::comm_state state_;

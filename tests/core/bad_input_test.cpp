@@ -363,7 +363,7 @@ class ledger_transport {
   ledger_transport(int rank, int size) : rank_(rank), size_(size) {}
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] cost_params tuning() const noexcept { return {}; }
+  [[nodiscard]] tuning::policy tuning() const noexcept { return {}; }
   [[nodiscard]] request isend(int, tag_t, std::span<const std::byte> d) {
     sent.push_back({reinterpret_cast<std::uintptr_t>(d.data()), d.size()});
     return {};

@@ -1,18 +1,28 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/loopback.hpp"
+#include "ringzero/transport/shm.hpp"
 #include "ringzero/tuning/cost_model.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 using namespace ringzero;
 using tuning::select;
 
 namespace {
 
-const cost_params transports[] = {cost_params{}, loopback::world_options{}.cost};
+const tuning::policy transports[] = {tuning::policy{}, loopback::world_options{}.tuning};
 
 }  // namespace
 
@@ -58,7 +68,7 @@ TEST_CASE("cost model: only algorithms that implement a collective are candidate
   CHECK_FALSE(tuning::applies(collective::all_gather, algorithm::recursive_halving_doubling));
   CHECK_FALSE(tuning::applies(collective::broadcast, algorithm::recursive_doubling));
   CHECK_FALSE(tuning::applies(collective::barrier, algorithm::ring));
-  CHECK(tuning::select(collective::all_reduce, 1e9, 1, cost_params{}) == algorithm::ring);
+  CHECK(tuning::select(collective::all_reduce, 1e9, 1, tuning::policy{}) == algorithm::ring);
 }
 
 TEST_CASE("cost model: all_to_all takes Bruck for small blocks, pairwise exchange for large") {
@@ -83,9 +93,9 @@ TEST_CASE("cost model: all_to_all takes Bruck for small blocks, pairwise exchang
 }
 
 TEST_CASE("cost model: hierarchical all_to_all is gather, leaders' all_to_all, scatter") {
-  const cost_params p{};
+  const tuning::policy p{};
   const auto predict_hierarchical_all_to_all = [&](double bytes, int n, int nodes,
-                                                   const cost_params& q) {
+                                                   const tuning::policy& q) {
     return tuning::algorithm_table::predict(
         algorithm::hierarchical, tuning::cost_query{collective::all_to_all, bytes, n, q, nodes});
   };
@@ -103,4 +113,129 @@ TEST_CASE("cost model: hierarchical all_to_all is gather, leaders' all_to_all, s
   const topology t{.node = 0, .local_rank = 0, .local_size = 32, .node_count = 16};
   CHECK(tuning::select(collective::all_to_all, 8.0 * 512, 512, p, t) == algorithm::bruck);
   CHECK(tuning::select(collective::all_to_all, 1e9, 512, p, t) == algorithm::pairwise);
+}
+
+// tuning/: one policy type, each transport's defaults named with their source, a rail's price.
+
+TEST_CASE("tuning: every built-in policy is valid, named once and says where it came from") {
+  std::set<std::string_view> names;
+  for (const tuning::sourced_policy& d : tuning::defaults::all) {
+    INFO(d.name);
+    CHECK_NOTHROW(tuning::check(d.value, d.name));
+    CHECK(names.insert(d.name).second);
+    CHECK(d.source.size() > 20);
+  }
+  CHECK(names.size() == tuning::defaults::all.size());
+  CHECK(tuning::defaults::generic.value == tuning::policy{});
+  // The transports report theirs unless told otherwise.
+  CHECK(loopback::world_options{}.tuning == tuning::defaults::loopback.value);
+  CHECK(shm::options{}.tuning == tuning::defaults::shm.value);
+  loopback::world(2).run([](loopback::communicator& comm) {
+    CHECK(comm.tuning() == tuning::defaults::loopback.value);
+    CHECK(comm.transport().tuning() == tuning::defaults::loopback.value);
+  });
+}
+
+TEST_CASE("tuning: a libfabric provider finds its defaults by name") {
+  CHECK(&tuning::libfabric_default("shm") == &tuning::defaults::libfabric_shm);
+  CHECK(&tuning::libfabric_default("tcp;ofi_rxm") == &tuning::defaults::libfabric_tcp);
+  CHECK(&tuning::libfabric_default("tcp") == &tuning::defaults::libfabric_tcp);
+  CHECK(&tuning::libfabric_default("efa") == &tuning::defaults::libfabric_efa);
+  CHECK(&tuning::libfabric_default("verbs;ofi_rxm") == &tuning::defaults::libfabric_verbs);
+  CHECK(&tuning::libfabric_default("sockets") == &tuning::defaults::libfabric_sockets);
+  CHECK(&tuning::libfabric_default("psm3") == &tuning::defaults::libfabric_other);
+  for (const auto* p : {"shm", "tcp;ofi_rxm", "efa", "verbs;ofi_rxm", "sockets", "psm3"}) {
+    INFO(p);
+    // Above each provider's eager protocol (tuning::policy::min_chunk_bytes).
+    CHECK(tuning::libfabric_default(p).value.min_chunk_bytes >= 16 * 1024);
+  }
+}
+
+TEST_CASE("tuning: rails striped together pay the slowest latency and move at their sum") {
+  const tuning::policy base{.alpha = 1, .beta = 1, .gamma = 0.5, .chunk_bytes = 4096};
+  CHECK(tuning::over_rails(base, {}) == base);
+  const tuning::rail_price one[] = {{.alpha = 20e-6, .beta = 1.0 / 10e9}};
+  const tuning::policy p1 = tuning::over_rails(base, one);
+  CHECK(p1.alpha == 20e-6);
+  CHECK(p1.beta == doctest::Approx(1.0 / 10e9));
+  const tuning::rail_price mixed[] = {{.alpha = 20e-6, .beta = 1.0 / 10e9},
+                                      {.alpha = 35e-6, .beta = 1.0 / 30e9},
+                                      {.alpha = 15e-6, .beta = 1.0 / 10e9}};
+  const tuning::policy p3 = tuning::over_rails(base, mixed);
+  CHECK(p3.alpha == 35e-6);
+  CHECK(p3.beta == doctest::Approx(1.0 / 50e9));
+  // Only the wire price changes: reduction and flow control are the transport's.
+  CHECK(p3.gamma == base.gamma);
+  CHECK(p3.chunk_bytes == base.chunk_bytes);
+  CHECK(p3.burst == base.burst);
+}
+
+TEST_CASE("tuning: a policy the model cannot price is refused, naming the field") {
+  const auto refused = [](tuning::policy p, const std::string& field) {
+    INFO(field);
+    try {
+      tuning::check(p, "test");
+      FAIL("accepted");
+    } catch (const invalid_argument& e) {
+      CHECK(std::string(e.what()).find(field) != std::string::npos);
+    }
+  };
+  const tuning::policy good{};
+  tuning::policy p = good;
+  p.alpha = -1e-6;
+  refused(p, "alpha");
+  p = good;
+  p.beta = 0;
+  refused(p, "beta");
+  p = good;
+  p.gamma = std::numeric_limits<double>::quiet_NaN();
+  refused(p, "gamma");
+  p = good;
+  p.beta = std::numeric_limits<double>::infinity();
+  refused(p, "beta");
+  p = good;
+  p.chunk_bytes = 0;
+  refused(p, "chunk_bytes");
+  p = good;
+  p.burst = 0;
+  refused(p, "burst");
+  p = good;
+  p.inflight = 0;
+  refused(p, "inflight");
+  // At the communicator too, before anything is selected with it.
+  try {
+    loopback::world(2, {.tuning = {.beta = 0}}).run([](loopback::communicator&) {
+      FAIL("a communicator took beta = 0");
+    });
+    FAIL("no error");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("communicator tuning: beta") != std::string::npos);
+  }
+}
+
+namespace {
+
+// The table docs/architecture.md must contain, generated from tuning::defaults::all.
+std::string expected_defaults_table() {
+  std::string s =
+      "| transport | alpha | 1/beta | 1/gamma | chunk | smallest chunk | source |\n"
+      "|---|---|---|---|---|---|---|\n";
+  for (const tuning::sourced_policy& d : tuning::defaults::all)
+    s += fmt::format("| `{}` | {:g} µs | {:g} GB/s | {:g} GB/s | {} KiB | {} KiB | {} |\n", d.name,
+                     d.value.alpha * 1e6, 1e-9 / d.value.beta, 1e-9 / d.value.gamma,
+                     d.value.chunk_bytes / 1024, d.value.min_chunk_bytes / 1024, d.source);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("tuning: docs/architecture.md lists exactly the built-in policies") {
+  std::ifstream f(RINGZERO_SOURCE_DIR "/docs/architecture.md");
+  REQUIRE(f);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string want = expected_defaults_table();
+  INFO("docs/architecture.md should contain this table, generated from tuning::defaults::all:\n"
+       << want);
+  CHECK(ss.str().find(want) != std::string::npos);
 }

@@ -46,7 +46,7 @@ constexpr double sizes[] = {8, 4096, 1 << 20, 3e7, 8.0 * (1 << 30)};
 
 TEST_CASE("fabric: each level's constants come from its links") {
   const tuning::fabric f = shared_nic();
-  const cost_params intra = tuning::intra_node(f), inter = tuning::inter_node(f);
+  const tuning::policy intra = tuning::intra_node(f), inter = tuning::inter_node(f);
   CHECK(intra.alpha == 2e-6);
   CHECK(intra.beta == doctest::Approx(1 / (300e9 * 0.9)));
   CHECK(intra.gamma == doctest::Approx(1 / 1100e9));
@@ -84,7 +84,7 @@ TEST_CASE("fabric: across nodes, flat algorithms run at the inter-node rate of o
 
 TEST_CASE("fabric: hierarchical is reduce_scatter and all_gather inside, all_reduce across") {
   const tuning::fabric f = p5();
-  const cost_params intra = tuning::intra_node(f), inter = tuning::inter_node(f);
+  const tuning::policy intra = tuning::intra_node(f), inter = tuning::inter_node(f);
   for (int nodes : {2, 5, 64})
     for (double s : sizes) {
       const double expected = tuning::predict_best(collective::reduce_scatter, s, 8, intra) +
@@ -147,7 +147,7 @@ TEST_CASE("fabric: bus bandwidth follows nccl-tests") {
 
 TEST_CASE("fabric: hierarchical all_to_all gathers and scatters inside, exchanges across") {
   const tuning::fabric f = p5();
-  const cost_params intra = tuning::intra_node(f), inter = tuning::inter_node(f);
+  const tuning::policy intra = tuning::intra_node(f), inter = tuning::inter_node(f);
   for (int nodes : {2, 5, 64})
     for (double s : sizes) {
       const double expected = tuning::predict_best(collective::gather, 8 * s, 8, intra) +

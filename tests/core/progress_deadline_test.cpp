@@ -45,7 +45,7 @@ class slow_transport {
 
   [[nodiscard]] int rank() const noexcept { return inner_.rank(); }
   [[nodiscard]] int size() const noexcept { return inner_.size(); }
-  [[nodiscard]] rz::cost_params tuning() const noexcept { return inner_.tuning(); }
+  [[nodiscard]] rz::tuning::policy tuning() const noexcept { return inner_.tuning(); }
   void progress() noexcept {}
 
   [[nodiscard]] request isend(int peer, rz::tag_t tag, std::span<const std::byte> data) {

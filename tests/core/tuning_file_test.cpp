@@ -153,10 +153,10 @@ TEST_CASE("tuning file: a malformed file names the file, the line and what is wr
 TEST_CASE("tuning file: a section replaces only the constants it sets, for its transport only") {
   const tuning_file f = tuning::parse_tuning(
       "version = 1\n[shm]\nalpha = 3e-7\n[loopback]\nbeta = 1e-9\nchunk_bytes = 4096\n", "f");
-  const cost_params defaults = loopback::world_options{}.cost;
+  const tuning::policy defaults = loopback::world_options{}.tuning;
   REQUIRE(f.find("loopback") != nullptr);
   CHECK(f.find("libfabric:shm") == nullptr);
-  const cost_params p = f.find("loopback")->apply(defaults);
+  const tuning::policy p = f.find("loopback")->apply(defaults);
   CHECK(p.alpha == defaults.alpha);
   CHECK(p.beta == 1e-9);
   CHECK(p.gamma == defaults.gamma);
@@ -180,7 +180,7 @@ TEST_CASE("tuning file: a section replaces only the constants it sets, for its t
 TEST_CASE("RINGZERO_TUNING: the file's constants change what auto picks on a communicator") {
   constexpr int n = 4;
   const double bytes = 64.0 * 1024;
-  const cost_params defaults = loopback::world_options{}.cost;
+  const tuning::policy defaults = loopback::world_options{}.tuning;
   const algorithm before = tuning::select(collective::all_reduce, bytes, n, defaults);
   // Constants under which another algorithm is the cheapest: messages nearly free and bytes
   // dear favour the fewest bytes (ring, rhd), the opposite the fewest messages.
@@ -198,9 +198,9 @@ TEST_CASE("RINGZERO_TUNING: the file's constants change what auto picks on a com
   tuning_env env(t.path);
   std::atomic<int> ok{0};
   loopback::world(n).run([&](loopback::communicator& comm) {
-    CHECK(comm.cost().alpha == *sec.alpha);
-    CHECK(comm.cost().beta == *sec.beta);
-    CHECK(comm.cost().chunk_bytes == defaults.chunk_bytes);
+    CHECK(comm.tuning().alpha == *sec.alpha);
+    CHECK(comm.tuning().beta == *sec.beta);
+    CHECK(comm.tuning().chunk_bytes == defaults.chunk_bytes);
     std::vector<float> v(static_cast<std::size_t>(bytes / sizeof(float)), 1.0f);
     all_reduce(comm, std::span<float>(v), op::sum);
     CHECK(v.front() == static_cast<float>(n));
@@ -210,7 +210,7 @@ TEST_CASE("RINGZERO_TUNING: the file's constants change what auto picks on a com
     // A split keeps the constants the world agreed on.
     auto half = comm.split(comm.rank() % 2, comm.rank());
     REQUIRE(half.has_value());
-    CHECK(half->cost().alpha == *sec.alpha);
+    CHECK(half->tuning().alpha == *sec.alpha);
     ++ok;
   });
   CHECK(ok == n);
@@ -220,7 +220,7 @@ TEST_CASE("RINGZERO_TUNING: without a section for the transport the defaults sta
   temp_file t("version = 1\n[shm]\nalpha = 0.9\n");
   tuning_env env(t.path);
   loopback::world(2).run([&](loopback::communicator& comm) {
-    CHECK(comm.cost().alpha == loopback::world_options{}.cost.alpha);
+    CHECK(comm.tuning().alpha == loopback::world_options{}.tuning.alpha);
   });
 }
 
@@ -240,7 +240,7 @@ TEST_CASE("RINGZERO_TUNING: a file no rank can use is an error on every rank") {
 
 TEST_CASE("agree_tuning: ranks that read differently all stop, naming the rank") {
   constexpr int n = 3;
-  const cost_params defaults = loopback::world_options{}.cost;
+  const tuning::policy defaults = loopback::world_options{}.tuning;
   tuning::tuning_outcome good;
   good.what = tuning::tuning_outcome::kind::applied;
   good.values = defaults;

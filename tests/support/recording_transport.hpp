@@ -29,7 +29,7 @@ class recording {
 
   [[nodiscard]] int rank() const { return inner_->rank(); }
   [[nodiscard]] int size() const { return inner_->size(); }
-  [[nodiscard]] cost_params tuning() const { return inner_->tuning(); }
+  [[nodiscard]] tuning::policy tuning() const { return inner_->tuning(); }
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     sends_.push_back({peer, tag & ((tag_t{1} << tag_layout::sequence_shift) - 1), data.size()});
     return inner_->isend(peer, tag, data);

@@ -458,7 +458,7 @@ TEST_CASE("--tune writes the transport's section of a tuning file, keeping the o
 TEST_CASE("--tune's fit of the model's own predictions recovers the constants behind them") {
   // The predictions are linear in alpha, beta and gamma, so times the model itself predicted
   // for known constants must give those constants back.
-  ringzero::cost_params truth = ringzero::loopback::world_options{}.cost;
+  ringzero::tuning::policy truth = ringzero::loopback::world_options{}.tuning;
   truth.alpha = 3.5e-6;
   truth.beta = 1 / 6e9;
   truth.gamma = 1 / 11e9;
@@ -467,7 +467,7 @@ TEST_CASE("--tune's fit of the model's own predictions recovers the constants be
     for (double s = 8; s <= 8 << 20; s *= 4)
       for (auto a : ringzero::tuning::candidates(ringzero::collective::all_reduce, false)) {
         const auto unit = [&](double x, double y, double z) {
-          ringzero::cost_params p = truth;
+          ringzero::tuning::policy p = truth;
           p.alpha = x;
           p.beta = y;
           p.gamma = z;

@@ -466,9 +466,9 @@ TEST_CASE("provider choice: agreed on rank 0, shm by default on one host, errors
       check.expect(comm.transport().provider() == (efa ? "efa" : "shm"),
                    "efa where present, else shm with every rank on one host; got " +
                        comm.transport().provider());
-      check.expect(
-          comm.cost().alpha == fabric::detail::provider_cost(comm.transport().provider()).alpha,
-          "the provider's cost constants");
+      check.expect(comm.tuning().alpha ==
+                       ringzero::tuning::libfabric_default(comm.transport().provider()).value.alpha,
+                   "the provider's cost constants");
     }
     std::string what;
     try {

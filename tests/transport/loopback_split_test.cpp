@@ -170,7 +170,7 @@ TEST_CASE("hierarchical all_reduce builds its sub-communicators once") {
 
 TEST_CASE("the cost model considers hierarchical only where it can decompose") {
   namespace tuning = ringzero::tuning;
-  const ringzero::cost_params p{};
+  const ringzero::tuning::policy p{};
   const auto ar = ringzero::collective::all_reduce;
   const auto hier = ringzero::algorithm::hierarchical;
   for (double bytes : {8.0, 1e6, 1e9}) {

@@ -78,7 +78,7 @@ struct recording_native {
   std::vector<ringzero::native_call>* calls = nullptr;
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
-  [[nodiscard]] ringzero::cost_params tuning() const { return {}; }
+  [[nodiscard]] ringzero::tuning::policy tuning() const { return {}; }
   void run_native(const ringzero::native_call& c, const ringzero::options&) { calls->push_back(c); }
   void all_gather_bytes(std::span<const std::byte> mine, std::span<std::byte> all,
                         const ringzero::options&) {

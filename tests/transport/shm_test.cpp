@@ -323,7 +323,7 @@ TEST_CASE("bad arguments are named") {
   require_all_passed(out);
   auto bad = multiprocess::run(1, 30s, [&](int r, int n, ringzero::bootstrap::store& s) {
     try {
-      shm::communicator comm(shm::transport(s, r, n, {.tune = {.slots = 1}}));
+      shm::communicator comm(shm::transport(s, r, n, {.segment = {.slots = 1}}));
     } catch (const ringzero::invalid_argument&) {
       return 0;
     }
@@ -375,7 +375,7 @@ TEST_CASE("segment collectives in pieces: a workspace far smaller than the messa
   // pieces, and symmetric outputs go through the streaming stores.
   auto out = multiprocess::run(3, 300s, [&](int r, int n, ringzero::bootstrap::store& s) {
     shm::communicator comm(
-        shm::transport(s, r, n, {.tune = {.workspace_bytes = 256, .streaming_bytes = 64}}));
+        shm::transport(s, r, n, {.segment = {.workspace_bytes = 256, .streaming_bytes = 64}}));
     using piece_types = conformance::types<float, std::int8_t>;
     std::vector<conformance::test_case> cases;
     for (const auto& tc : conformance::matrix(n, false, piece_types::dtypes))
@@ -438,7 +438,7 @@ TEST_CASE("segment collectives whose ranks disagree on count, op or kind raise o
 TEST_CASE("all_reduce on symmetric buffers reads peers in place, every rank bitwise equal") {
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
-    shm::communicator comm(shm::transport(s, r, n, {.tune = {.streaming_bytes = 4096}}));
+    shm::communicator comm(shm::transport(s, r, n, {.segment = {.streaming_bytes = 4096}}));
     // Either side of shm::detail::symmetric_min_bytes (512 B): copied through the workspace, or
     // read in place.
     for (const std::size_t count : {std::size_t{1}, std::size_t{127}, std::size_t{128},

@@ -361,6 +361,11 @@ TEST_CASE(
     const int peer = 1 - r;
     check.expect(comm.transport().rails() == 3 && comm.transport().live_rails(peer) == 3,
                  "three rails up");
+    const std::vector<ringzero::tuning::rail_price> three(
+        3, ringzero::tuning::defaults::socket_rail.value);
+    check.expect(comm.tuning() ==
+                     ringzero::tuning::over_rails(ringzero::tuning::defaults::socket.value, three),
+                 "priced as its three rails together");
     constexpr std::size_t count = std::size_t{24} << 20;
     std::vector<std::uint8_t> data(count);
     for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<std::uint8_t>((i * 131) >> 7);

@@ -109,9 +109,9 @@ void check_stages(shm::communicator& comm, multiprocess::rank_checks& chk, const
   }
 }
 
-void run_ranks(int n, shm::tuning tune, int shard_group) {
+void run_ranks(int n, shm::segment_options tune, int shard_group) {
   auto out = multiprocess::run(n, 240s, [&](int r, int size, ringzero::bootstrap::store& s) {
-    shm::communicator comm(shm::transport(s, r, size, {.tune = tune}));
+    shm::communicator comm(shm::transport(s, r, size, {.segment = tune}));
     multiprocess::rank_checks chk{r};
     check_stages<float>(comm, chk, "fp32", shard_group);
     check_stages<bfloat16>(comm, chk, "bf16", shard_group);

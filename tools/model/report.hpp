@@ -229,7 +229,7 @@ template <class Cost>
   for (int nodes : node_counts()) {
     const std::vector<algorithm> cands = tuning::candidates(c, nodes > 1);
     const int n = nodes * f.gpus_per_node;
-    const cost_params one = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
+    const tuning::policy one = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
     const auto two_level = [&](algorithm a, double x) {
       return tuning::predict(f, c, a, x, nodes);
     };

@@ -166,7 +166,7 @@ struct exchange_cost {
   const int n = nodes * f.gpus_per_node;
   const double buffers = std::ceil(bytes / fusion);
   const double each = bytes / buffers;
-  const cost_params p = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
+  const tuning::policy p = nodes > 1 ? tuning::inter_node(f) : tuning::intra_node(f);
   return {2.0 * (n - 1) / n * bytes,
           buffers * tuning::predict(collective::all_reduce, algorithm::ring, each, n, p)};
 }

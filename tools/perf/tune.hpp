@@ -187,8 +187,8 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   const std::string section = comm.transport().tuning_name();
   const bool prints = comm.rank() == 0;
   // gamma first, every rank reducing at once, as inside a collective.
-  const std::size_t small_bytes =
-      std::clamp<std::size_t>(comm.cost().chunk_bytes, std::size_t{64} << 10, std::size_t{4} << 20);
+  const std::size_t small_bytes = std::clamp<std::size_t>(
+      comm.tuning().chunk_bytes, std::size_t{64} << 10, std::size_t{4} << 20);
   const std::size_t large_bytes = std::size_t{32} << 20;
   detail::align(comm);
   const double gamma_small = detail::combine_seconds_per_byte(small_bytes, 101);
@@ -205,7 +205,7 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   // predictions for unit constants (the chunking and flow-control limits stay the transport's).
   std::vector<double> ca, cb, c0;
   const auto unit = [&](double a, double b, double g) {
-    cost_params p = comm.cost();
+    tuning::policy p = comm.tuning();
     p.alpha = a;
     p.beta = b;
     p.gamma = g;

@@ -8,8 +8,8 @@
 //
 // Ranks that forward (inner nodes) hold their subtree's blocks in the communicator's scratch;
 // a root other than rank 0 also rotates the buffer between relative and rank order there.
-// Each message is cut into at most the transport's cost_params::burst chunks and a rank talks to at
-// most ceil(log2 n) + 1 peers, so the messages in flight stay bounded.
+// Each message is cut into at most the transport's tuning::policy::burst chunks and a rank talks to
+// at most ceil(log2 n) + 1 peers, so the messages in flight stay bounded.
 #pragma once
 
 #include <cstddef>

@@ -51,7 +51,7 @@ struct chunking {
 
   /// At most `max_chunks` (and tag_layout::max_chunks, so chunk ids fit their tag bits) chunks
   /// per block. Algorithms that post a whole message at once pass the transport's
-  /// cost_params::burst.
+  /// tuning::policy::burst.
   [[nodiscard]] static chunking make(std::size_t max_length, std::size_t elem_size,
                                      std::size_t chunk_bytes,
                                      std::size_t max_chunks = tag_layout::max_chunks) {

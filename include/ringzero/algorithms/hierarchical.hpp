@@ -235,7 +235,7 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
     // The cheaper flat algorithm, run directly: with unequal nodes automatic could pick this
     // one again.
     const tuning::cost_query q{collective::all_to_all, static_cast<double>(in.size_bytes()),
-                               comm.size(), comm.cost(), 1};
+                               comm.size(), comm.tuning(), 1};
     if (bruck::descriptor::cost<void>(q) < pairwise::descriptor::cost<void>(q))
       return bruck::all_to_all(comm, in, out, opt);
     return pairwise::all_to_all(comm, in, out, opt);

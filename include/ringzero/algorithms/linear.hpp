@@ -5,7 +5,7 @@
 //   gather, scatter: (n-1)α + (n-1)/n·Sβ with S the root's whole buffer.
 //
 // Bounded in flight: the root's messages are cut so that it has at most inflight·burst chunks
-// (the transport's cost_params) outstanding in all (each peer's block is one message of larger
+// (the transport's tuning::policy) outstanding in all (each peer's block is one message of larger
 // chunks when n is large).
 #pragma once
 
@@ -33,7 +33,7 @@ namespace detail {
 /// limits alone. The root has at most inflight·burst chunks posted at once, summed over its peers.
 template <element E>
 [[nodiscard]] std::size_t chunk_of(std::size_t count, int n, std::size_t chunk_bytes,
-                                   const cost_params& p) {
+                                   const tuning::policy& p) {
   const std::size_t burst = std::max<std::size_t>(1, p.burst);
   const std::size_t root_inflight = std::max<std::size_t>(1, p.inflight) * burst;
   const std::size_t per_peer =
@@ -58,7 +58,7 @@ void gather(T& comm, std::span<const E> in, std::span<E> out, int root, const op
   ringzero::detail::exchange<T> ex(comm, "gather", "linear", opt.timeout);
   const int n = comm.size();
   const std::size_t count = in.size();
-  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.cost());
+  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.tuning());
   std::vector<pending> ps;
   if (comm.rank() != root) {
     detail::each_chunk<const E>(in, c, [&](std::uint32_t id, std::span<const E> s) {
@@ -88,7 +88,7 @@ void scatter(T& comm, std::span<const E> in, std::span<E> out, int root, const o
   ringzero::detail::exchange<T> ex(comm, "scatter", "linear", opt.timeout);
   const int n = comm.size();
   const std::size_t count = out.size();
-  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.cost());
+  const std::size_t c = detail::chunk_of<E>(count, n, ad::chunk_bytes_of(comm, opt), comm.tuning());
   std::vector<pending> ps;
   if (comm.rank() != root) {
     detail::each_chunk<E>(out, c, [&](std::uint32_t id, std::span<E> s) {

@@ -5,7 +5,7 @@
 //
 //   n-1 rounds; each rank sends and receives (n-1)/n of its buffer: (n-1)α + (n-1)/n·Sβ.
 //
-// Bounded in flight: a block is cut into at most cost_params::burst chunks and at most `window`
+// Bounded in flight: a block is cut into at most tuning::policy::burst chunks and at most `window`
 // rounds are posted at once, so a rank has at most 2·window·burst messages outstanding whatever
 // the world size and the block size.
 #pragma once

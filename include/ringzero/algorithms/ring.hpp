@@ -195,7 +195,7 @@ void all_gather_phase(exchange<T>& ex, const block_layout& bl, E* out, const chu
 }
 
 template <class E>
-std::size_t chunk_bytes_for(const options& opt, const cost_params& cp) {
+std::size_t chunk_bytes_for(const options& opt, const tuning::policy& cp) {
   return std::max(opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes, cp.min_chunk_bytes);
 }
 
@@ -208,8 +208,9 @@ void all_reduce(T& comm, std::span<const E> in, std::span<E> out, op o, const op
   ringzero::detail::exchange<T> ex(comm, "all_reduce", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::even(out.size(), n);
-  const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
+  const auto ch =
+      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.tuning()),
+                     comm.tuning().burst);
   E* o_base = out.data();
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(2 * bl.max_length * sizeof(E)).data());
   detail::reduce_scatter_phase(
@@ -223,8 +224,9 @@ void reduce_scatter(T& comm, std::span<const E> in, std::span<E> out, op o, cons
   ringzero::detail::exchange<T> ex(comm, "reduce_scatter", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(out.size(), n);
-  const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
+  const auto ch =
+      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.tuning()),
+                     comm.tuning().burst);
   // Scratch holds two receive slots and two partial-result slots: partials travel through
   // scratch so the input is never written, and the last step reduces straight into out.
   E* rbuf = reinterpret_cast<E*>(comm.state().scratch(4 * bl.max_length * sizeof(E)).data());
@@ -244,8 +246,9 @@ void all_gather(T& comm, std::span<const E> in, std::span<E> out, const options&
   ringzero::detail::exchange<T> ex(comm, "all_gather", "ring", opt.timeout);
   const int n = comm.size();
   const auto bl = block_layout::uniform(in.size(), n);
-  const auto ch = chunking::make(bl.max_length, sizeof(E),
-                                 detail::chunk_bytes_for<E>(opt, comm.cost()), comm.cost().burst);
+  const auto ch =
+      chunking::make(bl.max_length, sizeof(E), detail::chunk_bytes_for<E>(opt, comm.tuning()),
+                     comm.tuning().burst);
   E* own = out.data() + bl.offset[static_cast<std::size_t>(comm.rank())];
   if (own != in.data()) std::memcpy(own, in.data(), in.size_bytes());
   detail::all_gather_phase(ex, bl, out.data(), ch, 0);

@@ -45,7 +45,7 @@ namespace ringzero {
 /// tuning policy, the deadline and the per-communicator state.
 template <class C>
 concept collective_comm = messaging<C> && requires(C& c, const C& cc) {
-  { cc.cost() } -> std::convertible_to<cost_params>;
+  { cc.tuning() } -> std::convertible_to<tuning::policy>;
   { cc.timeout() } -> std::convertible_to<std::chrono::nanoseconds>;
   { c.state() } -> std::same_as<detail::comm_state&>;
 };

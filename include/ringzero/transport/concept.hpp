@@ -10,36 +10,9 @@
 #include <span>
 #include <string>
 
+#include "ringzero/tuning/policy.hpp"
+
 namespace ringzero {
-
-/// A transport's tuning policy: the Hockney/Thakur constants the cost model prices algorithms
-/// with, in seconds (a message of m bytes costs alpha + m*beta on the wire, reducing m bytes
-/// costs m*gamma), and the flow-control limits the algorithms respect on it. One struct, so
-/// every limit of a network is named and explained once, next to the others.
-struct cost_params {
-  double alpha = 5e-6;
-  double beta = 1.0 / 5e9;
-  double gamma = 1.0 / 10e9;
-  /// Pipelining granularity for ring/chain/tree algorithms.
-  std::size_t chunk_bytes = std::size_t{1} << 20;
-  /// The smallest chunk the transport accepts, whatever options::chunk_bytes asks: above its
-  /// eager threshold, so that a send completes only once the receiver has matched it. The
-  /// algorithms bound their chunks in flight by waiting for sends; a send that completes on
-  /// the sender alone (eager) would let it run ahead and pile early arrivals on the receiver.
-  std::size_t min_chunk_bytes = 0;
-  /// The most chunks of one message an algorithm posts at once (ring, recursive doubling and
-  /// halving, Bruck); past it chunks grow instead. Every posted receive holds a provider
-  /// entry, and libfabric's shm provider has 1024 for posted receives and early arrivals
-  /// together: 256 MiB in 256 KiB chunks on 4 ranks used them all and deadlocked. 32 chunks in
-  /// flight per message keep the pipeline as full as 1024 do.
-  std::size_t burst = 32;
-  /// Chunks a tree pipeline keeps in flight per direction and per child, whatever the size
-  /// (the same provider limit, for pipelines that stream instead of posting a whole message).
-  std::size_t inflight = 8;
-};
-
-/// The name the 0.2 architecture uses for the same data.
-using tuning_policy = cost_params;
 
 /// Where a rank sits: ranks with the same node id share a host (hierarchical algorithms).
 struct topology {
@@ -161,7 +134,7 @@ template <class T>
 concept transport = requires(const T& ct) {
   { ct.rank() } -> std::convertible_to<int>;
   { ct.size() } -> std::convertible_to<int>;
-  { ct.tuning() } -> std::convertible_to<cost_params>;
+  { ct.tuning() } -> std::convertible_to<tuning::policy>;
 };
 
 /// A messaging transport that moves CUDA device memory itself (libfabric with FI_HMEM): the

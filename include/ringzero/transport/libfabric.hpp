@@ -49,6 +49,7 @@
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
 #include "ringzero/transport/shm.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::libfabric {
 
@@ -57,9 +58,9 @@ struct options {
   std::string provider{};
   /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds every collective and the rendezvous.
   std::chrono::nanoseconds timeout{0};
-  /// Cost-model constants; unset: the provider's (libfabric/provider.hpp). Must be the same on
-  /// every rank.
-  std::optional<cost_params> cost{};
+  /// The cost model's constants; unset: the provider's (tuning::libfabric_default). Must be the
+  /// same on every rank.
+  std::optional<ringzero::tuning::policy> tuning{};
   /// Register buffers and pass descriptors even where the provider does not ask for them
   /// (FI_MR_LOCAL unset).
   bool register_memory = false;
@@ -114,7 +115,7 @@ class transport {
   [[nodiscard]] int rank() const noexcept { return rank_; }
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
-  [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
+  [[nodiscard]] const ringzero::tuning::policy& tuning() const noexcept { return tuning_; }
   /// The section of a RINGZERO_TUNING file that applies here: "libfabric:" and the provider.
   [[nodiscard]] std::string tuning_name() const { return "libfabric:" + provider(); }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
@@ -216,7 +217,7 @@ class transport {
                                     opt.device_memory, timeout_, std::move(kept), served_by_rank0);
     ep_ = std::move(world.ep);
     hosts_ = std::move(world.hosts);
-    cost_ = opt.cost ? *opt.cost : detail::provider_cost(ep_->provider());
+    tuning_ = opt.tuning ? *opt.tuning : ringzero::tuning::libfabric_default(ep_->provider()).value;
     log::info("libfabric: rank {} of {} on {} ({})", rank, size, ep_->provider(),
               hosts_[static_cast<std::size_t>(rank)]);
   }
@@ -224,7 +225,7 @@ class transport {
   std::shared_ptr<detail::endpoint> ep_;
   std::vector<std::string> hosts_;  ///< host name of every rank
   int rank_ = 0;
-  cost_params cost_{};
+  ringzero::tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};
 };
 

@@ -33,6 +33,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::loopback {
 
@@ -41,7 +42,8 @@ struct world_options {
   std::chrono::nanoseconds timeout{0};
   /// Ranks per simulated node, for hierarchical algorithms; 0 = all ranks on one node.
   int ranks_per_node = 0;
-  cost_params cost{.alpha = 2e-6, .beta = 1.0 / 8e9, .gamma = 1.0 / 8e9, .chunk_bytes = 256 << 10};
+  /// The cost model's constants and the algorithms' flow control.
+  ringzero::tuning::policy tuning = ringzero::tuning::defaults::loopback.value;
 };
 
 namespace detail {
@@ -143,7 +145,7 @@ class transport {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return static_cast<int>(shared_->boxes.size()); }
-  [[nodiscard]] cost_params tuning() const noexcept { return opts_.cost; }
+  [[nodiscard]] const ringzero::tuning::policy& tuning() const noexcept { return opts_.tuning; }
   /// The section of a RINGZERO_TUNING file that applies here.
   [[nodiscard]] std::string tuning_name() const { return "loopback"; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return opts_.timeout; }

@@ -51,21 +51,15 @@
 #include "ringzero/transport/shm/detail/segment.hpp"
 #include "ringzero/transport/shm/symmetric.hpp"
 #include "ringzero/transport/shm/workspace.hpp"
+#include "ringzero/tuning/defaults.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::shm {
 
-/// The transport's constants, in one place: the cost model's alpha-beta-gamma and the ring
-/// geometry. Must be the same on every rank (rank 0's geometry is the one the segment gets).
-struct tuning {
-  /// Seconds per message: a cache line written by one core and polled by another.
-  double alpha = 0.4e-6;
-  /// Seconds per byte: two copies through a cache-resident ring.
-  double beta = 1.0 / 8e9;
-  /// Seconds per reduced byte.
-  double gamma = 1.0 / 12e9;
-  /// Pipelining granularity the algorithms use.
-  std::size_t chunk_bytes = std::size_t{256} << 10;
+/// The segment's geometry and the sizes up to which collectives run in it. Must be the same on
+/// every rank (rank 0's geometry is the one the segment gets). The cost model's constants are
+/// options::tuning (tuning::defaults::shm).
+struct segment_options {
   /// Bytes per rank of the workspace that collectives in the segment use
   /// (shm/detail/collectives.hpp): two buffers of this size each.
   std::size_t workspace_bytes = std::size_t{1} << 20;
@@ -91,19 +85,14 @@ struct tuning {
   [[nodiscard]] std::size_t eager_limit() const noexcept {
     return slot_bytes - detail::slot_header_bytes;
   }
-  [[nodiscard]] cost_params cost() const noexcept {
-    return {.alpha = alpha,
-            .beta = beta,
-            .gamma = gamma,
-            .chunk_bytes = chunk_bytes,
-            .min_chunk_bytes = 0};
-  }
 };
 
 struct options {
   /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds the setup and every wait of the transport.
   std::chrono::nanoseconds timeout{0};
-  tuning tune{};
+  /// The cost model's constants and the algorithms' flow control on this transport.
+  ringzero::tuning::policy tuning = ringzero::tuning::defaults::shm.value;
+  segment_options segment{};
 };
 
 class transport {
@@ -133,11 +122,12 @@ class transport {
       : rank_(rank),
         size_(size),
         timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()),
-        tune_(opt.tune),
+        segment_(opt.segment),
+        tuning_(opt.tuning),
         host_(log::detail::host_name()) {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
-    check_tuning(tune_);
+    check_options(opt);
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     // Several transports may be built over one store: each gets its own keys.
     const std::int64_t generation = (store.add("ringzero-shm/joined", 1) - 1) / size;
@@ -154,7 +144,7 @@ class transport {
 
     detail::mapping seg;
     if (rank == 0) {
-      seg = create_segment(size, tune_);
+      seg = create_segment(size, segment_);
       store.set_string(key("segment", 0), fmt::format("{} {}", seg.name(), seg.size()));
     } else {
       seg = open_segment(store.get_string(key("segment", 0)), size);
@@ -170,12 +160,12 @@ class transport {
   template <class Comm>
   [[nodiscard]] static std::optional<transport> join(Comm& node, bool use,
                                                      const options& opt = {}) {
-    check_tuning(opt.tune);
+    check_options(opt);
     const auto timeout =
         opt.timeout.count() > 0 ? opt.timeout : std::chrono::nanoseconds(node.timeout());
     detail::mapping seg;
     try {
-      return join_over(node, use, opt.tune, timeout, seg);
+      return join_over(node, use, opt, timeout, seg);
     } catch (...) {
       // A rank failed mid-setup: the name must not outlive the job.
       seg.unlink();
@@ -191,7 +181,7 @@ class transport {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] cost_params tuning() const noexcept { return tune_.cost(); }
+  [[nodiscard]] const ringzero::tuning::policy& tuning() const noexcept { return tuning_; }
   /// The section of a RINGZERO_TUNING file that applies here.
   [[nodiscard]] std::string tuning_name() const { return "shm"; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
@@ -201,7 +191,7 @@ class transport {
   [[nodiscard]] static constexpr int comm_id_bits() noexcept {
     return tag_layout::comm_id_bits - 1;
   }
-  [[nodiscard]] const shm::tuning& tune() const noexcept { return tune_; }
+  [[nodiscard]] const segment_options& segment() const noexcept { return segment_; }
   /// Whether a collective ran in the segment yet (the first one allocates its workspace).
   [[nodiscard]] bool segment_used() const noexcept { return ws_ != nullptr; }
 
@@ -382,9 +372,9 @@ class transport {
 
   /// Runs a validated call of a world communicator (ranks are the transport's) in the segment
   /// and returns true where that path applies: all_reduce up to
-  /// tuning::all_reduce_segment_bytes (unbounded by default), broadcast, all_gather and
-  /// reduce_scatter up to tuning::segment_bytes, all_reduce of any size on symmetric buffers
-  /// (read in place from detail::symmetric_min_bytes up), barrier. False leaves the call to
+  /// segment_options::all_reduce_segment_bytes (unbounded by default), broadcast, all_gather and
+  /// reduce_scatter up to segment_options::segment_bytes, all_reduce of any size on symmetric
+  /// buffers (read in place from detail::symmetric_min_bytes up), barrier. False leaves the call to
   /// ringzero's algorithms over messages. The decision depends only on what every rank passes alike
   /// (kind, size, whether the buffers are symmetric), so all ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
@@ -412,8 +402,7 @@ class transport {
  private:
   // join() after its checks; `seg` is the caller's, so that it can remove the name on failure.
   template <class Comm>
-  [[nodiscard]] static std::optional<transport> join_over(Comm& node, bool use,
-                                                          const shm::tuning& tune,
+  [[nodiscard]] static std::optional<transport> join_over(Comm& node, bool use, const options& opt,
                                                           std::chrono::nanoseconds timeout,
                                                           detail::mapping& seg) {
     const int rank = node.rank();
@@ -425,7 +414,7 @@ class transport {
     if (rank == 0) {
       if (use) {
         try {
-          seg = create_segment(size, tune);
+          seg = create_segment(size, opt.segment);
           const std::string text = fmt::format("{} {}", seg.name(), seg.size());
           std::memcpy(where.data(), text.data(), std::min(text.size(), where.size() - 1));
         } catch (const transport_error& e) {
@@ -475,10 +464,12 @@ class transport {
             rank, failure);
       return std::nullopt;
     }
-    return transport(std::move(seg), rank, size, timeout, tune);
+    return transport(std::move(seg), rank, size, timeout, opt);
   }
 
-  static void check_tuning(const shm::tuning& t) {
+  static void check_options(const options& opt) {
+    ringzero::tuning::check(opt.tuning, "shm transport");
+    const segment_options& t = opt.segment;
     if (t.slots < 2 || t.slot_bytes < 2 * detail::cache_line ||
         t.slot_bytes % detail::cache_line != 0 || t.slot_bytes > (std::size_t{1} << 30))
       throw invalid_argument(fmt::format(
@@ -489,18 +480,23 @@ class transport {
 
   // The second half of construction, once this rank mapped the segment.
   transport(detail::mapping seg, int rank, int size, std::chrono::nanoseconds timeout,
-            const shm::tuning& tune)
-      : rank_(rank), size_(size), timeout_(timeout), tune_(tune), host_(log::detail::host_name()) {
+            const options& opt)
+      : rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        segment_(opt.segment),
+        tuning_(opt.tuning),
+        host_(log::detail::host_name()) {
     attach(std::move(seg), std::chrono::steady_clock::now() + timeout_);
   }
 
-  [[nodiscard]] static detail::mapping create_segment(int size, const shm::tuning& tune) {
-    const detail::layout l{static_cast<std::size_t>(size), tune.slots, tune.slot_bytes};
+  [[nodiscard]] static detail::mapping create_segment(int size, const segment_options& geometry) {
+    const detail::layout l{static_cast<std::size_t>(size), geometry.slots, geometry.slot_bytes};
     detail::mapping seg = detail::mapping::create(l.bytes());
     auto* h = reinterpret_cast<detail::segment_header*>(seg.data());
     h->ranks = static_cast<std::uint32_t>(size);
-    h->slots = static_cast<std::uint32_t>(tune.slots);
-    h->slot_bytes = tune.slot_bytes;
+    h->slots = static_cast<std::uint32_t>(geometry.slots);
+    h->slot_bytes = geometry.slot_bytes;
     h->bytes = l.bytes();
     h->magic = detail::segment_magic;
     return seg;
@@ -566,24 +562,24 @@ class transport {
               c.reduction, call);
           return true;
         }
-        if (c.count * sizeof(E) > tune_.all_reduce_segment_bytes) return false;
+        if (c.count * sizeof(E) > segment_.all_reduce_segment_bytes) return false;
         detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count), c.reduction, call);
         return true;
       case collective::broadcast:
-        if (c.count * sizeof(E) > tune_.segment_bytes) return false;
+        if (c.count * sizeof(E) > segment_.segment_bytes) return false;
         detail::broadcast<E>(
             workspace(),
             std::span<const E>(rank_ == c.root ? in : nullptr, rank_ == c.root ? c.count : 0),
             std::span<E>(out, c.count), c.root, call);
         return true;
       case collective::all_gather:
-        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count * n), call);
         return true;
       case collective::reduce_scatter:
-        if (c.count * n * sizeof(E) > tune_.segment_bytes) return false;
+        if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
                                   std::span<E>(out, c.count), c.reduction, call);
         return true;
@@ -596,8 +592,8 @@ class transport {
   [[nodiscard]] shm::workspace& workspace() {
     if (!ws_)
       ws_ = std::make_unique<shm::workspace>(
-          eng_, allocate_memory(shm::workspace::bytes_for(tune_.workspace_bytes)),
-          tune_.workspace_bytes, tune_.streaming_bytes);
+          eng_, allocate_memory(shm::workspace::bytes_for(segment_.workspace_bytes)),
+          segment_.workspace_bytes, segment_.streaming_bytes);
     return *ws_;
   }
 
@@ -611,7 +607,8 @@ class transport {
   int rank_ = 0;
   int size_ = 1;
   std::chrono::nanoseconds timeout_{0};
-  shm::tuning tune_{};
+  segment_options segment_{};
+  ringzero::tuning::policy tuning_{};
   std::string host_;
   std::shared_ptr<detail::engine> eng_;
   std::unique_ptr<shm::workspace> ws_;

@@ -55,6 +55,7 @@
 #include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/rails.hpp"
 #include "ringzero/transport/socket/wire.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::socket {
 
@@ -71,9 +72,9 @@ struct options {
   /// How long a connection may hold unacknowledged data before it counts as failed
   /// (TCP_USER_TIMEOUT): what bounds the detection of a link that went down silently.
   std::chrono::milliseconds rail_timeout{10000};
-  /// Cost-model constants; unset: 25 us per message and 1.25 GB/s per rail. Must be the same
-  /// on every rank.
-  std::optional<cost_params> cost{};
+  /// The cost model's constants; unset: tuning::defaults::socket over the rails, each priced
+  /// tuning::defaults::socket_rail. Must be the same on every rank.
+  std::optional<ringzero::tuning::policy> tuning{};
 };
 
 class transport {
@@ -107,7 +108,7 @@ class transport {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return static_cast<int>(hosts_.size()); }
-  [[nodiscard]] cost_params tuning() const noexcept { return cost_; }
+  [[nodiscard]] const ringzero::tuning::policy& tuning() const noexcept { return tuning_; }
   [[nodiscard]] std::string tuning_name() const { return "socket"; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
   [[nodiscard]] const std::string& host_of(int r) const noexcept {
@@ -359,11 +360,13 @@ class transport {
       for (int r = 1; r < size; ++r) done.push_back(key("done", r));
       store.wait(done);
     }
-    cost_ = opt.cost ? *opt.cost
-                     : cost_params{.alpha = 25e-6,
-                                   .beta = 1.0 / (1.25e9 * static_cast<double>(rails.size())),
-                                   .gamma = 1.0 / 10e9,
-                                   .chunk_bytes = std::size_t{1} << 20};
+    if (opt.tuning) {
+      tuning_ = *opt.tuning;
+    } else {
+      const std::vector<ringzero::tuning::rail_price> prices(
+          rails.size(), ringzero::tuning::defaults::socket_rail.value);
+      tuning_ = ringzero::tuning::over_rails(ringzero::tuning::defaults::socket.value, prices);
+    }
     std::string rail_text;
     for (const auto& r : rails) {
       char buf[INET_ADDRSTRLEN] = {};
@@ -378,7 +381,7 @@ class transport {
   std::shared_ptr<detail::engine> eng_;
   std::vector<std::string> hosts_;
   int rank_ = 0;
-  cost_params cost_{};
+  ringzero::tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};
 };
 

@@ -29,31 +29,32 @@ using algorithm_table = algorithms::builtin;
 /// Predicted seconds for `c` with algorithm `a` on `n` ranks of one node. `bytes` is the size of
 /// one rank's full buffer (cost_query says which).
 [[nodiscard]] inline double predict(collective c, algorithm a, double bytes, int n,
-                                    const cost_params& p) {
+                                    const tuning::policy& p) {
   return algorithm_table::predict(a, cost_query{c, bytes, n, p, 1});
 }
 
 /// The cheapest single-level algorithm; ties go to the earlier one in the table.
-[[nodiscard]] inline algorithm select(collective c, double bytes, int n, const cost_params& p) {
+[[nodiscard]] inline algorithm select(collective c, double bytes, int n, const tuning::policy& p) {
   return algorithm_table::select(cost_query{c, bytes, n, p, 1});
 }
 
 /// The prediction for the algorithm select() would pick among the single-level ones.
-[[nodiscard]] inline double predict_best(collective c, double bytes, int n, const cost_params& p) {
+[[nodiscard]] inline double predict_best(collective c, double bytes, int n,
+                                         const tuning::policy& p) {
   return algorithm_table::predict_best(cost_query{c, bytes, n, p, 1});
 }
 
 /// Hierarchical all_reduce of `bytes` on n ranks spread over `nodes` nodes
 /// (algorithms/hierarchical.hpp prices it); infinity on one node or one rank per node.
 [[nodiscard]] inline double predict_hierarchical(double bytes, int n, int nodes,
-                                                 const cost_params& p) {
+                                                 const tuning::policy& p) {
   return algorithm_table::predict(algorithm::hierarchical,
                                   cost_query{collective::all_reduce, bytes, n, p, nodes});
 }
 
 /// select() for a communicator whose placement is known: node-aware algorithms compete when the
 /// ranks span more than one node.
-[[nodiscard]] inline algorithm select(collective c, double bytes, int n, const cost_params& p,
+[[nodiscard]] inline algorithm select(collective c, double bytes, int n, const tuning::policy& p,
                                       const topology& t) {
   return algorithm_table::select(cost_query{c, bytes, n, p, t.node_count});
 }

@@ -36,7 +36,7 @@ struct cost_query {
   collective c = collective::all_reduce;
   double bytes = 0;
   int ranks = 1;
-  cost_params p{};
+  tuning::policy p{};
   /// Nodes the ranks span (hierarchical algorithms); 1 = one node.
   int nodes = 1;
 

@@ -44,8 +44,8 @@ struct fabric {
 };
 
 /// Constants for messages inside one node.
-[[nodiscard]] inline cost_params intra_node(const fabric& f) {
-  cost_params p;
+[[nodiscard]] inline tuning::policy intra_node(const fabric& f) {
+  tuning::policy p;
   p.alpha = f.intra_latency;
   p.beta = 1.0 / (f.intra_bandwidth * f.efficiency);
   p.gamma = 1.0 / f.reduce_bandwidth;
@@ -54,8 +54,8 @@ struct fabric {
 }
 
 /// Constants for one rank's messages to another node, on its share of the node's NICs.
-[[nodiscard]] inline cost_params inter_node(const fabric& f) {
-  cost_params p = intra_node(f);
+[[nodiscard]] inline tuning::policy inter_node(const fabric& f) {
+  tuning::policy p = intra_node(f);
   p.alpha = f.inter_latency;
   const double share = static_cast<double>(f.nics_per_node) / f.gpus_per_node;
   p.beta = 1.0 / (share * f.nic_bandwidth * f.efficiency);
@@ -69,9 +69,9 @@ struct fabric {
   if (!applies(c, a, nodes > 1)) return std::numeric_limits<double>::infinity();
   const int per = f.gpus_per_node;
   if (nodes <= 1) return predict(c, a, bytes, per, intra_node(f));
-  const cost_params inter = inter_node(f);
+  const tuning::policy inter = inter_node(f);
   if (a != algorithm::hierarchical) return predict(c, a, bytes, nodes * per, inter);
-  const cost_params intra = intra_node(f);
+  const tuning::policy intra = intra_node(f);
   if (c == collective::all_to_all)
     return predict_best(collective::gather, per * bytes, per, intra) +
            predict_best(collective::all_to_all, per * bytes, nodes, inter) +
@@ -100,7 +100,7 @@ struct fabric {
 /// select() of cost_model.hpp, which prices every level, hierarchical's too, with them.
 [[nodiscard]] inline algorithm select_one_level(const fabric& f, collective c, double bytes,
                                                 int nodes) {
-  const cost_params p = nodes > 1 ? inter_node(f) : intra_node(f);
+  const tuning::policy p = nodes > 1 ? inter_node(f) : intra_node(f);
   return select(
       c, bytes, nodes * f.gpus_per_node, p,
       topology{.node = 0, .local_rank = 0, .local_size = f.gpus_per_node, .node_count = nodes});
@@ -114,7 +114,7 @@ struct fabric {
 /// yardstick for comparing the model with nccl-tests, not an algorithm ringzero runs.
 [[nodiscard]] inline double predict_striped_ring(const fabric& f, collective c, double bytes,
                                                  int nodes) {
-  cost_params p = intra_node(f);
+  tuning::policy p = intra_node(f);
   p.gamma = 0;
   if (nodes > 1) {
     const double nics = f.nics_per_node * f.nic_bandwidth * f.efficiency;

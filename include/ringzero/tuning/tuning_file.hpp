@@ -1,7 +1,6 @@
 // Measured cost-model constants: the file `ringzero-perf --tune` writes and RINGZERO_TUNING
-// names. Every transport ships hand-set defaults (transport/loopback.hpp, transport/shm.hpp,
-// transport/libfabric/provider.hpp); a tuning file replaces them with what this machine
-// measured, one section per transport:
+// names. Every transport ships defaults (tuning/defaults.hpp, each with its source); a tuning
+// file replaces them with what this machine measured, one section per transport:
 //
 //   # ringzero tuning file (ringzero-perf --tune); seconds per message, per byte, per byte reduced
 //   version = 1
@@ -60,7 +59,7 @@ struct tuning_section {
   std::string measured{};
 
   /// `p` with this section's values in place of its own.
-  [[nodiscard]] cost_params apply(cost_params p) const {
+  [[nodiscard]] tuning::policy apply(tuning::policy p) const {
     if (alpha) p.alpha = *alpha;
     if (beta) p.beta = *beta;
     if (gamma) p.gamma = *gamma;
@@ -262,14 +261,14 @@ inline void write_tuning(const std::string& path, const tuning_file& f) {
 struct tuning_outcome {
   enum class kind : std::uint8_t { applied, no_section, failed };
   kind what = kind::no_section;
-  cost_params values{};
+  tuning::policy values{};
   std::string error;  ///< why, when failed
 };
 
 /// Reads `path` and applies its section `section` over `defaults`. Never throws: a failure is
 /// reported in the outcome so that the ranks can agree on it first (agree_tuning).
 [[nodiscard]] inline tuning_outcome load_tuning(const std::string& path, std::string_view section,
-                                                const cost_params& defaults) {
+                                                const tuning::policy& defaults) {
   tuning_outcome o;
   o.values = defaults;
   try {
@@ -333,9 +332,9 @@ struct tuning_record {
 
 /// Decides, from every rank's record, the constants all of them use or the error all of them
 /// throw, so that no rank runs on while another stops.
-[[nodiscard]] inline cost_params settle(std::span<const tuning_record> all, int me,
-                                        const std::string& path, std::string_view section,
-                                        const cost_params& mine) {
+[[nodiscard]] inline tuning::policy settle(std::span<const tuning_record> all, int me,
+                                           const std::string& path, std::string_view section,
+                                           const tuning::policy& mine) {
   for (std::size_t r = 0; r < all.size(); ++r)
     if (static_cast<tuning_outcome::kind>(all[r].what) == tuning_outcome::kind::failed) {
       const std::string why(all[r].error.data());
@@ -366,8 +365,8 @@ struct tuning_record {
 /// when a rank could not read or parse the file (naming the rank), mismatch_error when ranks read
 /// different values. One small message each way per pair of ranks, once per communicator.
 template <collective_comm C>
-[[nodiscard]] cost_params agree_tuning(C& comm, const std::string& path, std::string_view section,
-                                       const tuning_outcome& mine) {
+[[nodiscard]] tuning::policy agree_tuning(C& comm, const std::string& path,
+                                          std::string_view section, const tuning_outcome& mine) {
   const int n = comm.size();
   const int me = comm.rank();
   std::vector<detail::tuning_record> all(static_cast<std::size_t>(n));

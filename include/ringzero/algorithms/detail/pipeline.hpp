@@ -34,7 +34,7 @@ template <element E, collective_comm T>
 
 template <collective_comm T>
 [[nodiscard]] std::size_t chunk_bytes_of(const T& comm, const options& opt) {
-  const cost_params& cp = comm.cost();
+  const tuning::policy& cp = comm.tuning();
   return std::max(opt.chunk_bytes ? opt.chunk_bytes : cp.chunk_bytes, cp.min_chunk_bytes);
 }
 
@@ -46,7 +46,7 @@ template <element E>
 }
 
 /// Chunk length for a message whose chunks are all posted at once: at most `burst` of them
-/// (the transport's cost_params::burst).
+/// (the transport's tuning::policy::burst).
 template <element E>
 [[nodiscard]] std::size_t burst_chunk_elems(std::size_t len, std::size_t chunk_bytes,
                                             std::size_t burst) {
@@ -56,7 +56,7 @@ template <element E>
 template <collective_comm T, element E>
 void post_sends(exchange<T>& ex, int peer, int step, std::span<const E> data,
                 std::size_t chunk_bytes, std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().cost().burst);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().tuning().burst);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.send(peer, step, static_cast<std::uint32_t>(id),
                            std::as_bytes(data.subspan(i, std::min(c, data.size() - i)))));
@@ -65,7 +65,7 @@ void post_sends(exchange<T>& ex, int peer, int step, std::span<const E> data,
 template <collective_comm T, element E>
 void post_recvs(exchange<T>& ex, int peer, int step, std::span<E> data, std::size_t chunk_bytes,
                 std::vector<typename exchange<T>::pending>& into) {
-  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().cost().burst);
+  const std::size_t c = burst_chunk_elems<E>(data.size(), chunk_bytes, ex.comm().tuning().burst);
   for (std::size_t i = 0, id = 0; i < data.size(); i += c, ++id)
     into.push_back(ex.recv(peer, step, static_cast<std::uint32_t>(id),
                            std::as_writable_bytes(data.subspan(i, std::min(c, data.size() - i)))));
@@ -97,7 +97,7 @@ void swap_chunks(exchange<T>& ex, int to, std::span<const E> mine, int from, std
   std::vector<typename exchange<T>::pending> recvs, sends;
   post_recvs(ex, from, step, theirs, chunk_bytes, recvs);
   post_sends(ex, to, step, mine, chunk_bytes, sends);
-  const std::size_t c = burst_chunk_elems<E>(theirs.size(), chunk_bytes, ex.comm().cost().burst);
+  const std::size_t c = burst_chunk_elems<E>(theirs.size(), chunk_bytes, ex.comm().tuning().burst);
   for (std::size_t i = 0; i < recvs.size(); ++i) {
     if (overlap) ex.wait(sends[i]);
     ex.wait(recvs[i]);
@@ -132,7 +132,7 @@ enum class flow : std::uint8_t {
 /// Receives from children land in `window` slots per child, so a child is at most `window`
 /// chunks ahead of its parent and scratch stays small whatever the message size. Sends to the
 /// parent, receives from it and sends to each child are each kept to `inflight` chunks (the
-/// transport's cost_params::inflight), so
+/// transport's tuning::policy::inflight), so
 /// the messages in flight stay bounded whatever the message size: a transport can only queue
 /// so many (libfabric's shm provider runs out of receive entries otherwise), and chunks
 /// posted far ahead gain nothing once the link is busy.
@@ -168,7 +168,7 @@ class tree_pipeline {
         partials_(keeps_partials(node_, f) ? slots_ + node_.children.size() * window * chunk
                                            : nullptr),
         step_(step),
-        inflight_(std::max<std::size_t>(1, ex.comm().cost().inflight)) {
+        inflight_(std::max<std::size_t>(1, ex.comm().tuning().inflight)) {
     const std::size_t k = node_.children.size();
     if (reduces()) {
       child_recvs_.resize(k * window);

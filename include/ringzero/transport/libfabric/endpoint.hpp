@@ -271,7 +271,7 @@ class endpoint {
     hmem_ = cfg.device_memory && (info_->caps & FI_HMEM) != 0;
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
     inject_size_ = info_->tx_attr->inject_size;
-    // A safety net under the algorithms' own bounds (cost_params::burst and ::inflight):
+    // A safety net under the algorithms' own bounds (tuning::policy::burst and ::inflight):
     // an operation the provider has no room for waits here, in order, instead of failing
     // (-FI_ENOMEM from shm once rx_attr->size receives are posted) or spinning inside the
     // call. Half of each queue, because shm takes entries for early (unexpected) arrivals

@@ -46,6 +46,7 @@
 #include "ringzero/transport/native.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
 #include "ringzero/transport/nccl/executor.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::nccl {
 
@@ -275,7 +276,10 @@ class transport {
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] std::chrono::nanoseconds default_timeout() const noexcept { return timeout_; }
   /// NCCL picks its own algorithms; these constants only describe the link for reports.
-  [[nodiscard]] cost_params tuning() const noexcept { return {}; }
+  /// NCCL picks its own algorithms: nothing here is priced.
+  [[nodiscard]] const ringzero::tuning::policy& tuning() const noexcept {
+    return ringzero::tuning::defaults::generic.value;
+  }
   /// The wrapped handle, for NCCL calls ringzero does not cover; null once aborted or moved from.
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
   /// True after a failure aborted the communicator; every later call then throws.
