@@ -3,20 +3,22 @@
 #include <ringzero/zero/optimizer.hpp>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace zero = ringzero::zero;
 using ringzero::bfloat16;
 
-namespace {
+TEST_CASE("sgd_element: plain momentum by hand") {
+  const zero::step_constants k{
+      .grad_scale = 0.5f, .lr = 0.25f, .momentum = 0.5f, .weight_decay = 0.0f};
+  CHECK(zero::sgd_element(2.0f, {1.0f, 0.0f, 0.0f}, k, true).w == 0.75f);
+  CHECK(zero::sgd_element(2.0f, {1.0f, 1.0f, 0.0f}, k, true).m == 1.5f);
+}
 
-// The SGD element function is constexpr: it can run at compile time, as on a device.
-constexpr zero::step_constants sgd_k{
-    .grad_scale = 0.5f, .lr = 0.25f, .momentum = 0.5f, .weight_decay = 0.0f};
-static_assert(zero::sgd_element(2.0f, {1.0f, 0.0f, 0.0f}, sgd_k, true).w == 0.75f);
-static_assert(zero::sgd_element(2.0f, {1.0f, 1.0f, 0.0f}, sgd_k, true).m == 1.5f);
-
-}  // namespace
+// The host sharder and the CUDA kernels take one struct of constants and one segment type
+// (zero/optimizer_math.hpp calls the kernels' element functions).
+static_assert(std::is_same_v<zero::step_constants, ringzero::kernels::optimizer_constants>);
 
 TEST_CASE("adamw_element follows the textbook formula over several steps") {
   zero::optimizer_options o{.lr = 0.01f, .weight_decay = 0.1f};

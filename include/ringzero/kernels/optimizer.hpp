@@ -1,15 +1,18 @@
 // One element of the sharded optimizer: gradient accumulation, the gradient statistics term,
-// AdamW and SGD. The expressions are those of the host sharder, operation for operation, each
-// rounded in float; the CUDA kernels (kernels/cuda/optimizer.cuh) and the host tests call these
-// same functions, so a bitwise difference from the host sharder is a test failure, not noise.
+// AdamW and SGD, each operation rounded in float. The one implementation: the host sharder
+// (zero/optimizer_math.hpp), the emulated device space and the CUDA kernels
+// (kernels/cuda/optimizer.cuh) all call these functions, so host and device memory give the same
+// bits by construction.
 #pragma once
+
+#include <cstddef>
 
 #include "ringzero/kernels/element.hpp"
 
 namespace ringzero::kernels {
 
 /// Per-step constants, computed once on the host so every rank and every element uses the same
-/// floats (the host sharder's `step_constants`).
+/// floats (zero::step_constants is this type; zero::make_step_constants fills it).
 struct optimizer_constants {
   float grad_scale = 1.0f;  ///< unscale * average * clip
   float lr = 0.0f;
@@ -19,6 +22,22 @@ struct optimizer_constants {
   float momentum = 0.0f;
   bool nesterov = false;
   float weight_decay = 0.0f;
+};
+
+/// One contiguous run of the optimizer's elements: `count` elements of one parameter (or of
+/// several with the same decay flag). `moment2` is unused by SGD (its `moment1` is the momentum
+/// buffer); `param` is unused when P is float (the master is the parameter). Gradients are in G:
+/// the parameter type, or float where they were reduced in fp32. Device pointers for the CUDA
+/// kernels, host pointers for the emulated device space (zero::device_segment is this type).
+template <class P, class G = P>
+struct optimizer_segment {
+  const G* grad = nullptr;
+  float* master = nullptr;
+  float* moment1 = nullptr;
+  float* moment2 = nullptr;
+  P* param = nullptr;
+  std::size_t count = 0;
+  bool decay = false;
 };
 
 /// The gradient element after accumulation: src rounded to P on the first micro-batch, else

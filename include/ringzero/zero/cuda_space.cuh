@@ -407,27 +407,11 @@ class cuda_device_space {
                       const step_constants& k) const {
     if (segs.empty()) return;
     const detail::cuda_space::device_guard guard(state_->device);
-    std::vector<kernels::cuda::optimizer_segment<P, G>> list;
-    list.reserve(segs.size());
-    for (const auto& g : segs)
-      list.push_back({g.grad, g.master, g.moment1, g.moment2, g.param, g.count, g.decay});
-    kernels::optimizer_constants c;
-    c.grad_scale = k.grad_scale;
-    c.lr = k.lr;
-    c.beta1 = k.beta1;
-    c.beta2 = k.beta2;
-    c.eps = k.eps;
-    c.step_size = k.step_size;
-    c.inv_bias2 = k.inv_bias2;
-    c.momentum = k.momentum;
-    c.nesterov = k.nesterov;
-    c.weight_decay = k.weight_decay;
-    const std::span<const kernels::cuda::optimizer_segment<P, G>> view(list);
     ++state_->launches;
     if (kind == optimizer_kind::adamw)
-      kernels::cuda::adamw_step<P, G>(view, c, s);
+      kernels::cuda::adamw_step<P, G>(segs, k, s);
     else
-      kernels::cuda::sgd_step<P, G>(view, c, s);
+      kernels::cuda::sgd_step<P, G>(segs, k, s);
   }
 
   /// Calls f(on) now: f issues its collectives with on(options), which enqueues them on `s`

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/kernels/optimizer.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/optimizer.hpp"
@@ -48,17 +49,10 @@
 namespace ringzero::zero {
 
 /// One run of the optimizer over device memory: `count` elements of one parameter segment. `grad`
-/// in the reduce type G; `master` is `param` when P is float; `moment2` is null for SGD.
+/// in the reduce type G; `master` is `param` when P is float; `moment2` is null for SGD. The
+/// kernels' own type, so a list of them goes to the CUDA kernels as it is.
 template <class P, class G>
-struct device_segment {
-  const G* grad = nullptr;
-  float* master = nullptr;
-  float* moment1 = nullptr;
-  float* moment2 = nullptr;
-  P* param = nullptr;
-  std::size_t count = 0;
-  bool decay = false;
-};
+using device_segment = kernels::optimizer_segment<P, G>;
 
 /// A rank's share of a step's gradient checks, or, once agreed, every rank's.
 struct gradient_stats {

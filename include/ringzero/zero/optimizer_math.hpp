@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ringzero/kernels/optimizer.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::zero {
@@ -21,17 +22,9 @@ template <class P>
     return P(x);
 }
 
-/// Per-step constants, computed once so every rank and stage uses the same floats.
-struct step_constants {
-  float grad_scale = 1.0f;  ///< unscale * average * clip
-  float lr = 0.0f;
-  float beta1 = 0.0f, beta2 = 0.0f, eps = 0.0f;
-  float step_size = 0.0f;  ///< lr / (1 - beta1^t)
-  float inv_bias2 = 1.0f;  ///< 1 / (1 - beta2^t)
-  float momentum = 0.0f;
-  bool nesterov = false;
-  float weight_decay = 0.0f;
-};
+/// Per-step constants, computed once so every rank and stage uses the same floats: the kernels'
+/// own type (kernels/optimizer.hpp), so the host and the device take one struct.
+using step_constants = kernels::optimizer_constants;
 
 /// One element's fp32 optimizer state.
 struct element_state {
@@ -41,24 +34,18 @@ struct element_state {
 };
 
 /// AdamW with decoupled weight decay on one element; `g` is the raw (scaled, summed) gradient.
+/// The arithmetic is kernels::adamw's, the one the CUDA kernels run.
 [[nodiscard]] inline element_state adamw_element(float g_raw, element_state s,
                                                  const step_constants& c, bool decay) noexcept {
-  const float keep = decay ? 1.0f - c.lr * c.weight_decay : 1.0f;
-  const float g = g_raw * c.grad_scale;
-  const float m = c.beta1 * s.m + (1.0f - c.beta1) * g;
-  const float v = c.beta2 * s.v + (1.0f - c.beta2) * g * g;
-  const float denom = std::sqrt(v * c.inv_bias2) + c.eps;
-  return {s.w * keep - c.step_size * m / denom, m, v};
+  kernels::adamw(g_raw, s.w, s.m, s.v, c, kernels::adamw_keep(c, decay));
+  return s;
 }
 
-/// SGD with (optionally Nesterov) momentum and L2 weight decay on one element.
-[[nodiscard]] constexpr element_state sgd_element(float g_raw, element_state s,
-                                                  const step_constants& c, bool decay) noexcept {
-  const float wd = decay ? c.weight_decay : 0.0f;
-  const float g = g_raw * c.grad_scale + wd * s.w;
-  const float b = c.momentum * s.m + g;
-  const float d = c.nesterov ? g + c.momentum * b : b;
-  return {s.w - c.lr * d, b, s.v};
+/// SGD with (optionally Nesterov) momentum and L2 weight decay on one element (kernels::sgd).
+[[nodiscard]] inline element_state sgd_element(float g_raw, element_state s,
+                                               const step_constants& c, bool decay) noexcept {
+  kernels::sgd(g_raw, s.w, s.m, c, decay ? c.weight_decay : 0.0f);
+  return s;
 }
 
 /// dst = src*scale (first) or dst += src*scale, in the gradient's type G; the product is rounded

@@ -23,20 +23,8 @@
 
 namespace ringzero::kernels::cuda {
 
-/// One contiguous run of the shard: `count` elements of one parameter (or of several with the
-/// same decay flag). `moment2` is unused by SGD (its `moment1` is the momentum buffer); `param`
-/// is unused when P is float (the master is the parameter). All device pointers. Gradients are
-/// in G: the parameter type, or float where they were reduced in fp32.
-template <class P, class G = P>
-struct optimizer_segment {
-  const G* grad = nullptr;
-  float* master = nullptr;
-  float* moment1 = nullptr;
-  float* moment2 = nullptr;
-  P* param = nullptr;
-  std::size_t count = 0;
-  bool decay = false;
-};
+/// One contiguous run of the shard (kernels/optimizer.hpp), all device pointers.
+using kernels::optimizer_segment;
 
 /// The device-resident result of the gradient statistics: the sum of squares of the unscaled
 /// gradient and whether any element was inf or NaN. Both can be all_reduced where they lie
