@@ -89,7 +89,7 @@ void element_combine(ringzero::op o, const T* a, const T* b, T* out, std::size_t
   }
 }
 
-/// The sharder's per-step constants and the kernels' copy of them, from one draw.
+/// The sharder's per-step constants and what the kernels get, from one draw (one type).
 struct constants {
   ringzero::zero::step_constants host;
   ringzero::kernels::optimizer_constants kernel;
@@ -144,17 +144,7 @@ inline constants random_constants(std::mt19937_64& rng, bool nesterov) {
   h.momentum = static_cast<float>(0.5 + 0.49 * u(rng));
   h.nesterov = nesterov;
   h.weight_decay = static_cast<float>(u(rng) * 0.1);
-  auto& k = c.kernel;
-  k.grad_scale = h.grad_scale;
-  k.lr = h.lr;
-  k.beta1 = h.beta1;
-  k.beta2 = h.beta2;
-  k.eps = h.eps;
-  k.step_size = h.step_size;
-  k.inv_bias2 = h.inv_bias2;
-  k.momentum = h.momentum;
-  k.nesterov = h.nesterov;
-  k.weight_decay = h.weight_decay;
+  c.kernel = c.host;  // one type: the sharder passes its constants to the kernels as they are
   return c;
 }
 
