@@ -42,6 +42,8 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/log.hpp"
+#include "ringzero/op.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/native.hpp"
 #include "ringzero/tuning/tuning_file.hpp"
@@ -436,14 +438,70 @@ class communicator {
       if (hierarchy_ && hierarchy_->node) hierarchy_->node->abort(why);
   }
 
-  /// The hierarchical algorithm's sub-communicators, once they were built (null before).
-  [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
-  node_communicators<communicator>& set_hierarchy(node_communicators<communicator> h) {
-    hierarchy_ = std::make_unique<node_communicators<communicator>>(std::move(h));
+  /// The levels the hierarchical collectives run on: this node's ranks (split by node), one rank
+  /// per node (split by local rank) and, where the transport advertises one for the ranks of a
+  /// host (`node_transport`: shm under libfabric and sockets), this node's ranks again over it,
+  /// unless RINGZERO_NODE_SHM=0. Built on first use and kept, as split()'s results are the
+  /// caller's: the first call is collective over this communicator (every rank calls it at the
+  /// same point; the hierarchical algorithm does so in its first collective).
+  node_communicators<communicator>& nodes() requires messaging<T> {
+    check_usable("nodes");
+    if (!hierarchy_) hierarchy_ = std::make_unique<node_communicators<communicator>>(build_nodes());
     return *hierarchy_;
   }
 
+  /// The levels nodes() built, or null before its first call.
+  [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
+
  private:
+  // nodes()'s first call. The collectives are found by argument-dependent lookup when this is
+  // instantiated (collectives.hpp defines them after including this header); a forced ring keeps
+  // RINGZERO_ALGO=hier from recursing into nodes() again.
+  node_communicators<communicator> build_nodes() {
+    const topology t = topo_;
+    // Agreeing on uniformity needs every rank's node size.
+    int sizes[2] = {t.local_size, -t.local_size};
+    all_reduce(*this, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
+    auto local = split(t.node, rank());
+    auto cross = split(t.local_rank, t.node);
+    const bool uniform = sizes[0] == -sizes[1];
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<int> where(2 * n), parent_rank;
+    const int mine[2] = {cross->rank(), local->rank()};
+    all_gather(*this, std::span<const int>(mine), std::span<int>(where),
+               options{.algorithm = algorithm::ring});
+    if (uniform) {
+      parent_rank.resize(n);
+      for (std::size_t g = 0; g < n; ++g)
+        parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
+            static_cast<int>(g);
+    }
+    node_communicators<communicator> h{std::move(*local), std::move(*cross), uniform,
+                                       std::move(parent_rank)};
+    if constexpr (requires { typename T::node_transport; }) {
+      using node_transport = typename T::node_transport;
+      // Collective over the node even where the knob differs across its ranks: they agree inside
+      // join(), which falls back on all of them alike.
+      if (h.local.size() > 1) {
+        const auto knob = detail::getenv_int("RINGZERO_NODE_SHM");
+        if (auto nt = node_transport::join(h.local, !knob || *knob != 0))
+          h.node = std::make_unique<communicator<node_transport>>(std::move(*nt), timeout_);
+      }
+    }
+    const auto name = [&]() -> std::string {
+      if constexpr (requires { transport_->provider(); })
+        return fmt::format("libfabric ({})", transport_->provider());
+      else
+        return "its transport";
+    };
+    log::info(
+        "hierarchical: rank {} of {}, node {} of {}: inside the node ({} rank{}) over {}, across "
+        "nodes over {}",
+        rank(), size(), t.node, t.node_count, h.local.size(), h.local.size() == 1 ? "" : "s",
+        h.node ? "shm" : name(), name());
+    return h;
+  }
+
   // A sub-communicator: same transport and policy, members filled in by split().
   communicator(const communicator& parent, int rank, std::uint32_t id)
       : transport_(parent.transport_),

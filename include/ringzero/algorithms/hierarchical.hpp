@@ -13,7 +13,7 @@
 //
 // Each level is a public collective on a sub-communicator with algorithm::automatic, so it
 // picks its own algorithm for its size. The two sub-communicators are split once per
-// communicator and kept by it (communicator::hierarchy()). Where the transport advertises one
+// communicator and kept by it (communicator::nodes()). Where the transport advertises one
 // for the ranks of a host (libfabric: node_transport = shm), the node levels run over it: one
 // shared-memory communicator per node, set up collectively with the split; the cross-node level
 // stays on the parent's transport. RINGZERO_NODE_SHM=0 keeps every level on the parent's.
@@ -53,58 +53,6 @@
 namespace ringzero::algorithms {
 
 namespace detail {
-
-template <class C>
-[[nodiscard]] std::string transport_name(C& comm) {
-  if constexpr (requires { comm.transport().provider(); })
-    return fmt::format("libfabric ({})", comm.transport().provider());
-  else
-    return "its transport";
-}
-
-// The public collectives are found by argument-dependent lookup (ringzero::options is an
-// argument) when this template is instantiated: collectives.hpp includes this header before it
-// defines them.
-template <class C>
-node_communicators<C>& nodes_of(C& comm) {
-  if (auto* cached = comm.hierarchy()) return *cached;
-  const topology t = comm.topo();
-  // Agreeing on uniformity needs every rank's node size. A forced ring keeps RINGZERO_ALGO=hier
-  // from recursing into this very function.
-  int sizes[2] = {t.local_size, -t.local_size};
-  all_reduce(comm, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
-  auto local = comm.split(t.node, comm.rank());
-  auto cross = comm.split(t.local_rank, t.node);
-  const bool uniform = sizes[0] == -sizes[1];
-  const auto n = static_cast<std::size_t>(comm.size());
-  std::vector<int> where(2 * n), parent_rank;
-  const int mine[2] = {cross->rank(), local->rank()};
-  all_gather(comm, std::span<const int>(mine), std::span<int>(where),
-             options{.algorithm = algorithm::ring});
-  if (uniform) {
-    parent_rank.resize(n);
-    for (std::size_t g = 0; g < n; ++g)
-      parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
-          static_cast<int>(g);
-  }
-  node_communicators<C> h{std::move(*local), std::move(*cross), uniform, std::move(parent_rank)};
-  if constexpr (requires { typename C::transport_type::node_transport; }) {
-    using node_transport = typename C::transport_type::node_transport;
-    // Collective over the node even where the knob differs across its ranks: they agree inside
-    // join(), which falls back on all of them alike.
-    if (h.local.size() > 1) {
-      const auto knob = ringzero::detail::getenv_int("RINGZERO_NODE_SHM");
-      if (auto t = node_transport::join(h.local, !knob || *knob != 0))
-        h.node = std::make_unique<communicator<node_transport>>(std::move(*t), comm.timeout());
-    }
-  }
-  log::info(
-      "hierarchical: rank {} of {}, node {} of {}: inside the node ({} rank{}) over {}, across "
-      "nodes over {}",
-      comm.rank(), comm.size(), t.node, t.node_count, h.local.size(),
-      h.local.size() == 1 ? "" : "s", h.node ? "shm" : transport_name(comm), transport_name(comm));
-  return comm.set_hierarchy(std::move(h));
-}
 
 // Runs f on the node level: the node's shared-memory communicator where it has one, else the
 // split of the parent. A rank that fails there is named as the parent numbers it, with the
@@ -162,7 +110,7 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
     all_reduce(comm, in, out, o, level);
     return;
   }
-  auto& nodes = detail::nodes_of(comm);
+  auto& nodes = comm.nodes();
   // avg divides once, by the world size, after the last sum: dividing per level would round
   // (and, for integers, truncate) twice.
   const op sum_op = o == op::avg ? op::sum : o;
@@ -231,7 +179,7 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
   options level = opt;
   level.algorithm = algorithm::automatic;
   const bool one_level = t.node_count == 1 || t.node_count == comm.size();
-  if (one_level || !detail::nodes_of(comm).uniform) {
+  if (one_level || !comm.nodes().uniform) {
     // The cheaper flat algorithm, run directly: with unequal nodes automatic could pick this
     // one again.
     const tuning::cost_query q{collective::all_to_all, static_cast<double>(in.size_bytes()),
@@ -240,7 +188,7 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
       return bruck::all_to_all(comm, in, out, opt);
     return pairwise::all_to_all(comm, in, out, opt);
   }
-  auto& nodes = detail::nodes_of(comm);
+  auto& nodes = comm.nodes();
   const auto n = static_cast<std::size_t>(comm.size());
   const auto l = static_cast<std::size_t>(nodes.local.size());
   const std::size_t nodes_count = n / l;
