@@ -33,12 +33,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -49,6 +47,7 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::libfabric::detail {
 
@@ -79,29 +78,11 @@ struct process_id {
 
 enum class process_state { alive, stopped, gone, unknown };
 
-/// State letter and start time of /proc/<pid>/stat; the command name (field 2) may hold
-/// spaces and parentheses, so fields are counted from its last ')'.
-[[nodiscard]] inline bool read_stat(long pid, char& state, std::uint64_t& start) {
-  std::ifstream f(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!f || !std::getline(f, line)) return false;
-  const auto close = line.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(line.substr(close + 1));
-  std::string field;
-  // Fields 3 (state) to 22 (starttime).
-  for (int i = 3; i <= 22; ++i) {
-    if (!(rest >> field)) return false;
-    if (i == 3) state = field.empty() ? '?' : field[0];
-  }
-  return std::from_chars(field.data(), field.data() + field.size(), start).ec == std::errc{};
-}
-
 [[nodiscard]] inline process_id self_process() {
   process_id p;
   p.pid = static_cast<long>(::getpid());
-  char state = '?';
-  if (!read_stat(p.pid, state, p.start)) p.start = 0;
+  const auto st = ringzero::detail::read_process_stat(p.pid);
+  p.start = st ? st->start : 0;
   std::string ns = "?";
   char buf[64] = {};
   if (const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1); n > 0)
@@ -113,12 +94,9 @@ enum class process_state { alive, stopped, gone, unknown };
 /// How `p` is doing, seen from a process on the same host (`unknown` from elsewhere).
 [[nodiscard]] inline process_state probe(const process_id& p, const process_id& self) {
   if (p.host != self.host || p.start == 0) return process_state::unknown;
-  char state = '?';
-  std::uint64_t start = 0;
-  if (!read_stat(p.pid, state, start) || start != p.start) return process_state::gone;
-  if (state == 'Z' || state == 'X' || state == 'x') return process_state::gone;
-  if (state == 'T' || state == 't') return process_state::stopped;
-  return process_state::alive;
+  const auto st = ringzero::detail::read_process_stat(p.pid);
+  if (!st || st->start != p.start || st->ended()) return process_state::gone;
+  return st->stopped() ? process_state::stopped : process_state::alive;
 }
 
 /// libfabric's shm provider keeps an endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>

@@ -26,6 +26,7 @@
 
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::shm::detail {
 
@@ -43,30 +44,12 @@ struct process_id {
   friend bool operator==(const process_id&, const process_id&) = default;
 };
 
-/// Reads state and start time from /proc/<pid>/stat; nullopt-like {0,0} when there is no such
-/// process or it is a zombie (killed, not yet reaped: it will never answer again).
-[[nodiscard]] inline process_id read_process(std::int64_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%lld/stat", static_cast<long long>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  char buf[1024];
-  const ssize_t got = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (got <= 0) return {};
-  buf[got] = '\0';
-  // The command name (field 2) may hold spaces and parentheses: fields resume after the last ')'.
-  const char* p = std::strrchr(buf, ')');
-  if (!p) return {};
-  ++p;
-  char state = '?';
-  if (std::sscanf(p, " %c", &state) != 1 || state == 'Z' || state == 'X' || state == 'x') return {};
-  // Field 3 is the state; the start time is field 22, 19 fields further on.
-  for (int field = 3; field < 22 && p; ++field) p = std::strchr(p + 1, ' ');
-  if (!p) return {};
-  unsigned long long start = 0;
-  if (std::sscanf(p, " %llu", &start) != 1) return {};
-  return {pid, start};
+/// The process `pid` as /proc shows it; {0, 0} when there is no such process or it is a zombie
+/// (killed, not yet reaped: it will never answer again).
+[[nodiscard]] inline process_id read_process(std::int64_t pid) noexcept {
+  const auto st = ringzero::detail::read_process_stat(pid);
+  if (!st || st->ended()) return {};
+  return {pid, st->start};
 }
 
 [[nodiscard]] inline process_id self_process() {
