@@ -154,8 +154,14 @@ TEST_CASE("manifest: what make_manifest builds reads back equal, and a flipped b
     CHECK(back.loss_scale == 512);
     CHECK(back.good_steps == 4);
     CHECK(back.optimizer == kind);
-    CHECK(back.arrays.size() == (kind == optimizer_kind::adamw ? 3u : 2u));
+    // The master weights, then the optimizer's moments by the names its descriptor gives.
+    const zero::optimizer_descriptor& d = zero::describe(kind);
+    REQUIRE(back.arrays.size() == 1 + static_cast<std::size_t>(d.moments));
     CHECK(back.arrays[0] == "master");
+    for (int i = 0; i < d.moments; ++i)
+      CHECK(back.arrays[static_cast<std::size_t>(i) + 1] ==
+            d.moment_names[static_cast<std::size_t>(i)]);
+    CHECK(back.arrays.size() == (kind == optimizer_kind::adamw ? 3u : 2u));
     REQUIRE(back.shards.size() == 3);
     CHECK(back.shards[1].bytes == 200);
     CHECK(back.shards[1].crc == 0x1234);

@@ -81,3 +81,22 @@ TEST_CASE("frozen groups refuse gradients and groups have checkpoint names") {
   CHECK(zero::group_name(c, 1) == "embed");
   CHECK(zero::group_name(zero::config{}, 0) == "default");
 }
+
+TEST_CASE("optimizers: every row parses by its names and keeps its named moments") {
+  for (const zero::optimizer_descriptor& d : zero::optimizers) {
+    CAPTURE(d.name);
+    CHECK(&zero::describe(d.kind) == &d);
+    CHECK(zero::optimizer_name(d.kind) == d.name);
+    CHECK(zero::parse_optimizer(d.name) == d.kind);
+    if (!d.alias.empty()) CHECK(zero::parse_optimizer(d.alias) == d.kind);
+    REQUIRE(d.moments >= 1);
+    REQUIRE(static_cast<std::size_t>(d.moments) <= d.moment_names.size());
+    for (int i = 0; i < d.moments; ++i)
+      CHECK_FALSE(d.moment_names[static_cast<std::size_t>(i)].empty());
+  }
+  CHECK(zero::describe(zero::optimizer_kind::adamw).moments == 2);
+  CHECK(zero::describe(zero::optimizer_kind::sgd).moments == 1);
+  CHECK_THROWS_WITH_AS(static_cast<void>(zero::parse_optimizer("lamb")),
+                       "ringzero: unknown optimizer 'lamb' (expected adamw or sgd)",
+                       ringzero::invalid_argument);
+}

@@ -146,12 +146,12 @@ class device_optimizer {
       : kind_(o.kind), size_(local_size) {
     if constexpr (has_master) master_ = space.template allocate_local<float>(local_size);
     m1_ = space.template allocate_local<float>(local_size);
-    if (kind_ == optimizer_kind::adamw) m2_ = space.template allocate_local<float>(local_size);
+    if (describe(kind_).moments > 1) m2_ = space.template allocate_local<float>(local_size);
   }
 
   [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t local_size() const noexcept { return size_; }
-  [[nodiscard]] int moment_count() const noexcept { return kind_ == optimizer_kind::adamw ? 2 : 1; }
+  [[nodiscard]] int moment_count() const noexcept { return describe(kind_).moments; }
   /// Device pointers, as shard_optimizer's.
   [[nodiscard]] float* master(std::size_t local, P* param) const noexcept {
     if constexpr (has_master)
@@ -163,7 +163,7 @@ class device_optimizer {
     return (which == 1 ? m1_.data() : m2_.data()) + local;
   }
   [[nodiscard]] std::size_t moment_size(int which) const noexcept {
-    return which == 1 || kind_ == optimizer_kind::adamw ? size_ : 0;
+    return which <= describe(kind_).moments ? size_ : 0;
   }
   [[nodiscard]] std::size_t bytes() const noexcept {
     return master_.bytes() + m1_.bytes() + m2_.bytes();

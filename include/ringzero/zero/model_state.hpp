@@ -112,8 +112,7 @@ class model_state {
         const auto& pi = plan_.params()[static_cast<std::size_t>(s.param)];
         per_group[static_cast<std::size_t>(pi.group)].push_back(
             {grad_of(s), master_ptr(s), optimizer_.moment(1, local_of(s)),
-             optimizer_.kind() == optimizer_kind::adamw ? optimizer_.moment(2, local_of(s))
-                                                        : nullptr,
+             optimizer_.moment_count() > 1 ? optimizer_.moment(2, local_of(s)) : nullptr,
              param_ptr(s), s.count, pi.weight_decay});
       }
       for (std::size_t g = 0; g < per_group.size(); ++g)
@@ -230,7 +229,7 @@ class model_state {
                           master.data() + local_of(s), s.count);
       space_.upload(st, optimizer_.moment(1, 0), m1.data(),
                     std::min(m1.size(), optimizer_.local_size()));
-      if (optimizer_.kind() == optimizer_kind::adamw)
+      if (optimizer_.moment_count() > 1)
         space_.upload(st, optimizer_.moment(2, 0), m2.data(),
                       std::min(m2.size(), optimizer_.local_size()));
     } else {

@@ -112,13 +112,13 @@ class shard_optimizer {
   shard_optimizer(const optimizer_options& o, std::size_t local_size) : kind_(o.kind) {
     if constexpr (has_master) master_.assign(local_size, 0.0f);
     m1_.assign(local_size, 0.0f);
-    if (kind_ == optimizer_kind::adamw) m2_.assign(local_size, 0.0f);
+    if (describe(kind_).moments > 1) m2_.assign(local_size, 0.0f);
   }
 
   [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t local_size() const noexcept { return m1_.size(); }
-  /// Moments a checkpoint keeps: exp_avg, exp_avg_sq (AdamW) or momentum (SGD).
-  [[nodiscard]] int moment_count() const noexcept { return kind_ == optimizer_kind::adamw ? 2 : 1; }
+  /// Moments a checkpoint keeps (describe(kind).moment_names).
+  [[nodiscard]] int moment_count() const noexcept { return describe(kind_).moments; }
 
   /// The master weights of `n` elements at local position `local`, whose parameters (in P) are
   /// at `param`.
@@ -148,8 +148,7 @@ class shard_optimizer {
   void update(const G* grad, std::size_t local, P* param, std::size_t n, const step_constants& c,
               bool decay) noexcept {
     update_elements<P>(kind_, grad, master(local, param), m1_.data() + local,
-                       kind_ == optimizer_kind::adamw ? m2_.data() + local : nullptr, param, n, c,
-                       decay);
+                       moment_count() > 1 ? m2_.data() + local : nullptr, param, n, c, decay);
   }
 
   /// Replaces the moments with staged copies laid out as local positions (a checkpoint load

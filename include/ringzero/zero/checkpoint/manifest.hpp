@@ -379,12 +379,9 @@ struct training_position {
   m.alignment = plan.alignment();
   m.shard_size = plan.shard_size();
   m.arrays = {"master"};
-  if (kind == optimizer_kind::adamw) {
-    m.arrays.emplace_back("exp_avg");
-    m.arrays.emplace_back("exp_avg_sq");
-  } else {
-    m.arrays.emplace_back("momentum");
-  }
+  const optimizer_descriptor& opt = describe(kind);
+  for (int i = 0; i < opt.moments; ++i)
+    m.arrays.emplace_back(opt.moment_names[static_cast<std::size_t>(i)]);
   for (const auto& b : plan.buckets()) m.buckets.push_back({b.offset, b.padded, b.shard_offset});
   for (const auto& p : plan.params())
     m.params.push_back({p.name, p.type, p.weight_decay, p.offset, p.bucket, p.shape});
@@ -433,7 +430,7 @@ inline void check_compatible(const checkpoint_manifest& m, const partition_plan&
           fmt::format("checkpoint {}: parameter {} has shape [{}], the model registers [{}]",
                       dir.string(), p.name, fmt::join(q.shape, ", "), fmt::join(p.shape, ", ")));
   }
-  const std::size_t arrays = kind == optimizer_kind::adamw ? 3 : 2;
+  const auto arrays = static_cast<std::size_t>(1 + describe(kind).moments);
   if (m.optimizer != kind || m.arrays.size() != arrays)
     throw checkpoint_error(fmt::format("checkpoint {} holds {} state, this run uses {}",
                                        dir.string(), optimizer_name(m.optimizer),
