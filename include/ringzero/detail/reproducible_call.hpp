@@ -43,8 +43,10 @@ namespace rp = ringzero::reproducible;
 
 /// Below this many bytes of gathered terms (size() * count * sizeof(E)), an all_reduce with no
 /// algorithm forced gathers the terms instead of agreeing on windows first: one collective
-/// instead of two.
-inline constexpr std::size_t reproducible_gather_bytes = 64 * 1024;
+/// instead of two, but every rank then sums every rank's terms exactly itself, at about 18 ns a
+/// term. At 64 KiB that made 1-16 KiB calls on native shm 1.4-4x slower than the two
+/// collectives (docs/performance.md, "Reproducible sums: the cost").
+inline constexpr std::size_t reproducible_gather_bytes = 1024;
 
 /// Windows of the blocks of `in`, plus the special flag at the end: 2 * blocks + 1 int32.
 template <class E>
