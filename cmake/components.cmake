@@ -50,7 +50,7 @@ endif()
 if(RINGZERO_HAVE_NCCL)
   file(GLOB_RECURSE RINGZERO_NCCL_HEADERS CONFIGURE_DEPENDS
        RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}" include/ringzero/transport/nccl*.hpp
-       include/ringzero/transport/nccl/*.hpp)
+       include/ringzero/transport/nccl/*.hpp include/ringzero/detail/cuda_runtime.hpp)
   add_library(ringzero_nccl INTERFACE)
   add_library(ringzero::nccl ALIAS ringzero_nccl)
   set_target_properties(ringzero_nccl PROPERTIES
@@ -89,7 +89,7 @@ endif()
 if(RINGZERO_HAVE_CUDA)
   file(GLOB_RECURSE RINGZERO_CUDA_HEADERS CONFIGURE_DEPENDS
        RELATIVE "${CMAKE_CURRENT_SOURCE_DIR}" include/ringzero/kernels/cuda/*.cuh
-       include/ringzero/zero/*.cuh)
+       include/ringzero/zero/*.cuh include/ringzero/detail/cuda_runtime.hpp)
   add_library(ringzero_cuda INTERFACE)
   add_library(ringzero::cuda ALIAS ringzero_cuda)
   set_target_properties(ringzero_cuda PROPERTIES EXPORT_NAME cuda)

@@ -20,7 +20,8 @@ install(EXPORT ringzero-targets NAMESPACE ringzero:: DESTINATION "${RINGZERO_INS
         FILE ringzero-targets.cmake)
 
 # --- backend headers ---------------------------------------------------------------------------
-# The same globs as cmake/components.cmake, plus the CUDA reduction kernels NCCL's side uses.
+# The same globs as cmake/components.cmake (with the CUDA runtime check both backends share), plus
+# the CUDA reduction kernels NCCL's side uses.
 file(GLOB_RECURSE ringzero_component_headers CONFIGURE_DEPENDS
      RELATIVE "${PROJECT_SOURCE_DIR}/include"
      "${PROJECT_SOURCE_DIR}/include/ringzero/transport/libfabric*.hpp"
@@ -29,6 +30,7 @@ file(GLOB_RECURSE ringzero_component_headers CONFIGURE_DEPENDS
      "${PROJECT_SOURCE_DIR}/include/ringzero/transport/nccl/*.hpp"
      "${PROJECT_SOURCE_DIR}/include/ringzero/reduce/cuda*"
      "${PROJECT_SOURCE_DIR}/include/ringzero/reduce/cuda/*"
+     "${PROJECT_SOURCE_DIR}/include/ringzero/detail/cuda_runtime.hpp"
      "${PROJECT_SOURCE_DIR}/include/ringzero/*.cuh")  # CUDA headers, wherever they sit
 list(REMOVE_DUPLICATES ringzero_component_headers)
 foreach(header IN LISTS ringzero_component_headers)

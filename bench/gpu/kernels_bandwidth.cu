@@ -24,6 +24,7 @@
 #include "ringzero/kernels/cuda/optimizer.cuh"
 #include "ringzero/kernels/cuda/reduce.cuh"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/zero/optimizer_table.hpp"
 
 namespace {
 
@@ -230,8 +231,8 @@ int main(int argc, char** argv) try {
     auto hg = g.get();
     auto hmaster = master.get(), hm = m.get(), hv = v.get();
     std::vector<P> hparam(n);
-    kc::adamw_step<P>(segs, c);
-    ok(cudaDeviceSynchronize(), "adamw_step");
+    kc::optimizer_step<ringzero::zero::adamw_rule, P>(segs, c);
+    ok(cudaDeviceSynchronize(), "optimizer_step");
     for (int s = 0; s < segments; ++s) {
       const std::size_t b = bound(s), e = bound(s + 1);
       const float keep = k::adamw_keep(c, s % 2 == 0);
@@ -247,12 +248,17 @@ int main(int argc, char** argv) try {
     check(name.c_str(), good);
     const double bytes =
         static_cast<double>(n) * (std::is_same_v<P, float> ? 28.0 : 24.0 + 2.0 * sizeof(P));
-    rows.push_back({name, bytes, median_us(reps, warm, [&] { kc::adamw_step<P>(segs, c); }), good});
+    rows.push_back(
+        {name, bytes,
+         median_us(reps, warm, [&] { kc::optimizer_step<ringzero::zero::adamw_rule, P>(segs, c); }),
+         good});
     if (segments == 1) {
       const double sbytes =
           static_cast<double>(n) * (std::is_same_v<P, float> ? 20.0 : 16.0 + 2.0 * sizeof(P));
-      rows.push_back({std::string("sgd ") + tname, sbytes,
-                      median_us(reps, warm, [&] { kc::sgd_step<P>(segs, c); }), false});
+      rows.push_back(
+          {std::string("sgd ") + tname, sbytes,
+           median_us(reps, warm, [&] { kc::optimizer_step<ringzero::zero::sgd_rule, P>(segs, c); }),
+           false});
     }
   };
   adamw_rows(float{}, "float", 1);

@@ -20,6 +20,7 @@
 #include "ringzero/kernels/cuda/optimizer.cuh"
 #include "ringzero/kernels/cuda/reduce.cuh"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/zero/optimizer_table.hpp"
 
 using namespace kernel_cases;
 using ringzero::op;
@@ -361,9 +362,9 @@ TEST_CASE("multi-tensor AdamW and SGD on the device match the sharder's bitwise"
                           i % 4 != 1});
         }
         if (sgd)
-          kc::sgd_step<P>(segs, c.kernel);
+          kc::optimizer_step<ringzero::zero::sgd_rule, P>(segs, c.kernel);
         else
-          kc::adamw_step<P>(segs, c.kernel);
+          kc::optimizer_step<ringzero::zero::adamw_rule, P>(segs, c.kernel);
         ok(cudaDeviceSynchronize());
         for (std::size_t i = 0; i < counts.size(); ++i) {
           INFO(ringzero::dtype_name(ringzero::dtype_of<P>()), sgd ? " sgd" : " adamw", " trial ",
@@ -398,4 +399,50 @@ TEST_CASE("multi-tensor AdamW and SGD on the device match the sharder's bitwise"
       }
     }
   });
+}
+
+namespace {
+
+// An optimizer that exists only in this test: one rule, its descriptor and per-element
+// arithmetic in RINGZERO_HD functions (the _rn operations of kernels/element.hpp, so the device
+// rounds as the host does). The kernel takes it as it takes the built-in rules.
+struct lion_rule {
+  static constexpr ringzero::zero::optimizer_descriptor descriptor{
+      static_cast<ringzero::zero::optimizer_kind>(200), "lion", "", 1, {"exp_avg", ""}};
+  RINGZERO_HD static float factor(const k::optimizer_constants& c, bool decay) noexcept {
+    return decay ? k::sub(1.0f, k::mul(c.lr, c.weight_decay)) : 1.0f;
+  }
+  RINGZERO_HD static float step(float g, float& w, float& m, float&,
+                                const k::optimizer_constants& c, float keep) noexcept {
+    const float gs = k::mul(g, c.grad_scale);
+    const float u = k::add(k::mul(c.beta1, m), k::mul(k::sub(1.0f, c.beta1), gs));
+    w = k::sub(k::mul(w, keep), k::mul(c.lr, u > 0.0f ? 1.0f : (u < 0.0f ? -1.0f : 0.0f)));
+    m = k::add(k::mul(c.beta2, m), k::mul(k::sub(1.0f, c.beta2), gs));
+    return w;
+  }
+};
+static_assert(ringzero::zero::optimizer_rule<lion_rule>);
+
+}  // namespace
+
+TEST_CASE("an optimizer rule added in one place runs on the device, bitwise as on the host") {
+  if (!have_device()) return;
+  std::mt19937_64 rng(41);
+  const auto c = random_constants(rng, false);
+  constexpr std::size_t n = 10007;
+  std::vector<float> g(n), w(n), m(n);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (std::size_t i = 0; i < n; ++i) g[i] = u(rng), w[i] = u(rng), m[i] = u(rng) * 0.1f;
+  dev<float> dg(g), dw(w, 1), dm(m);  // the master misaligned: the scalar head, then vectors
+  const std::vector<kc::optimizer_segment<float>> segs{
+      {dg.get(), dw.get(), dm.get(), nullptr, nullptr, n, true}};
+  kc::optimizer_step<lion_rule, float>(segs, c.kernel);
+  ok(cudaDeviceSynchronize());
+  const float keep = lion_rule::factor(c.kernel, true);
+  float scratch = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) lion_rule::step(g[i], w[i], m[i], scratch, c.kernel, keep);
+  CHECK(count_different(w, dw.download()) == 0);
+  CHECK(count_different(m, dm.download()) == 0);
+  CHECK(dw.tail_intact());
+  CHECK(dm.tail_intact());
 }

@@ -32,24 +32,8 @@ namespace ringzero::perf {
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  kernels::cuda::detail::check(e, what);
-}
-
-/// Makes `device` current for its lifetime, then restores the caller's.
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-  ~device_guard() { static_cast<void>(cudaSetDevice(previous_)); }
-
- private:
-  int previous_ = 0;
-};
+using ringzero::detail::check_cuda;
+using device_guard = ringzero::detail::cuda_device_guard;
 
 class libfabric_device_backend {
  public:
@@ -81,9 +65,9 @@ class libfabric_device_backend {
     bytes = std::max<std::size_t>(bytes, 64);
     const device_guard guard(device_);
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
     buffers_.emplace_back(p, bytes);
-    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    check_cuda(cudaMemset(p, 0, bytes), "cudaMemset");
     // Registered whole, once: every row's buffers lie inside it.
     comm_.transport().register_device_buffer(p, bytes, device_);
     return static_cast<std::byte*>(p);
@@ -96,16 +80,16 @@ class libfabric_device_backend {
   void end_write(std::byte* buf, std::size_t bytes) {
     if (bytes == 0) return;
     const device_guard guard(device_);
-    check(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    check_cuda(cudaMemcpy(buf, staging_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
     // From pageable memory the copy may still be landing: the collectives' own stream must not
     // read the buffer before it has.
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   [[nodiscard]] const std::byte* read(const std::byte* buf, std::size_t bytes) {
     if (staging_.size() < bytes) staging_.resize(bytes);
     if (bytes == 0) return staging_.data();
     const device_guard guard(device_);
-    check(cudaMemcpy(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check_cuda(cudaMemcpy(staging_.data(), buf, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return staging_.data();
   }
 
@@ -138,21 +122,21 @@ class libfabric_device_backend {
     if (scratch_bytes_ < bytes) {
       if (scratch_ != nullptr) {
         comm_.transport().forget_memory(scratch_, scratch_bytes_);
-        check(cudaFree(scratch_), "cudaFree");
+        check_cuda(cudaFree(scratch_), "cudaFree");
         scratch_ = nullptr;
       }
       void* p = nullptr;
-      check(cudaMalloc(&p, bytes), "cudaMalloc");
+      check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
       scratch_ = static_cast<std::uint8_t*>(p);
       scratch_bytes_ = bytes;
       comm_.transport().register_device_buffer(scratch_, scratch_bytes_, device_);
     }
     std::uint8_t* own = scratch_ + sizeof(V) * static_cast<std::size_t>(comm_.rank());
-    check(cudaMemcpy(own, &v, sizeof(V), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check_cuda(cudaMemcpy(own, &v, sizeof(V), cudaMemcpyHostToDevice), "cudaMemcpy");
     ringzero::all_gather(comm_, std::span<const std::uint8_t>(own, sizeof(V)),
                          std::span<std::uint8_t>(scratch_, bytes), opt_);
     std::vector<V> all(n);
-    check(cudaMemcpy(all.data(), scratch_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check_cuda(cudaMemcpy(all.data(), scratch_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     return all;
   }
 
@@ -200,7 +184,7 @@ class libfabric_device_backend {
         e == cudaSuccess ? std::string() : fmt::format(" ({})", cudaGetErrorString(e))));
   }
   const int device = bootstrap::detect_launch().local_rank % count;
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
   return device;
 }
 

@@ -71,10 +71,10 @@ struct registered_allocator {
 
 namespace detail::cuda_space {
 
+// Errors read "zero (CUDA device space): <call>: CUDA error: ...": which part of ringzero made the
+// call that failed.
 inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw transport_error(std::string("zero (CUDA device space): ") + what + ": " +
-                          cudaGetErrorString(e));
+  ringzero::detail::check_cuda(e, std::string("zero (CUDA device space): ") + what);
 }
 
 /// param[i] = values[i] rounded to P and, where master is not null, master[i] = values[i].
@@ -112,21 +112,8 @@ struct state {
   }
 };
 
-/// Makes `device` current for the scope (the sharder may run on a thread whose current device
-/// is another).
-class device_guard {
- public:
-  explicit device_guard(int device) {
-    static_cast<void>(cudaGetDevice(&previous_));
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~device_guard() { static_cast<void>(cudaSetDevice(previous_)); }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
- private:
-  int previous_ = 0;
-};
+/// The sharder may run on a thread whose current device is another.
+using device_guard = ringzero::detail::cuda_device_guard;
 
 /// The pool stream-ordered allocations come from keeps what is freed instead of giving it back
 /// to the driver at every synchronization (its default release threshold is 0): a stage-3 step
@@ -402,16 +389,16 @@ class cuda_device_space {
     return {r.sumsq, r.nonfinite != 0};
   }
 
-  template <class P, class G>
+  /// One optimizer step of the rule of `kind` in Table, enqueued on `s`.
+  template <class Table = builtin_optimizers, class P, class G>
   void optimizer_step(stream s, optimizer_kind kind, std::span<const device_segment<P, G>> segs,
                       const step_constants& k) const {
     if (segs.empty()) return;
     const detail::cuda_space::device_guard guard(state_->device);
-    ++state_->launches;
-    if (kind == optimizer_kind::adamw)
-      kernels::cuda::adamw_step<P, G>(segs, k, s);
-    else
-      kernels::cuda::sgd_step<P, G>(segs, k, s);
+    Table::visit(kind, [&]<class R>(std::type_identity<R>) {
+      ++state_->launches;
+      kernels::cuda::optimizer_step<R, P, G>(segs, k, s);
+    });
   }
 
   /// Calls f(on) now: f issues its collectives with on(options), which enqueues them on `s`

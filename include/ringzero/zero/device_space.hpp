@@ -137,21 +137,22 @@ struct device_traits<Space> {
 
 /// The fp32 optimizer state of a device space: master weights (16-bit P only) and moments, as
 /// shard_optimizer holds them in host memory, addressed by the same local positions.
-template <class P, class Space>
+template <class P, class Space, class Table = builtin_optimizers>
 class device_optimizer {
  public:
   static constexpr bool has_master = !std::is_same_v<P, float>;
 
+  /// Throws invalid_argument when Table has no rule for o.kind.
   device_optimizer(const optimizer_options& o, std::size_t local_size, const Space& space)
-      : kind_(o.kind), size_(local_size) {
+      : kind_(o.kind), moments_(Table::at(o.kind).moments), size_(local_size) {
     if constexpr (has_master) master_ = space.template allocate_local<float>(local_size);
     m1_ = space.template allocate_local<float>(local_size);
-    if (describe(kind_).moments > 1) m2_ = space.template allocate_local<float>(local_size);
+    if (moments_ > 1) m2_ = space.template allocate_local<float>(local_size);
   }
 
   [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t local_size() const noexcept { return size_; }
-  [[nodiscard]] int moment_count() const noexcept { return describe(kind_).moments; }
+  [[nodiscard]] int moment_count() const noexcept { return moments_; }
   /// Device pointers, as shard_optimizer's.
   [[nodiscard]] float* master(std::size_t local, P* param) const noexcept {
     if constexpr (has_master)
@@ -163,7 +164,7 @@ class device_optimizer {
     return (which == 1 ? m1_.data() : m2_.data()) + local;
   }
   [[nodiscard]] std::size_t moment_size(int which) const noexcept {
-    return which <= describe(kind_).moments ? size_ : 0;
+    return which <= moments_ ? size_ : 0;
   }
   [[nodiscard]] std::size_t bytes() const noexcept {
     return master_.bytes() + m1_.bytes() + m2_.bytes();
@@ -171,6 +172,7 @@ class device_optimizer {
 
  private:
   optimizer_kind kind_;
+  int moments_;
   std::size_t size_;
   buffer<float> master_;
   buffer<float> m1_;
@@ -362,14 +364,17 @@ class emulated_device_space {
     return r;
   }
 
-  template <class P, class G>
+  /// One optimizer step of the rule of `kind` in Table over `segs`, in s's order. Throws
+  /// invalid_argument (now, not on the stream) for a kind Table does not have.
+  template <class Table = builtin_optimizers, class P, class G>
   void optimizer_step(stream s, optimizer_kind kind, std::span<const device_segment<P, G>> segs,
                       const step_constants& k) const {
     if (segs.empty()) return;
-    launch(s, [kind, k, list = std::vector<device_segment<P, G>>(segs.begin(), segs.end())] {
-      for (const auto& g : list)
-        update_elements<P>(kind, g.grad, g.master, g.moment1, g.moment2, g.param, g.count, k,
-                           g.decay);
+    Table::visit(kind, [&]<class R>(std::type_identity<R>) {
+      launch(s, [k, list = std::vector<device_segment<P, G>>(segs.begin(), segs.end())] {
+        for (const auto& g : list)
+          update_run<R>(g.grad, g.master, g.moment1, g.moment2, g.param, g.count, k, g.decay);
+      });
     });
   }
 

@@ -76,49 +76,53 @@ namespace ringzero::zero {
   return ks;
 }
 
-/// One optimizer step over n elements: gradients `grad`, fp32 master weights `w`, moments `m`
-/// and `v` (v unused by SGD), parameters `param` (written with the new master rounded to P; for an
-/// fp32 P, `param` is `w`). The host sharder and the emulated device space both run this loop.
-template <class P, class G>
-void update_elements(optimizer_kind kind, const G* grad, float* w, float* m, float* v, P* param,
-                     std::size_t n, const step_constants& c, bool decay) noexcept {
+/// One optimizer step of rule R over n elements: gradients `grad`, fp32 master weights `w`,
+/// moments `m` and `v` (v unused by a one-moment rule), parameters `param` (written with the new
+/// master rounded to P; for an fp32 P, `param` is `w`).
+template <optimizer_rule R, class P, class G>
+void update_run(const G* grad, float* w, float* m, float* v, P* param, std::size_t n,
+                const step_constants& c, bool decay) noexcept {
   constexpr bool has_master = !std::is_same_v<P, float>;
-  if (kind == optimizer_kind::adamw) {
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto s = adamw_element(static_cast<float>(grad[i]), {w[i], m[i], v[i]}, c, decay);
-      w[i] = s.w;
-      m[i] = s.m;
-      v[i] = s.v;
-      if constexpr (has_master) param[i] = to_param<P>(s.w);
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto s = sgd_element(static_cast<float>(grad[i]), {w[i], m[i], 0.0f}, c, decay);
-      w[i] = s.w;
-      m[i] = s.m;
-      if constexpr (has_master) param[i] = to_param<P>(s.w);
-    }
+  const float f = R::factor(c, decay);
+  for (std::size_t i = 0; i < n; ++i) {
+    float m2 = 0.0f;
+    if constexpr (R::descriptor.moments > 1) m2 = v[i];
+    const float p = R::step(static_cast<float>(grad[i]), w[i], m[i], m2, c, f);
+    if constexpr (R::descriptor.moments > 1) v[i] = m2;
+    if constexpr (has_master) param[i] = to_param<P>(p);
   }
+}
+
+/// The same for the rule of `kind` in Table: the loop the host sharder and the emulated device
+/// space both run. Throws invalid_argument for a kind Table does not have.
+template <class P, class G, class Table = builtin_optimizers>
+void update_elements(optimizer_kind kind, const G* grad, float* w, float* m, float* v, P* param,
+                     std::size_t n, const step_constants& c, bool decay) {
+  Table::visit(kind, [&]<class R>(std::type_identity<R>) {
+    update_run<R>(grad, w, m, v, param, n, c, decay);
+  });
 }
 
 /// The fp32 state of the elements one rank updates (its shard, or everything in stage 0),
 /// addressed by local position: master weights (only for 16-bit P; an fp32 parameter is its own
-/// master) and one (SGD) or two (AdamW) moments.
-template <class P>
+/// master) and the moments its rule in Table keeps.
+template <class P, class Table = builtin_optimizers>
 class shard_optimizer {
  public:
   static constexpr bool has_master = !std::is_same_v<P, float>;
 
-  shard_optimizer(const optimizer_options& o, std::size_t local_size) : kind_(o.kind) {
+  /// Throws invalid_argument when Table has no rule for o.kind.
+  shard_optimizer(const optimizer_options& o, std::size_t local_size)
+      : kind_(o.kind), moments_(Table::at(o.kind).moments) {
     if constexpr (has_master) master_.assign(local_size, 0.0f);
     m1_.assign(local_size, 0.0f);
-    if (describe(kind_).moments > 1) m2_.assign(local_size, 0.0f);
+    if (moments_ > 1) m2_.assign(local_size, 0.0f);
   }
 
   [[nodiscard]] optimizer_kind kind() const noexcept { return kind_; }
   [[nodiscard]] std::size_t local_size() const noexcept { return m1_.size(); }
-  /// Moments a checkpoint keeps (describe(kind).moment_names).
-  [[nodiscard]] int moment_count() const noexcept { return describe(kind_).moments; }
+  /// Moments a checkpoint keeps (the rule's moment_names).
+  [[nodiscard]] int moment_count() const noexcept { return moments_; }
 
   /// The master weights of `n` elements at local position `local`, whose parameters (in P) are
   /// at `param`.
@@ -146,9 +150,10 @@ class shard_optimizer {
   /// updated master rounded to P).
   template <class G>
   void update(const G* grad, std::size_t local, P* param, std::size_t n, const step_constants& c,
-              bool decay) noexcept {
-    update_elements<P>(kind_, grad, master(local, param), m1_.data() + local,
-                       moment_count() > 1 ? m2_.data() + local : nullptr, param, n, c, decay);
+              bool decay) {
+    update_elements<P, G, Table>(kind_, grad, master(local, param), m1_.data() + local,
+                                 moment_count() > 1 ? m2_.data() + local : nullptr, param, n, c,
+                                 decay);
   }
 
   /// Replaces the moments with staged copies laid out as local positions (a checkpoint load
@@ -167,6 +172,7 @@ class shard_optimizer {
 
  private:
   optimizer_kind kind_;
+  int moments_;
   std::vector<float> master_;
   std::vector<float> m1_;
   std::vector<float> m2_;

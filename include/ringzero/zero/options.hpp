@@ -21,53 +21,27 @@
 #include "ringzero/error.hpp"
 #include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/types.hpp"
+#include "ringzero/zero/optimizer_table.hpp"
 #include "ringzero/zero/plan.hpp"
 #include "ringzero/zero/stage.hpp"
 
 namespace ringzero::zero {
 
-/// Adam with decoupled weight decay (Loshchilov & Hutter), or SGD with momentum.
-enum class optimizer_kind : std::uint8_t { adamw, sgd };
-
-/// What the library knows of an optimizer besides its per-element arithmetic
-/// (kernels/optimizer.hpp): its name, another name it answers to, and the fp32 moments it keeps
-/// per element, in the order the state holds them and a checkpoint's arrays follow the master
-/// weights. Parsing, naming, the state's allocation and the checkpoint read this table.
-struct optimizer_descriptor {
-  optimizer_kind kind;
-  std::string_view name;
-  std::string_view alias;  ///< "" when there is none
-  int moments;
-  std::array<std::string_view, 2> moment_names;
-};
-
-inline constexpr std::array<optimizer_descriptor, 2> optimizers{{
-    {optimizer_kind::adamw, "adamw", "adam", 2, {"exp_avg", "exp_avg_sq"}},
-    {optimizer_kind::sgd, "sgd", "", 1, {"momentum", ""}},
-}};
-
-[[nodiscard]] constexpr const optimizer_descriptor& describe(optimizer_kind k) noexcept {
-  for (const optimizer_descriptor& d : optimizers)
-    if (d.kind == k) return d;
-  return optimizers[0];  // unreachable for a valid kind: every kind has its row
-}
-
 [[nodiscard]] constexpr std::string_view optimizer_name(optimizer_kind k) noexcept {
   return describe(k).name;
 }
 
-[[nodiscard]] inline optimizer_kind parse_optimizer(std::string_view s) {
+/// The kind a name or alias of one of Table's optimizers stands for; throws invalid_argument
+/// naming the ones it knows.
+template <class Table = builtin_optimizers>
+[[nodiscard]] optimizer_kind parse_optimizer(std::string_view s) {
   std::string known;
-  for (const optimizer_descriptor& d : optimizers) {
+  for (const optimizer_descriptor& d : Table::rows) {
     if (s == d.name || (!d.alias.empty() && s == d.alias)) return d.kind;
     known += fmt::format("{}{}", known.empty() ? "" : " or ", d.name);
   }
   throw invalid_argument(fmt::format("unknown optimizer '{}' (expected {})", s, known));
 }
-
-static_assert(describe(optimizer_kind::adamw).kind == optimizer_kind::adamw &&
-                  describe(optimizer_kind::sgd).kind == optimizer_kind::sgd,
-              "every optimizer_kind has its row in optimizers");
 
 struct optimizer_options {
   optimizer_kind kind = optimizer_kind::adamw;

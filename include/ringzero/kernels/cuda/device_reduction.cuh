@@ -70,17 +70,17 @@ inline int device_of(const void* p) {
 
 inline int current_device() {
   int d = 0;
-  check(cudaGetDevice(&d), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&d), "cudaGetDevice");
   return d;
 }
 
 inline void set_device(int device) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
 inline CUstream_st* create_stream(int) {
   cudaStream_t s = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   return s;
 }
 
@@ -89,15 +89,15 @@ inline void destroy_stream(CUstream_st* s) noexcept {
 }
 
 inline void copy(void* dst, const void* src, std::size_t bytes, CUstream_st* s) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
 }
 
 inline CUevent_st* record(CUstream_st* s) {
   cudaEvent_t e = nullptr;
-  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   if (const cudaError_t r = cudaEventRecord(e, s); r != cudaSuccess) {
     static_cast<void>(cudaEventDestroy(e));
-    check(r, "cudaEventRecord");
+    check_cuda(r, "cudaEventRecord");
   }
   return e;
 }
@@ -105,7 +105,7 @@ inline CUevent_st* record(CUstream_st* s) {
 inline bool done(CUevent_st* e) {
   const cudaError_t r = cudaEventQuery(e);
   if (r == cudaErrorNotReady) return false;
-  check(r, "cudaEventQuery");
+  check_cuda(r, "cudaEventQuery");
   return true;
 }
 
@@ -119,7 +119,7 @@ inline void drain(CUstream_st* s) noexcept {
 
 inline void* allocate(std::size_t bytes) {
   void* p = nullptr;
-  check(cudaMalloc(&p, bytes), "cudaMalloc");
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
   return p;
 }
 

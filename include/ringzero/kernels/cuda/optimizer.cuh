@@ -1,7 +1,8 @@
-// The sharded optimizer's kernels on device buffers: a fused multi-tensor AdamW / SGD step (fp32
+// The sharded optimizer's kernels on device buffers: a fused multi-tensor optimizer step (fp32
 // master weights and moments, the parameters written back in their own type), the gradient
 // statistics (unscale, non-finite check and sum of squares into a device scalar, one pass), and
-// gradient accumulation. Each element's arithmetic is kernels/optimizer.hpp, shared with the host.
+// gradient accumulation. Each element's arithmetic is the optimizer rule's
+// (zero/optimizer_table.hpp, over kernels/optimizer.hpp), shared with the host.
 //
 // Bytes moved per element (the floor at the device's copy bandwidth): AdamW reads the gradient,
 // master and both moments and writes master, moments and the parameter: 2*sizeof(P) + 24 with
@@ -69,21 +70,20 @@ struct segment_batch {
   int size;
 };
 
-enum class method { adamw, sgd };
+// R is an optimizer rule (zero/optimizer_table.hpp): R::descriptor.moments, R::factor (once per
+// segment) and R::step (per element), the functions the host runs.
+template <class R>
+inline constexpr bool two_moments = R::descriptor.moments > 1;
 
-template <class P, method M, class Entry>
+template <class P, class R, class Entry>
 __device__ __forceinline__ void update(const Entry& s, std::size_t i, const optimizer_constants& c,
-                                       float keep_or_wd) {
+                                       float factor) {
   float master = s.master[i];
   float m1 = s.moment1[i];
-  float p;
-  if constexpr (M == method::adamw) {
-    float m2 = s.moment2[i];
-    p = kernels::adamw(to_float(s.grad[i]), master, m1, m2, c, keep_or_wd);
-    s.moment2[i] = m2;
-  } else {
-    p = kernels::sgd(to_float(s.grad[i]), master, m1, c, keep_or_wd);
-  }
+  float m2 = 0.0f;
+  if constexpr (two_moments<R>) m2 = s.moment2[i];
+  const float p = R::step(to_float(s.grad[i]), master, m1, m2, c, factor);
+  if constexpr (two_moments<R>) s.moment2[i] = m2;
   s.master[i] = master;
   s.moment1[i] = m1;
   if constexpr (!std::is_same_v<P, float>) s.param[i] = from_float<P>(p);
@@ -95,7 +95,7 @@ __device__ __forceinline__ void update(const Entry& s, std::size_t i, const opti
 // forward: the segment table is a kernel argument, and a binary search per chunk in a table of
 // 400 segments (dependent constant-cache misses) held 1000 tensors to 52 % of the copy
 // bandwidth on an H100, against 67 % with runs (docs/performance.md).
-template <class P, class G, method M, int Capacity>
+template <class P, class G, class R, int Capacity>
 __global__ void __launch_bounds__(block_threads)
     optimizer_kernel(const segment_batch<P, G, Capacity> b, const optimizer_constants c) {
   constexpr int V = optimizer_vector;
@@ -110,40 +110,36 @@ __global__ void __launch_bounds__(block_threads)
     const auto& s = b.seg[si];
     const std::size_t begin = (chunk - b.first_chunk[si]) * chunk_elems;
     const std::size_t end = begin + chunk_elems < s.count ? begin + chunk_elems : s.count;
-    const float k = M == method::adamw ? adamw_keep(c, s.decay) : (s.decay ? c.weight_decay : 0.0f);
+    const float k = R::factor(c, s.decay);
     std::size_t i = begin + threadIdx.x * static_cast<std::size_t>(V);
     if (s.vector) {
       for (; i + V <= end; i += static_cast<std::size_t>(blockDim.x) * V) {
         const vec<G, V> g = load<G, V>(s.grad + i);
         vec<float, V> ma = load<float, V>(s.master + i);
         vec<float, V> m1 = load<float, V>(s.moment1 + i);
-        vec<float, V> m2;
-        if constexpr (M == method::adamw) m2 = load<float, V>(s.moment2 + i);
+        vec<float, V> m2{};
+        if constexpr (two_moments<R>) m2 = load<float, V>(s.moment2 + i);
         vec<P, V> out;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
-          float p;
-          if constexpr (M == method::adamw)
-            p = kernels::adamw(to_float(g.v[e]), ma.v[e], m1.v[e], m2.v[e], c, k);
-          else
-            p = kernels::sgd(to_float(g.v[e]), ma.v[e], m1.v[e], c, k);
+          const float p = R::step(to_float(g.v[e]), ma.v[e], m1.v[e], m2.v[e], c, k);
           if constexpr (!std::is_same_v<P, float>) out.v[e] = from_float<P>(p);
         }
         store<float, V>(s.master + i, ma);
         store<float, V>(s.moment1 + i, m1);
-        if constexpr (M == method::adamw) store<float, V>(s.moment2 + i, m2);
+        if constexpr (two_moments<R>) store<float, V>(s.moment2 + i, m2);
         if constexpr (!std::is_same_v<P, float>) store<P, V>(s.param + i, out);
       }
       // The chunk's last count % V elements, one per thread.
       for (std::size_t j = end - (end - begin) % V + threadIdx.x; j < end; j += blockDim.x)
-        update<P, M>(s, j, c, k);
+        update<P, R>(s, j, c, k);
     } else {
-      for (std::size_t j = begin + threadIdx.x; j < end; j += blockDim.x) update<P, M>(s, j, c, k);
+      for (std::size_t j = begin + threadIdx.x; j < end; j += blockDim.x) update<P, R>(s, j, c, k);
     }
   }
 }
 
-template <class P, class G, method M, int Capacity>
+template <class P, class G, class R, int Capacity>
 void launch_batches(std::span<const optimizer_segment<P, G>> segments, const optimizer_constants& c,
                     cudaStream_t stream, const char* what) {
   constexpr std::size_t V = optimizer_vector;
@@ -155,14 +151,14 @@ void launch_batches(std::span<const optimizer_segment<P, G>> segments, const opt
       b.size = 0;
       return;
     }
-    optimizer_kernel<P, G, M, Capacity>
+    optimizer_kernel<P, G, R, Capacity>
         <<<grid_for(b.first_chunk[b.size] * block_threads), block_threads, 0, stream>>>(b, c);
     check_launch(what);
     b.size = 0;
   };
   for (const auto& s : segments) {
     if (s.count == 0) continue;
-    const bool need_v = M == method::adamw;
+    const bool need_v = two_moments<R>;
     const bool need_param = !std::is_same_v<P, float>;
     if (s.grad == nullptr || s.master == nullptr || s.moment1 == nullptr ||
         (need_v && s.moment2 == nullptr) || (need_param && s.param == nullptr))
@@ -204,13 +200,13 @@ void launch_batches(std::span<const optimizer_segment<P, G>> segments, const opt
   flush();
 }
 
-template <class P, class G, method M>
+template <class P, class G, class R>
 void launch_optimizer(std::span<const optimizer_segment<P, G>> segments,
                       const optimizer_constants& c, cudaStream_t stream, const char* what) {
   if (segments.size() <= 16)  // at most 32 entries once misaligned segments are split
-    launch_batches<P, G, M, 32>(segments, c, stream, what);
+    launch_batches<P, G, R, 32>(segments, c, stream, what);
   else
-    launch_batches<P, G, M, 400>(segments, c, stream, what);
+    launch_batches<P, G, R, 400>(segments, c, stream, what);
 }
 
 /// Up to `Capacity` gradient runs for one statistics launch, laid out in chunks as the
@@ -336,21 +332,14 @@ __global__ void accumulate_kernel(P* __restrict__ dst, const S* __restrict__ src
 
 }  // namespace detail
 
-/// One AdamW step over every segment, enqueued on `stream` (one launch per 32 segments). P and G
-/// are named, not deduced (G defaults to P), so a vector of segments converts to the span.
-template <class P, class G = P>
-void adamw_step(std::type_identity_t<std::span<const optimizer_segment<P, G>>> segments,
-                const optimizer_constants& c, cudaStream_t stream = nullptr) {
-  detail::launch_optimizer<P, G, detail::method::adamw>(segments, c, stream,
-                                                        "kernels::cuda::adamw_step");
-}
-
-/// One SGD step over every segment, enqueued on `stream`.
-template <class P, class G = P>
-void sgd_step(std::type_identity_t<std::span<const optimizer_segment<P, G>>> segments,
-              const optimizer_constants& c, cudaStream_t stream = nullptr) {
-  detail::launch_optimizer<P, G, detail::method::sgd>(segments, c, stream,
-                                                      "kernels::cuda::sgd_step");
+/// One step of optimizer rule R (zero/optimizer_table.hpp: zero::adamw_rule, zero::sgd_rule or
+/// any other) over every segment, enqueued on `stream` (one launch per 32 segments, or per 400 in
+/// long lists). P and G are named, not deduced (G defaults to P), so a vector of segments
+/// converts to the span.
+template <class R, class P, class G = P>
+void optimizer_step(std::type_identity_t<std::span<const optimizer_segment<P, G>>> segments,
+                    const optimizer_constants& c, cudaStream_t stream = nullptr) {
+  detail::launch_optimizer<P, G, R>(segments, c, stream, "kernels::cuda::optimizer_step");
 }
 
 /// dst = src * scale (first micro-batch) or dst += src * scale in P, enqueued on `stream` (S is P
@@ -390,9 +379,9 @@ class grad_stats_accumulator {
     const std::size_t bytes = sizeof(grad_stats) +
                               blocks_ * (sizeof(double) + sizeof(std::int32_t)) + sizeof(unsigned) +
                               16;
-    detail::check(cudaMalloc(&mem_, bytes), "grad_stats_accumulator: cudaMalloc");
-    detail::check(cudaMemsetAsync(mem_, 0, bytes, stream),
-                  "grad_stats_accumulator: cudaMemsetAsync");
+    detail::check_cuda(cudaMalloc(&mem_, bytes), "grad_stats_accumulator: cudaMalloc");
+    detail::check_cuda(cudaMemsetAsync(mem_, 0, bytes, stream),
+                       "grad_stats_accumulator: cudaMemsetAsync");
   }
   grad_stats_accumulator(const grad_stats_accumulator&) = delete;
   grad_stats_accumulator& operator=(const grad_stats_accumulator&) = delete;
@@ -403,8 +392,8 @@ class grad_stats_accumulator {
 
   /// Zeroes the result, enqueued on `stream`.
   void reset(cudaStream_t stream = nullptr) {
-    detail::check(cudaMemsetAsync(result(), 0, sizeof(grad_stats), stream),
-                  "grad_stats_accumulator::reset");
+    detail::check_cuda(cudaMemsetAsync(result(), 0, sizeof(grad_stats), stream),
+                       "grad_stats_accumulator::reset");
   }
 
   /// Adds the squares of g[i] * scale over every segment to sumsq (summed in double) and sets
@@ -429,9 +418,9 @@ class grad_stats_accumulator {
   /// Copies the result to the host; waits for `stream`.
   [[nodiscard]] grad_stats read(cudaStream_t stream = nullptr) const {
     grad_stats r;
-    detail::check(cudaMemcpyAsync(&r, result(), sizeof r, cudaMemcpyDeviceToHost, stream),
-                  "grad_stats_accumulator::read");
-    detail::check(cudaStreamSynchronize(stream), "grad_stats_accumulator::read");
+    detail::check_cuda(cudaMemcpyAsync(&r, result(), sizeof r, cudaMemcpyDeviceToHost, stream),
+                       "grad_stats_accumulator::read");
+    detail::check_cuda(cudaStreamSynchronize(stream), "grad_stats_accumulator::read");
     return r;
   }
 

@@ -88,7 +88,7 @@ void visit_reproducible(dtype type, F&& f) {
 inline void rp_windows(dtype type, const void* in, std::size_t n, std::int32_t* win,
                        CUstream_st* s) {
   const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
-  check(cudaMemsetAsync(win + 2 * blocks, 0, sizeof(std::int32_t), s), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(win + 2 * blocks, 0, sizeof(std::int32_t), s), "cudaMemsetAsync");
   if (blocks == 0) return;
   visit_reproducible(type, [&](auto zero) {
     using T = decltype(zero);
@@ -105,7 +105,8 @@ inline void rp_digits(dtype type, const void* in, std::size_t n, const std::int3
   // The padding between reduce_scatter segments is added and never read; zeroed all the same,
   // so no collective reads memory nothing wrote.
   if (seg != 0)
-    check(cudaMemsetAsync(q, 0, seg * (n / count) * sizeof(std::int64_t), s), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(q, 0, seg * (n / count) * sizeof(std::int64_t), s),
+               "cudaMemsetAsync");
   visit_reproducible(type, [&](auto zero) {
     using T = decltype(zero);
     rp_digits_kernel<T><<<grid_for(n), block_threads, 0, s>>>(static_cast<const T*>(in), n, win,
@@ -147,20 +148,20 @@ inline void rp_apply_specials(dtype type, const std::int64_t* codes, std::size_t
 }
 
 inline void rp_copy(void* dst, const void* src, std::size_t bytes, CUstream_st* s) {
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
 }
 
 inline void rp_synchronize(CUstream_st* s) {
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 inline void rp_after(CUstream_st* s, CUstream_st* caller) {
   cudaEvent_t e = nullptr;
-  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   const cudaError_t recorded = cudaEventRecord(e, caller);
   const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(s, e, 0) : recorded;
   static_cast<void>(cudaEventDestroy(e));  // released once the wait is satisfied
-  check(waited, "options::reproducible: ordering behind the caller's stream");
+  check_cuda(waited, "options::reproducible: ordering behind the caller's stream");
 }
 
 }  // namespace detail

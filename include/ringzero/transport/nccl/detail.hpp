@@ -15,6 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "ringzero/detail/cuda_runtime.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
@@ -66,14 +67,8 @@ namespace ringzero::nccl::detail {
 template <element E>
 inline constexpr ncclDataType_t nccl_type_v = to_nccl(dtype_of<std::remove_cv_t<E>>());
 
-[[nodiscard]] inline std::string cuda_message(cudaError_t e) {
-  return fmt::format("{} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
-}
-
-inline void check_cuda(cudaError_t e, std::string_view what) {
-  if (e != cudaSuccess)
-    throw transport_error(fmt::format("{}: CUDA error: {}", what, cuda_message(e)));
-}
+using ringzero::detail::check_cuda;
+using ringzero::detail::cuda_message;
 
 /// NCCL's text for a status, plus its last-error text when it has one. The last error is
 /// process-wide in NCCL, so it can describe an earlier failure; it is still the best detail
@@ -94,24 +89,9 @@ struct live_handle {
   ncclComm_t comm = nullptr;
 };
 
-/// Makes `device` current for a scope. CUDA's current device is per thread and NCCL enqueues on
-/// whatever device is current, so every entry point pins the communicator's own.
-class device_guard {
- public:
-  explicit device_guard(int device) : device_(device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device_) check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-  }
-  ~device_guard() {
-    if (previous_ != device_) static_cast<void>(cudaSetDevice(previous_));
-  }
-  device_guard(const device_guard&) = delete;
-  device_guard& operator=(const device_guard&) = delete;
-
- private:
-  int device_;
-  int previous_ = 0;
-};
+/// CUDA's current device is per thread and NCCL enqueues on whatever device is current, so every
+/// entry point pins the communicator's own.
+using device_guard = ringzero::detail::cuda_device_guard;
 
 /// Refuses a buffer the GPU cannot address before NCCL sees it: NCCL does not check pointers by
 /// default, and a host pointer reaches the kernel as an illegal address that poisons the whole

@@ -8,19 +8,16 @@
 #include <cstdint>
 #include <string>
 
+#include "ringzero/detail/cuda_runtime.hpp"
 #include "ringzero/error.hpp"
 
 namespace ringzero::kernels::cuda::detail {
 
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw transport_error(std::string(what) + ": CUDA error: " + cudaGetErrorString(e) + " (" +
-                          cudaGetErrorName(e) + ")");
-}
+using ringzero::detail::check_cuda;
 
 /// Raises the error of the launch just made (bad configuration, no device), if any.
 inline void check_launch(const char* what) {
-  check(cudaGetLastError(), what);
+  check_cuda(cudaGetLastError(), what);
 }
 
 inline constexpr int block_threads = 256;
@@ -31,13 +28,13 @@ inline int multiprocessors() {
   constexpr int cached_devices = 64;
   static std::atomic<int> known[cached_devices] = {};
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (device >= 0 && device < cached_devices) {
     if (const int n = known[device].load(std::memory_order_relaxed); n > 0) return n;
   }
   int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute(multiprocessor count)");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(multiprocessor count)");
   if (device >= 0 && device < cached_devices) known[device].store(sms, std::memory_order_relaxed);
   return sms;
 }
