@@ -328,6 +328,10 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
   if (scheduled) check_forced_native<T>(c.kind, opt.algorithm);
   const call_size<E> sz = size_of(c, comm.size());
   maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
+  // Counted and traced as every call is (the algorithm "-" unless one was forced). A
+  // stream-ordered call (options::async) is timed to its enqueue, not to its completion.
+  collective_scope<communicator<T>> scope(comm, c.kind, opt.algorithm, sz.model_bytes,
+                                          dtype_of<E>(), c.reduction, opt);
   if (sz.empty) return;
   native_call nc;
   nc.kind = c.kind;
@@ -699,11 +703,11 @@ void barrier(communicator<T>& comm, const options& opt = {}) {
   // would otherwise see only messages of the wrong size, or none.
   detail::maybe_check<T, std::uint8_t>(comm, collective::barrier, 0, op::sum, 0, opt,
                                        env.check_on());
+  detail::collective_scope<communicator<T>> scope(comm, collective::barrier, algorithm::automatic,
+                                                  0, dtype::uint8, op::sum, opt);
   if constexpr (native_collectives<T>) {
     if (comm.size() > 1) comm.transport().run_native(native_call{.kind = collective::barrier}, opt);
   } else {
-    detail::collective_scope<communicator<T>> scope(comm, collective::barrier, algorithm::automatic,
-                                                    0, dtype::uint8, op::sum, opt);
     if (comm.size() == 1) return;
     algorithms::call<std::uint8_t> c;
     c.kind = collective::barrier;
@@ -723,6 +727,9 @@ void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, i
   check_options(what, opt);
   check_buffer(what, "send buffer", out);
   check_buffer(what, "receive buffer", in);
+  collective_scope<communicator<T>> scope(comm, collective::send_recv, algorithm::automatic,
+                                          out.size_bytes() + in.size_bytes(), dtype_of<E>(),
+                                          op::sum, opt, what);
   if constexpr (native_collectives<T>) {
     native_call nc;
     nc.kind = collective::send_recv;
@@ -735,9 +742,6 @@ void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, i
     nc.from = from;
     comm.transport().run_native(nc, opt);
   } else {
-    collective_scope<communicator<T>> scope(comm, collective::send_recv, algorithm::automatic,
-                                            out.size_bytes() + in.size_bytes(), dtype_of<E>(),
-                                            op::sum, opt, what);
     auto& st = comm.state();
     st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
     st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));

@@ -49,7 +49,7 @@ struct counter {
 };
 
 /// comm's counters, one entry per (collective, algorithm) called, in enum order.
-template <collective_comm T>
+template <detail::counted_comm T>
 [[nodiscard]] std::vector<counter> counters(T& comm) {
   std::vector<counter> out;
   const auto& t = comm.state().trace;
@@ -72,13 +72,13 @@ template <collective_comm T>
 }
 
 /// Starts comm's counters again from zero (e.g. after warm-up iterations).
-template <collective_comm T>
+template <detail::counted_comm T>
 void reset_counters(T& comm) {
   comm.state().trace.cells = {};
 }
 
 /// comm's counters as the table RINGZERO_DEBUG=INFO prints, one line per row after a header.
-template <collective_comm T>
+template <detail::counted_comm T>
 [[nodiscard]] std::string counters_table(T& comm) {
   std::string s;
   for (const auto& line : detail::counter_lines(comm.state().trace, comm.size())) {

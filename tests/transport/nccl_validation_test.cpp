@@ -161,6 +161,38 @@ TEST_CASE("a native backend gets the core's validation and only validated calls"
   });
 }
 
+TEST_CASE("a native backend's calls are counted as every call is") {
+  // Counters and traces open their scope before the call reaches the backend, so what NCCL runs
+  // shows in trace::counters like any transport's calls: empty calls, barriers and
+  // point-to-point included, a refused call not.
+  std::vector<ringzero::native_call> calls;
+  ringzero::communicator<recording_native> native(recording_native{0, 2, &calls});
+  std::vector<float> buf(16, 1.0f);
+  const std::span<float> all(buf);
+  ringzero::all_reduce(native, all.first(4), op::sum);
+  ringzero::all_reduce(native, all.first(0), op::sum);  // counted, never handed over
+  ringzero::all_gather(native, std::span<const float>(all.first(4)), all.first(8));
+  ringzero::barrier(native);
+  ringzero::send_recv(native, std::span<const float>(all.first(2)), 1, all.subspan(8, 3), 1);
+  CHECK_THROWS_AS(ringzero::reduce(native, all.first(4), op::sum, 5), ringzero::invalid_argument);
+  CHECK(calls.size() == 4);
+  const auto rows = ringzero::trace::counters(native);
+  const auto row = [&](ringzero::collective k) {
+    for (const auto& r : rows)
+      if (r.kind == k) return r;
+    return ringzero::trace::counter{.kind = k};
+  };
+  CHECK(row(ringzero::collective::all_reduce).calls == 2);
+  CHECK(row(ringzero::collective::all_reduce).bytes == 16);
+  CHECK(row(ringzero::collective::all_reduce).algo == ringzero::algorithm::automatic);
+  CHECK(row(ringzero::collective::all_gather).calls == 1);
+  CHECK(row(ringzero::collective::all_gather).bytes == 32);
+  CHECK(row(ringzero::collective::barrier).calls == 1);
+  CHECK(row(ringzero::collective::send_recv).calls == 1);
+  CHECK(row(ringzero::collective::send_recv).bytes == 20);
+  CHECK(row(ringzero::collective::reduce).calls == 0);
+}
+
 namespace {
 
 // The executor a one-rank scheduling_native offers: a world of one only copies.

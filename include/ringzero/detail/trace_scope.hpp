@@ -49,6 +49,17 @@ inline thread_local const trace_writer* trace_thread_writer = nullptr;
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
+/// A communicator whose calls are counted: it has ringzero's per-communicator state. Every
+/// communicator<T> is one, those over backends that run their own collectives (NCCL) included;
+/// only one that also does messaging (collective_comm) writes a timeline under RINGZERO_TRACE,
+/// since opening the file measures clocks with point-to-point messages.
+template <class C>
+concept counted_comm = requires(C& c, const C& cc) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { c.state() } -> std::same_as<comm_state&>;
+};
+
 /// Reads RINGZERO_TRACE once per communicator.
 inline void trace_read_mode(trace_state& t, int rank, int size) {
   t.rank = rank;
@@ -120,9 +131,10 @@ trace_writer& trace_open(T& comm, trace_state& t) {
 
 #ifndef RINGZERO_DISABLE_TRACE
 
-/// One collective call: counted always, recorded while RINGZERO_TRACE is set. `bytes` is the
-/// buffer size nccl-tests reports (the full buffer for reduce_scatter and all_gather).
-template <collective_comm T>
+/// One collective call: counted always, recorded while RINGZERO_TRACE is set (on a messaging
+/// communicator). `bytes` is the buffer size nccl-tests reports (the full buffer for
+/// reduce_scatter and all_gather).
+template <counted_comm T>
 class collective_scope {
  public:
   collective_scope(T& comm, collective kind, algorithm algo, std::size_t bytes, dtype type, op o,
@@ -137,8 +149,10 @@ class collective_scope {
         opt_(opt),
         name_(name),
         start_(std::chrono::steady_clock::now()) {
-    if (st_.current_mode() != 0) [[unlikely]]
-      begin();
+    if constexpr (collective_comm<T>) {
+      if (st_.current_mode() != 0) [[unlikely]]
+        begin();
+    }
   }
   collective_scope(const collective_scope&) = delete;
   collective_scope& operator=(const collective_scope&) = delete;
@@ -153,8 +167,10 @@ class collective_scope {
     ++c.calls;
     c.bytes += bytes_;
     c.ns += (end - start_).count();
-    if (active_) [[unlikely]]
-      finish(end);
+    if constexpr (collective_comm<T>) {
+      if (active_) [[unlikely]]
+        finish(end);
+    }
   }
 
  private:
@@ -243,7 +259,7 @@ class collective_scope {
 
 #else
 
-template <collective_comm T>
+template <counted_comm T>
 class collective_scope {
  public:
   collective_scope(T&, collective, algorithm, std::size_t, dtype, op, const options&,
