@@ -351,6 +351,101 @@ TEST_CASE("bad arguments are named") {
   require_all_passed(bad);
 }
 
+TEST_CASE("striping: pieces go where they finish first at each rail's measured rate") {
+  namespace d = ringzero::socket::detail;
+  std::vector<d::connection> conns(3);
+  for (int i = 0; i < 3; ++i) {
+    conns[static_cast<std::size_t>(i)].rail = i;
+    conns[static_cast<std::size_t>(i)].alive = true;
+  }
+  constexpr std::size_t piece = std::size_t{1} << 20;
+  const auto place = [&](std::size_t pieces, bool weighted) {
+    std::vector<int> got(conns.size(), 0);
+    for (auto& c : conns) c.queued_bytes = 0;
+    std::size_t next = 0;
+    for (std::size_t k = 0; k < pieces; ++k) {
+      const std::size_t at = d::weighted_pick(conns, next, piece, weighted);
+      REQUIRE(at < conns.size());
+      conns[at].queued_bytes += piece;
+      ++got[at];
+      next = (at + 1) % conns.size();
+    }
+    return got;
+  };
+  // Nothing measured yet: the least loaded, round robin, as equal shares.
+  CHECK(place(24, true) == std::vector<int>{8, 8, 8});
+  // Rails of 3 : 2 : 1: the message divides in that proportion.
+  conns[0].rate = 3e8;
+  conns[1].rate = 2e8;
+  conns[2].rate = 1e8;
+  CHECK(place(24, true) == std::vector<int>{12, 8, 4});
+  // Unweighted, the rates are ignored.
+  CHECK(place(24, false) == std::vector<int>{8, 8, 8});
+  // Rates within a quarter of the fastest are noise between alike rails: equal shares.
+  conns[1].rate = 2.4e8;
+  conns[2].rate = 2.9e8;
+  CHECK(place(24, true) == std::vector<int>{8, 8, 8});
+  conns[1].rate = 2e8;
+  conns[2].rate = 1e8;
+  // A rail not measured yet counts as fast as the fastest, so it is tried; a dead one never is.
+  conns[2].rate = 0;
+  CHECK(place(16, true) == std::vector<int>{6, 4, 6});
+  conns[1].alive = false;
+  CHECK(place(10, true) == std::vector<int>{5, 0, 5});
+  conns[0].alive = conns[2].alive = false;
+  CHECK(d::weighted_pick(conns, 0, piece, true) == conns.size());
+}
+
+TEST_CASE("striping: a rail's rate is measured where its bytes arrive, while they arrive") {
+  namespace d = ringzero::socket::detail;
+  using std::chrono::milliseconds;
+  constexpr std::uint64_t half = std::uint64_t{512} << 10, mib = std::uint64_t{1} << 20;
+  d::connection c;
+  const auto t0 = d::clock::now();
+  // One read of `bytes` at t0 + ms, after which a frame is still `arriving` or not, as
+  // engine::read accounts it.
+  const auto read = [&](std::uint64_t bytes, int ms, bool arriving) {
+    c.arrived(bytes, t0 + milliseconds(ms));
+    c.rx_sampling = arriving;
+  };
+  read(half, 40, true);  // the first read after an idle spell: not a sample
+  CHECK(c.rx_rate == 0);
+  CHECK(c.rx_rate_field() == 0);  // acknowledgements say "not measured"
+  read(half, 45, true);
+  CHECK(c.rx_rate == 0);  // half a window so far
+  read(half, 50, true);
+  const double r10 = static_cast<double>(mib) / 0.010;  // 1 MiB in 10 ms
+  CHECK(c.rx_rate == doctest::Approx(r10));
+  CHECK(c.rx_rate_field() == static_cast<std::uint32_t>(c.rx_rate / 1024.0));
+  // A faster window raises the estimate at once; slower ones do not lower it while the faster
+  // is among the last four.
+  read(mib, 55, true);
+  CHECK(c.rx_rate == doctest::Approx(2 * r10));
+  read(half, 60, false);  // the frame is whole: nothing arriving after this read
+  // The idle time until the next read is not a sample.
+  read(mib, 5000, true);
+  read(mib, 5010, true);  // with the half from before: 1.5 MiB in 15 ms
+  CHECK(c.rx_rate == doctest::Approx(2 * r10));
+  for (int w = 0; w < 3; ++w) read(mib, 5030 + 20 * w, true);  // 1 MiB in 20 ms each
+  // Four windows on, the fast one is gone: the best of the last four is 1.5 MiB in 15 ms.
+  CHECK(c.rx_rate == doctest::Approx(r10));
+  read(mib, 5090, true);
+  CHECK(c.rx_rate == doctest::Approx(r10 / 2));
+}
+
+TEST_CASE("RINGZERO_RAIL_SHARES is measured or equal, and anything else is named") {
+  ::setenv("RINGZERO_RAIL_SHARES", "equal", 1);
+  CHECK_FALSE(sock::transport::weigh_rails_from_env());
+  ::setenv("RINGZERO_RAIL_SHARES", "measured", 1);
+  CHECK(sock::transport::weigh_rails_from_env());
+  ::setenv("RINGZERO_RAIL_SHARES", "fastest", 1);
+  CHECK_THROWS_WITH_AS(static_cast<void>(sock::transport::weigh_rails_from_env()),
+                       doctest::Contains("RINGZERO_RAIL_SHARES=fastest"),
+                       ringzero::invalid_argument);
+  ::unsetenv("RINGZERO_RAIL_SHARES");
+  CHECK(sock::transport::weigh_rails_from_env());
+}
+
 TEST_CASE(
     "a rail that fails mid-transfer: its pieces move to the others; the last one names "
     "the rank and the rail") {

@@ -7,9 +7,10 @@
 // Rails: RINGZERO_RAILS=eth0,eth1,... (interface names, alike on every host, as
 // NCCL_SOCKET_IFNAME takes them; IPv4 addresses also do) opens one connection per rail to
 // each peer, from and to that interface's IPv4 address. Messages of at least
-// options::stripe_bytes are cut into pieces spread over the rails (each piece to the rail with
-// the least queued, so a slower rail takes fewer), smaller ones go whole, round robin; a
-// message completes once every piece arrived, and what arrives is bitwise what was sent.
+// options::stripe_bytes are cut into pieces spread over the rails (each piece to the rail that
+// would deliver it first at its measured rate, so a rail of half the speed takes half as many),
+// smaller ones go whole, round robin; a message completes once every piece arrived, and what
+// arrives is bitwise what was sent.
 // Without RINGZERO_RAILS: one rail, on RINGZERO_SOCKET_IFNAME when set, else loopback when
 // every rank is on this host, else the address this host reaches MASTER_ADDR from.
 //
@@ -67,6 +68,10 @@ struct options {
   std::vector<std::string> rails{};
   /// Messages of at least this many bytes are striped over the rails.
   std::size_t stripe_bytes = std::size_t{64} << 10;
+  /// A striped message's pieces go to the rails in proportion to each rail's rate, as the
+  /// receiving side measures it; false: each to the rail with the fewest bytes queued.
+  /// RINGZERO_RAIL_SHARES=equal also turns it off (=measured is the default).
+  bool weigh_rails = true;
   /// SO_SNDBUF and SO_RCVBUF of every connection; 0 leaves them to the kernel's autotuning.
   std::size_t buffer_bytes = std::size_t{4} << 20;
   /// How long a connection may hold unacknowledged data before it counts as failed
@@ -122,6 +127,8 @@ class transport {
   [[nodiscard]] int live_rails(int peer) const { return eng_->live_rails(peer); }
   /// Payload bytes each rail delivered (acknowledged), to every peer together.
   [[nodiscard]] std::vector<std::uint64_t> rail_bytes() const { return eng_->rail_bytes(); }
+  /// Each rail's rate toward `peer`, bytes per second, as the peer measured it (0: not yet).
+  [[nodiscard]] std::vector<double> rail_rates(int peer) const { return eng_->rail_rates(peer); }
   /// For tests: breaks the connection to `peer` on `rail`, as a failing link would.
   void break_rail(int peer, int rail) { eng_->break_rail(peer, rail); }
 
@@ -166,6 +173,16 @@ class transport {
   [[nodiscard]] std::optional<std::string> abort_reason() const {
     if (!eng_->aborted()) return std::nullopt;
     return eng_->abort_reason();
+  }
+
+  /// RINGZERO_RAIL_SHARES: "measured" (or unset) weighs the rails by their measured rates,
+  /// "equal" does not.
+  [[nodiscard]] static bool weigh_rails_from_env() {
+    const auto v = ringzero::detail::getenv_str("RINGZERO_RAIL_SHARES");
+    if (!v || *v == "measured") return true;
+    if (*v == "equal") return false;
+    throw invalid_argument(
+        fmt::format("RINGZERO_RAIL_SHARES={}: expected 'measured' or 'equal'", *v));
   }
 
   /// The rails the environment names: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else none
@@ -291,7 +308,8 @@ class transport {
     }
     for (const auto& r : rails) names.push_back(r.name);
 
-    eng_ = std::make_shared<d::engine>(rank_, size, names, opt.stripe_bytes);
+    eng_ = std::make_shared<d::engine>(rank_, size, names, opt.stripe_bytes,
+                                       opt.weigh_rails && weigh_rails_from_env());
     const auto user_timeout = std::chrono::milliseconds(std::max<long long>(
         1000, std::min<long long>(
                   opt.rail_timeout.count(),

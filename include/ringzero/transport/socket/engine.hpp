@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -64,6 +65,11 @@ struct engine_limits {
   /// The largest piece: larger messages are cut into more pieces than there are rails, so that
   /// the rails that drain first take more of them.
   static constexpr std::size_t max_piece_bytes = std::size_t{4} << 20;
+  /// A striped message is cut into one piece per live rail at least, and up to this many while
+  /// pieces stay over min_piece_bytes: the granularity of its division among rails of different
+  /// rates.
+  static constexpr std::size_t pieces_per_rail = 8;
+  static constexpr std::size_t min_piece_bytes = std::size_t{64} << 10;
   /// How long a rank that has seen another die lets completions already on their way arrive
   /// before its other waits fail too.
   static constexpr std::chrono::milliseconds settle{200};
@@ -146,7 +152,94 @@ struct connection {
   std::uint64_t ack_sent = 0;  ///< the count last acknowledged
   bool got_bye = false;
   std::uint64_t bytes_out = 0;  ///< payload bytes acknowledged (for statistics)
+  // The rail's rate, measured where the bytes arrive: payload read over the time between
+  // reads, counted only while a frame was still arriving in between (so idle time is not), in
+  // windows of at least rate_window bytes; the estimate is the best of the last
+  // rate_samples windows (a max filter, as TCP BBR keeps its bandwidth estimate). The receiver
+  // reports its figure in every acknowledgement; `rate` is the peer's figure for this
+  // connection's outgoing direction, what a striped message's pieces are placed by
+  // (weighted_pick). Why these choices: a window can only come out low, never high (time the
+  // receiver spent elsewhere while a frame sat whole in the kernel counts as arrival time), and
+  // more so on a rail that carries little, so a smoothed mean would starve that rail of
+  // pieces and of the windows that could correct it; and acknowledgement times would be worse
+  // still, since an acknowledgement waits behind the reverse direction's data.
+  clock::time_point rx_last{};
+  bool rx_sampling = false;  ///< a frame was arriving at rx_last
+  std::uint64_t window_bytes = 0;
+  std::int64_t window_ns = 0;
+  std::array<double, 4> samples{};  ///< the last windows' rates, bytes per second
+  std::size_t next_sample = 0;
+  double rx_rate = 0;  ///< bytes per second arriving on this connection; 0: not measured yet
+  double rate = 0;     ///< the peer's rx_rate for what this side sends; 0: not reported yet
+
+  static constexpr std::uint64_t rate_window = std::uint64_t{1} << 20;
+
+  /// Queues a piece of `len` payload bytes.
+  void enqueue(piece&& p, std::size_t len) {
+    queued_bytes += len;
+    out.push_back(std::move(p));
+  }
+
+  /// `bytes` read at `now`: the interval since the last read is a sample if a frame was
+  /// arriving all along (rx_sampling, which the reader sets once it has parsed what it read);
+  /// once a window is full, rx_rate is the best of the last windows.
+  void arrived(std::uint64_t bytes, clock::time_point now) noexcept {
+    if (rx_sampling) {
+      window_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(now - rx_last).count();
+      window_bytes += bytes;
+      if (window_bytes >= rate_window && window_ns > 0) {
+        samples[next_sample++ % samples.size()] =
+            static_cast<double>(window_bytes) * 1e9 / static_cast<double>(window_ns);
+        rx_rate = *std::max_element(samples.begin(), samples.end());
+        window_bytes = 0;
+        window_ns = 0;
+      }
+    }
+    rx_last = now;
+  }
+
+  /// rx_rate as an acknowledgement carries it: KiB/s, at least 1 once measured, 0 before.
+  [[nodiscard]] std::uint32_t rx_rate_field() const noexcept {
+    if (rx_rate <= 0) return 0;
+    const double kib = rx_rate / 1024.0;
+    return kib >= 4294967295.0 ? 4294967295u
+                               : std::max<std::uint32_t>(1, static_cast<std::uint32_t>(kib));
+  }
 };
+
+/// Where the next piece of `len` bytes to a peer goes: with `weighted`, the live connection that
+/// would finish it first at its measured rate, (queued + len) / rate (a rail not measured yet,
+/// or within a quarter of the fastest, counts as the fastest); else, or while
+/// no rail is measured, the one with the fewest bytes queued. Ties go to the first from `start`
+/// (round robin). Returns conns.size() when none is alive.
+[[nodiscard]] inline std::size_t weighted_pick(const std::vector<connection>& conns,
+                                               std::size_t start, std::size_t len,
+                                               bool weighted) noexcept {
+  constexpr double near_fastest = 0.75;
+  const std::size_t n = conns.size();
+  double fastest = 0;
+  if (weighted)
+    for (const auto& c : conns)
+      if (c.alive) fastest = std::max(fastest, c.rate);
+  std::size_t best = n;
+  double best_cost = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t at = (start + i) % n;
+    const connection& c = conns[at];
+    if (!c.alive) continue;
+    const double bytes = static_cast<double>(c.queued_bytes + len);
+    // Rates within a quarter of the fastest count as the fastest: windows of alike rails
+    // differ by that much from noise alone, and weighing by noise costs alike rails more than
+    // the finer division gains.
+    const double r = c.rate > 0 && c.rate < near_fastest * fastest ? c.rate : fastest;
+    const double cost = fastest > 0 ? bytes / r : bytes;
+    if (best == n || cost < best_cost) {
+      best = at;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
 
 struct peer_state {
   std::vector<connection> conns;  ///< one per rail
@@ -164,10 +257,14 @@ struct peer_state {
 
 class engine {
  public:
-  engine(int rank, int size, std::vector<std::string> rail_names, std::size_t stripe_bytes)
+  /// `weighted`: a striped message's pieces go to the rails in proportion to their measured
+  /// rates (weighted_pick); false: to the least loaded.
+  engine(int rank, int size, std::vector<std::string> rail_names, std::size_t stripe_bytes,
+         bool weighted = true)
       : rank_(rank),
         rail_names_(std::move(rail_names)),
         stripe_bytes_(stripe_bytes),
+        weighted_(weighted),
         peers_(static_cast<std::size_t>(size)),
         scratch_(engine_limits::scratch_bytes) {}
   engine(const engine&) = delete;
@@ -208,6 +305,16 @@ class engine {
     return b;
   }
 
+  /// Each rail's rate toward `peer` as the peer measured it (bytes per second; 0 until it
+  /// reported one): what striped pieces are placed by.
+  [[nodiscard]] std::vector<double> rail_rates(int peer) const {
+    std::lock_guard lock(mutex_);
+    std::vector<double> r(rail_names_.size(), 0.0);
+    const auto& conns = peers_[static_cast<std::size_t>(peer)].conns;
+    for (std::size_t i = 0; i < conns.size() && i < r.size(); ++i) r[i] = conns[i].rate;
+    return r;
+  }
+
   /// A test's stand-in for a failing link: shuts the connection to `peer` on `rail` down in
   /// both directions, as a reset would.
   void break_rail(int peer, int rail) {
@@ -233,10 +340,17 @@ class engine {
     const std::uint64_t seq = ps.send_seq++;
     const int live = live_count(ps);
     std::size_t pieces = 1;
-    if (live > 1 && data.size() >= stripe_bytes_) pieces = static_cast<std::size_t>(live);
+    // Striped: several pieces per rail, so that placing each where it finishes first
+    // (weighted_pick) divides the message in proportion to the rails' rates to within a
+    // piece, and a rail that slows down holds up one piece, not a whole share.
+    if (live > 1 && data.size() >= stripe_bytes_) {
+      const auto rails = static_cast<std::size_t>(live);
+      pieces = std::clamp(data.size() / engine_limits::min_piece_bytes, rails,
+                          rails * engine_limits::pieces_per_rail);
+    }
     pieces = std::max(pieces, (data.size() + engine_limits::max_piece_bytes - 1) /
                                   engine_limits::max_piece_bytes);
-    // Equal shares, on 4 KiB boundaries.
+    // Equal pieces, on 4 KiB boundaries.
     std::size_t share = (data.size() + pieces - 1) / pieces;
     if (pieces > 1) share = (share + 4095) / 4096 * 4096;
     o->pieces_left = 0;
@@ -247,9 +361,8 @@ class engine {
       piece p;
       p.o = o;
       p.h = frame_header::data(seq, tag, data.size(), offset, static_cast<std::uint32_t>(len));
-      connection& c = pick(ps, pieces > 1);
-      c.queued_bytes += len;
-      c.out.push_back(std::move(p));
+      connection& c = pick(ps, pieces > 1, len);
+      c.enqueue(std::move(p), len);
       ++o->pieces_left;
       if (std::find(touched.begin(), touched.end(), &c) == touched.end()) touched.push_back(&c);
       offset += len;
@@ -384,21 +497,20 @@ class engine {
 
   /// The connection for the next piece: round robin for whole messages, the least loaded for
   /// the pieces of a striped one.
-  [[nodiscard]] connection& pick(peer_state& ps, bool by_load) {
+  /// The live connection for a piece of `len` bytes: by load (weighted_pick) for the pieces of
+  /// a striped message, else the next live one round robin. The caller checked one is live.
+  [[nodiscard]] connection& pick(peer_state& ps, bool by_load, std::size_t len) {
     const std::size_t n = ps.conns.size();
-    connection* best = nullptr;
-    for (std::size_t i = 0; i < n; ++i) {
-      connection& c = ps.conns[(ps.next_rail + i) % n];
-      if (!c.alive) continue;
-      if (!best) {
-        best = &c;
-        if (!by_load) break;
-      } else if (c.queued_bytes < best->queued_bytes) {
-        best = &c;
-      }
+    std::size_t at = n;
+    if (by_load) {
+      at = weighted_pick(ps.conns, ps.next_rail, len, weighted_);
+    } else {
+      for (std::size_t i = 0; i < n && at == n; ++i)
+        if (ps.conns[(ps.next_rail + i) % n].alive) at = (ps.next_rail + i) % n;
     }
-    ps.next_rail = (static_cast<std::size_t>(best->rail) + 1) % n;
-    return *best;
+    connection& best = ps.conns[at];
+    ps.next_rail = (static_cast<std::size_t>(best.rail) + 1) % n;
+    return best;
   }
 
   void fail_gone(op& o, const peer_state& ps) {
@@ -545,7 +657,7 @@ class engine {
       const bool boundary = c.partial == 0;
       if (boundary && c.ctrl_len == 0) {
         if (c.received != c.ack_sent) {
-          c.ctrl = frame_header::ack(c.received);
+          c.ctrl = frame_header::ack(c.received, c.rx_rate_field());
           c.ctrl_len = sizeof(frame_header);
           c.ack_sent = c.received;
         } else if (c.bye_due && !c.bye_sent && c.written == c.out.size()) {
@@ -630,6 +742,10 @@ class engine {
         c.rx_begin += sizeof h;
         if (!on_header(peer, c, h)) return;
       }
+      // Everything read is parsed: a frame is still arriving if its payload is part-read or
+      // part of its header is (a whole acknowledgement read alone does not count: the time
+      // until the next read would be idle time).
+      c.rx_sampling = c.in_payload || c.rx_end > c.rx_begin;
       if (!more) return;  // the last read left the socket empty
       // What is left is part of a header: to the front.
       if (c.rx_begin > 0) {
@@ -673,6 +789,7 @@ class engine {
         if (c.cur_got == c.cur.length) end_piece(ps, c);
       }
       c.rx_end += got;
+      c.arrived(static_cast<std::uint64_t>(n), clock::now());
     }
   }
 
@@ -688,6 +805,7 @@ class engine {
     switch (h.kind) {
       case frame_kind::ack:
         on_ack(c, h.seq);
+        if (h.length > 0) c.rate = static_cast<double>(h.length) * 1024.0;
         return true;
       case frame_kind::bye: {
         c.got_bye = true;
@@ -799,9 +917,9 @@ class engine {
     std::vector<connection*> touched;
     for (auto& p : moved) {
       if (p.o->state != op::status::pending) continue;
-      connection& to = pick(ps, true);
-      to.queued_bytes += p.h.length;
-      to.out.push_back(std::move(p));
+      const std::size_t len = p.h.length;
+      connection& to = pick(ps, true, len);
+      to.enqueue(std::move(p), len);
       if (std::find(touched.begin(), touched.end(), &to) == touched.end()) touched.push_back(&to);
     }
     for (connection* t : touched) write(peer, *t);
@@ -854,6 +972,7 @@ class engine {
   int rank_;
   std::vector<std::string> rail_names_;
   std::size_t stripe_bytes_;
+  bool weighted_;
   std::vector<peer_state> peers_;
   std::vector<std::byte> scratch_;
   std::vector<pollfd> pfds_;

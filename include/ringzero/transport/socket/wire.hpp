@@ -11,7 +11,8 @@ namespace ringzero::socket::detail {
 
 enum class frame_kind : std::uint32_t {
   data = 1,  ///< a piece of a message: seq, tag, total, offset, length
-  ack = 2,   ///< seq: data frames read whole on this connection so far
+  ack = 2,   ///< seq: data frames read whole on this connection so far; length: the rate they
+             ///< arrive at, KiB/s (0: not measured yet)
   bye = 3,   ///< the sender closes its transport; seq: the rank it saw fail first, plus 1 (0: none)
 };
 
@@ -27,8 +28,8 @@ struct frame_header {
                                          std::uint64_t offset, std::uint32_t length) noexcept {
     return {frame_kind::data, length, seq, tag, total, offset};
   }
-  [[nodiscard]] static frame_header ack(std::uint64_t count) noexcept {
-    return {frame_kind::ack, 0, count, 0, 0, 0};
+  [[nodiscard]] static frame_header ack(std::uint64_t count, std::uint32_t rate_kib) noexcept {
+    return {frame_kind::ack, rate_kib, count, 0, 0, 0};
   }
   [[nodiscard]] static frame_header bye(int failed_rank) noexcept {
     return {frame_kind::bye, 0, static_cast<std::uint64_t>(failed_rank + 1), 0, 0, 0};
