@@ -1,8 +1,9 @@
-// The vocabulary of a collective call: which collective, which algorithm, and the per-call
-// options. automatic asks the cost model (tuning/cost_model.hpp); RINGZERO_ALGO forces one for
-// every collective it applies to, and options::algorithm forces one for a single call. Each
-// algorithm's name and the collectives it implements live in its descriptor
-// (algorithms/table.hpp lists them; algorithm_name() and parse_algorithm() are defined there).
+// The vocabulary of a collective call: which collective (collective_table.hpp describes each),
+// which algorithm, and the per-call options. automatic asks the cost model
+// (tuning/cost_model.hpp); RINGZERO_ALGO forces one for every collective it applies to, and
+// options::algorithm forces one for a single call. Each algorithm's name and the collectives it
+// implements live in its descriptor (algorithms/table.hpp lists them; algorithm_name() and
+// parse_algorithm() are defined there).
 #pragma once
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "ringzero/collective_table.hpp"
 #include "ringzero/error.hpp"
 
 // CUDA's stream type (cudaStream_t is CUstream_st*), named without including a CUDA header.
@@ -28,48 +30,6 @@ enum class algorithm : std::uint8_t {
   bruck,     ///< all_to_all: Bruck's ceil(log2 n) rounds of half the blocks (small blocks)
   linear,    ///< gather, scatter: the root exchanges with every rank directly
 };
-
-enum class collective : std::uint8_t {
-  all_reduce,
-  reduce_scatter,
-  all_gather,
-  broadcast,
-  reduce,
-  barrier,
-  send_recv,
-  all_to_all,
-  all_to_allv,
-  gather,
-  scatter
-};
-
-[[nodiscard]] constexpr std::string_view collective_name(collective c) noexcept {
-  switch (c) {
-    case collective::all_reduce:
-      return "all_reduce";
-    case collective::reduce_scatter:
-      return "reduce_scatter";
-    case collective::all_gather:
-      return "all_gather";
-    case collective::broadcast:
-      return "broadcast";
-    case collective::reduce:
-      return "reduce";
-    case collective::barrier:
-      return "barrier";
-    case collective::send_recv:
-      return "send_recv";
-    case collective::all_to_all:
-      return "all_to_all";
-    case collective::all_to_allv:
-      return "all_to_allv";
-    case collective::gather:
-      return "gather";
-    case collective::scatter:
-      return "scatter";
-  }
-  return "?";
-}
 
 /// Per-call knobs. Zero means "the default": the communicator's timeout, the transport's chunk.
 /// `timeout` bounds the call's progress: it fails once none of its messages has completed for

@@ -94,19 +94,21 @@ template <class T>
 /// options::algorithm wins and must implement the collective; RINGZERO_ALGO (`from_env`, as
 /// env_algorithm read it) applies where it can (as NCCL_ALGO); otherwise the cost model decides.
 template <class Table, class T>
-[[nodiscard]] algorithm choose(communicator<T>& comm, collective c, std::size_t bytes,
-                               const options& opt, std::optional<algorithm> from_env) {
+[[nodiscard]] algorithm choose(communicator<T>& comm, const collective_descriptor& d,
+                               std::size_t bytes, const options& opt,
+                               std::optional<algorithm> from_env) {
+  const collective c = d.id;
   if (opt.algorithm != algorithm::automatic) {
     if (!Table::known(opt.algorithm))
       throw invalid_argument(
-          fmt::format("{}: options::algorithm holds {}, which names no algorithm",
-                      collective_name(c), static_cast<int>(opt.algorithm)));
+          fmt::format("{}: options::algorithm holds {}, which names no algorithm", d.name,
+                      static_cast<int>(opt.algorithm)));
     if (!Table::implements(c, opt.algorithm))
       throw invalid_argument(fmt::format("{}: algorithm '{}' does not implement this collective",
-                                         collective_name(c), Table::name(opt.algorithm)));
+                                         d.name, Table::name(opt.algorithm)));
     if (Table::needs_nodes(opt.algorithm) && !has_hosts<T>)
       throw unsupported(fmt::format("{}: this transport has no node topology for algorithm '{}'",
-                                    collective_name(c), Table::name(opt.algorithm)));
+                                    d.name, Table::name(opt.algorithm)));
     return opt.algorithm;
   }
   if (from_env && *from_env != algorithm::automatic && Table::implements(c, *from_env) &&
@@ -182,10 +184,11 @@ void copy_if_distinct(std::span<const E> in, std::span<E> out) {
   if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
 }
 
-/// The sizes one kind of call is described by: the element count RINGZERO_CHECK compares, the
-/// bytes the cost model prices, and whether the call moves nothing on any rank (then it returns
-/// at once). all_to_allv's counts differ per rank, so it compares none, and it is never skipped:
-/// whether anything moves depends on every rank's counts, which no rank knows on its own.
+/// The sizes a call is described by: the element count RINGZERO_CHECK compares, the bytes the
+/// cost model prices, and whether the call moves nothing on any rank (then it returns at once),
+/// all from its descriptor's extents. all_to_allv's counts differ per rank, so it compares none,
+/// and it is never skipped: whether anything moves depends on every rank's counts, which no
+/// rank knows on its own.
 template <element E>
 struct call_size {
   std::size_t count;
@@ -195,28 +198,30 @@ struct call_size {
 
 template <element E>
 [[nodiscard]] call_size<E> size_of(const algorithms::call<E>& c, int ranks) {
-  const auto n = static_cast<std::size_t>(ranks);
-  const auto sized = [](std::size_t count, std::size_t bytes) {
-    return call_size<E>{count, bytes, count == 0};
-  };
-  switch (c.kind) {
-    case collective::reduce_scatter:
-      return sized(c.out.size(), c.in.size_bytes());
-    case collective::all_gather:
-      return sized(c.in.size(), c.out.size_bytes());
-    case collective::reduce:
-      return sized(c.in.size(), c.in.size_bytes());
-    case collective::all_to_all:
-      return sized(c.in.size() / n, c.in.size_bytes());
-    case collective::all_to_allv:
-      return {0, c.in.size_bytes(), false};
-    case collective::gather:
-      return sized(c.in.size(), c.in.size_bytes() * n);
-    case collective::scatter:
-      return sized(c.out.size(), c.out.size_bytes() * n);
-    default:
-      return sized(c.out.size(), c.out.size_bytes());
-  }
+  const collective_descriptor& d = algorithms::describe(c);
+  if (d.in.size == extent::varies) return {0, c.in.size_bytes(), false};
+  const std::size_t count = d.count(c.in.size(), c.out.size(), ranks);
+  return {count, d.full_elems(count, ranks) * sizeof(E), count == 0};
+}
+
+/// The transport's view of a validated call of `count` elements (native_call's counts).
+template <element E>
+[[nodiscard]] native_call native_call_of(const algorithms::call<E>& c, std::size_t count,
+                                         std::uint32_t sequence) {
+  native_call nc;
+  nc.kind = c.kind;
+  nc.type = dtype_of<E>();
+  nc.reduction = c.reduction;
+  nc.in = c.in.data();
+  nc.out = c.out.data();
+  nc.count = count;
+  nc.root = c.root;
+  nc.sequence = sequence;
+  nc.send_counts = c.blocks.send_counts;
+  nc.send_displs = c.blocks.send_displs;
+  nc.recv_counts = c.blocks.recv_counts;
+  nc.recv_displs = c.blocks.recv_displs;
+  return nc;
 }
 
 /// A call on one rank: what it sends itself.
@@ -266,15 +271,7 @@ template <class T, element E>
                               std::size_t count, const options& opt, bool algo_env) {
   if constexpr (some_native_collectives<T>) {
     if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || algo_env) return false;
-    native_call nc;
-    nc.kind = c.kind;
-    nc.type = dtype_of<E>();
-    nc.reduction = c.reduction;
-    nc.in = c.in.data();
-    nc.out = c.out.data();
-    nc.count = count;
-    nc.root = c.root;
-    nc.sequence = comm.state().collective_seq;
+    const native_call nc = native_call_of(c, count, comm.state().collective_seq);
     options resolved = opt;
     if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
     // A call the transport ran takes a sequence number, as one over messages does.
@@ -333,18 +330,7 @@ void run_native(communicator<T>& comm, const algorithms::call<E>& c, const optio
   collective_scope<communicator<T>> scope(comm, c.kind, opt.algorithm, sz.model_bytes,
                                           dtype_of<E>(), c.reduction, opt);
   if (sz.empty) return;
-  native_call nc;
-  nc.kind = c.kind;
-  nc.type = dtype_of<E>();
-  nc.reduction = c.reduction;
-  nc.in = c.in.data();
-  nc.out = c.out.data();
-  nc.count = sz.count;
-  nc.root = c.root;
-  nc.send_counts = c.blocks.send_counts;
-  nc.send_displs = c.blocks.send_displs;
-  nc.recv_counts = c.blocks.recv_counts;
-  nc.recv_displs = c.blocks.recv_displs;
+  const native_call nc = native_call_of(c, sz.count, comm.state().collective_seq);
   if constexpr (scheduled_collectives<T>)
     if (scheduled) return run_schedule_native<T, E>(comm.transport(), nc, opt);
   comm.transport().run_native(nc, opt);
@@ -357,19 +343,19 @@ template <element E>
 [[nodiscard]] int device_of_call(const algorithms::call<E>& c, int rank) {
   const kernels::device_runtime* rt = kernels::registered_device_runtime();
   if (rt == nullptr) return -1;
-  const bool root = rank == c.root;
-  const bool reads_in = !c.in.empty() && (c.kind != collective::broadcast || root);
-  const bool writes_out = !c.out.empty() && (c.kind != collective::reduce || root);
+  const collective_descriptor& d = algorithms::describe(c);
+  const bool reads_in = !c.in.empty() && d.uses_in(rank, c.root);
+  const bool writes_out = !c.out.empty() && d.uses_out(rank, c.root);
   const int in = reads_in ? rt->device_of(c.in.data()) : -2;
   const int out = writes_out ? rt->device_of(c.out.data()) : -2;
   if (in == -2 || out == -2 || in == out) return std::max({in, out, -1});
-  const auto where = [](int d) {
-    return d < 0 ? std::string("host memory") : fmt::format("memory of CUDA device {}", d);
+  const auto where = [](int dev) {
+    return dev < 0 ? std::string("host memory") : fmt::format("memory of CUDA device {}", dev);
   };
   throw invalid_argument(
       fmt::format("{}: the input is {} and the output {}; both must be host "
                   "memory, or both memory of one CUDA device",
-                  collective_name(c.kind), where(in), where(out)));
+                  d.name, where(in), where(out)));
 }
 
 /// The schedule a call on device buffers runs: options::algorithm (refused where it has no
@@ -420,9 +406,9 @@ void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const ca
   const auto adopt = [&](const void* p, std::size_t bytes) {
     if (bytes > 0) t.register_device_buffer(p, bytes, device);
   };
-  const bool root = comm.rank() == c.root;
-  if (c.kind != collective::broadcast || root) adopt(c.in.data(), c.in.size_bytes());
-  if (c.kind != collective::reduce || root) adopt(c.out.data(), c.out.size_bytes());
+  const collective_descriptor& d = algorithms::describe(c);
+  if (d.uses_in(comm.rank(), c.root)) adopt(c.in.data(), c.in.size_bytes());
+  if (d.uses_out(comm.rank(), c.root)) adopt(c.out.data(), c.out.size_bytes());
   device_cache& cache = device_cache_of(
       comm, rt, device, [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
   const std::size_t elems = algorithms::schedule::scratch_elems(a, c, comm.size());
@@ -436,18 +422,19 @@ void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const ca
 /// Runs a validated call: the transport's own collective, or the chosen algorithm from Table.
 template <class Table = algorithms::builtin, class T, element E>
 void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
-  comm.check_usable(collective_name(c.kind));
-  check_options(collective_name(c.kind), opt);
+  const collective_descriptor& d = algorithms::describe(c);
+  const std::string_view what = d.name;
+  comm.check_usable(what);
+  check_options(what, opt);
   if constexpr (reproducible::supported_v<std::remove_cv_t<E>>) {
     if (takes_reproducible_path(c, opt)) {
       bool on_device = native_collectives<T>;
       if constexpr (device_memory_transport<T>) on_device = device_of_call(c, comm.rank()) >= 0;
       if (on_device) {
-        const kernels::device_reproducible& k =
-            kernels::required_device_reproducible(collective_name(c.kind));
+        const kernels::device_reproducible& k = kernels::required_device_reproducible(what);
         const kernels::device_runtime* rt = kernels::registered_device_runtime();
         if (rt == nullptr)  // registered with k by the same header: only a test can split them
-          throw unsupported(fmt::format("{}: no CUDA runtime table", collective_name(c.kind)));
+          throw unsupported(fmt::format("{}: no CUDA runtime table", what));
         return run_reproducible_device(comm, c, opt, *rt, k);
       }
       return run_reproducible(comm, c, opt);
@@ -460,7 +447,7 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
       throw invalid_argument(
           fmt::format("{}: options::async needs a stream-ordered backend (NCCL); this transport "
                       "completes every call before returning",
-                      collective_name(c.kind)));
+                      what));
     const call_size<E> sz = size_of(c, comm.size());
     const call_env env = call_env::read();
     if constexpr (device_memory_transport<T>) {
@@ -473,17 +460,17 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     // use. Counters and traces show such a call under no algorithm ("-").
     const bool native_first = some_native_collectives<T> && comm.size() > 1 &&
                               opt.algorithm == algorithm::automatic && !from_env;
-    algorithm a = native_first ? algorithm::automatic
-                               : choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
+    algorithm a =
+        native_first ? algorithm::automatic : choose<Table>(comm, d, sz.model_bytes, opt, from_env);
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt, env.check_on());
-    if (c.kind == collective::all_to_allv) check_v_agreement(comm, c.blocks, opt);
+    if (d.in.size == extent::varies) check_v_agreement(comm, c.blocks, opt);
     // Counted (and traced, under RINGZERO_TRACE) whatever happens next, empty calls included.
     collective_scope<communicator<T>> scope(comm, c.kind, a, sz.model_bytes, dtype_of<E>(),
-                                            c.reduction, opt);
+                                            c.reduction, opt, what);
     if (sz.empty) return;
     if (native_first) {
       if (try_native(comm, c, sz.count, opt, false)) return;
-      a = choose<Table>(comm, c.kind, sz.model_bytes, opt, from_env);
+      a = choose<Table>(comm, d, sz.model_bytes, opt, from_env);
       scope.set_algorithm(a);
     }
     const bool root = comm.rank() == c.root;
@@ -503,14 +490,39 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
 
 // ---------------------------------------------------------------------------------------------
 
+/// Runs collective `d` (collective_table.hpp) with the algorithms of `Table`: the buffers, op
+/// and root are checked by its descriptor, the call is dispatched as every collective is. The
+/// named entry points below are this with a built-in descriptor; a collective outside the
+/// built-in list runs through it with a table that holds its algorithms
+/// (tests/core/collective_table_test.cpp). `o` is ignored where d does not reduce, `root`
+/// where it has none. all_to_allv (per-rank counts), barrier and send_recv have their own.
+template <class Table = algorithms::builtin, class T, element E>
+void run_collective(communicator<T>& comm, const collective_descriptor& d, std::span<const E> in,
+                    std::span<E> out, op o, int root, const options& opt = {}) {
+  comm.check_usable(d.name);
+  if (d.in.size == extent::none || d.in.size == extent::varies || d.out.size == extent::none ||
+      d.out.size == extent::varies || d.id == collective::send_recv)
+    throw invalid_argument(fmt::format(
+        "{}: run_collective takes collectives whose buffers are count-sized or size() blocks of "
+        "it; call {} itself",
+        d.name, d.name));
+  detail::check_call(d, comm.rank(), comm.size(), in, out, o, root);
+  detail::run<Table>(comm,
+                     algorithms::call<E>{.kind = d.id,
+                                         .in = in,
+                                         .out = out,
+                                         .reduction = d.reduces ? o : op::sum,
+                                         .root = d.rooted ? root : 0,
+                                         .described = &d},
+                     opt);
+}
+
 /// out[i] = in[i] reduced over all ranks. Cost (ring, large messages): 2(n-1) steps, each rank
 /// sends and receives 2(n-1)/n of the buffer and reduces (n-1)/n of it.
 template <class T, element E>
 void all_reduce(communicator<T>& comm, std::span<const E> in, std::span<E> out, op o,
                 const options& opt = {}) {
-  comm.check_usable("all_reduce");
-  detail::check_all_reduce(in, out, o);
-  detail::run(comm, algorithms::call<E>{collective::all_reduce, in, out, o, 0}, opt);
+  run_collective(comm, builtin_collectives::all_reduce, in, out, o, 0, opt);
 }
 
 /// In-place all_reduce.
@@ -530,9 +542,7 @@ void all_reduce(communicator<T>& comm, std::span<E> in, std::span<E> out, op o,
 template <class T, element E>
 void reduce_scatter(communicator<T>& comm, std::span<const E> in, std::span<E> out, op o,
                     const options& opt = {}) {
-  comm.check_usable("reduce_scatter");
-  detail::check_reduce_scatter(comm.rank(), comm.size(), in, out, o);
-  detail::run(comm, algorithms::call<E>{collective::reduce_scatter, in, out, o, 0}, opt);
+  run_collective(comm, builtin_collectives::reduce_scatter, in, out, o, 0, opt);
 }
 
 template <class T, element E>
@@ -546,9 +556,7 @@ void reduce_scatter(communicator<T>& comm, std::span<E> in, std::span<E> out, op
 template <class T, element E>
 void all_gather(communicator<T>& comm, std::span<const E> in, std::span<E> out,
                 const options& opt = {}) {
-  comm.check_usable("all_gather");
-  detail::check_all_gather(comm.rank(), comm.size(), in, out);
-  detail::run(comm, algorithms::call<E>{collective::all_gather, in, out, op::sum, 0}, opt);
+  run_collective(comm, builtin_collectives::all_gather, in, out, op::sum, 0, opt);
 }
 
 template <class T, element E>
@@ -561,9 +569,7 @@ void all_gather(communicator<T>& comm, std::span<E> in, std::span<E> out, const 
 template <class T, element E>
 void broadcast(communicator<T>& comm, std::span<const E> in, std::span<E> out, int root,
                const options& opt = {}) {
-  comm.check_usable("broadcast");
-  detail::check_broadcast(comm.rank(), comm.size(), in, out, root);
-  detail::run(comm, algorithms::call<E>{collective::broadcast, in, out, op::sum, root}, opt);
+  run_collective(comm, builtin_collectives::broadcast, in, out, op::sum, root, opt);
 }
 
 /// In-place broadcast.
@@ -583,9 +589,7 @@ void broadcast(communicator<T>& comm, std::span<E> in, std::span<E> out, int roo
 template <class T, element E>
 void reduce(communicator<T>& comm, std::span<const E> in, std::span<E> out, op o, int root,
             const options& opt = {}) {
-  comm.check_usable("reduce");
-  detail::check_reduce(comm.rank(), comm.size(), in, out, o, root);
-  detail::run(comm, algorithms::call<E>{collective::reduce, in, out, o, root}, opt);
+  run_collective(comm, builtin_collectives::reduce, in, out, o, root, opt);
 }
 
 template <class T, element E>
@@ -607,9 +611,7 @@ void reduce(communicator<T>& comm, std::span<E> data, op o, int root, const opti
 template <class T, element E>
 void all_to_all(communicator<T>& comm, std::span<const E> in, std::span<E> out,
                 const options& opt = {}) {
-  comm.check_usable("all_to_all");
-  detail::check_all_to_all(comm.size(), in, out);
-  detail::run(comm, algorithms::call<E>{collective::all_to_all, in, out, op::sum, 0}, opt);
+  run_collective(comm, builtin_collectives::all_to_all, in, out, op::sum, 0, opt);
 }
 
 /// In-place all_to_all.
@@ -662,9 +664,7 @@ void all_to_allv(communicator<T>& comm, std::span<E> in, std::span<const std::si
 template <class T, element E>
 void gather(communicator<T>& comm, std::span<const E> in, std::span<E> out, int root,
             const options& opt = {}) {
-  comm.check_usable("gather");
-  detail::check_gather(comm.rank(), comm.size(), in, out, root);
-  detail::run(comm, algorithms::call<E>{collective::gather, in, out, op::sum, root}, opt);
+  run_collective(comm, builtin_collectives::gather, in, out, op::sum, root, opt);
 }
 
 template <class T, element E>
@@ -679,9 +679,7 @@ void gather(communicator<T>& comm, std::span<E> in, std::span<E> out, int root,
 template <class T, element E>
 void scatter(communicator<T>& comm, std::span<const E> in, std::span<E> out, int root,
              const options& opt = {}) {
-  comm.check_usable("scatter");
-  detail::check_scatter(comm.rank(), comm.size(), in, out, root);
-  detail::run(comm, algorithms::call<E>{collective::scatter, in, out, op::sum, root}, opt);
+  run_collective(comm, builtin_collectives::scatter, in, out, op::sum, root, opt);
 }
 
 template <class T, element E>

@@ -126,7 +126,7 @@ TEST_CASE("the command line reads nccl-tests' flags") {
                                               "loopback",
                                               "--root=all"};
   const perf::options o = perf::parse_args(args);
-  CHECK(o.coll == perf::coll_kind::all_reduce);
+  CHECK(o.coll == ringzero::collective::all_reduce);
   CHECK(o.min_bytes == 8);
   CHECK(o.max_bytes == std::size_t{128} << 20);
   CHECK(o.step_factor == 2);
@@ -143,7 +143,7 @@ TEST_CASE("the command line reads nccl-tests' flags") {
   CHECK(o.root == -1);
 
   const std::vector<std::string_view> none;
-  CHECK(perf::parse_args(none, "/usr/bin/sendrecv_perf").coll == perf::coll_kind::sendrecv);
+  CHECK(perf::parse_args(none, "/usr/bin/sendrecv_perf").coll == ringzero::collective::send_recv);
   const std::vector<std::string_view> glued = {"reduce", "-r1", "-dhalf", "-omin"};
   const perf::options g = perf::parse_args(glued);
   CHECK(g.root == 1);
@@ -241,43 +241,43 @@ TEST_CASE("sweeps visit nccl-tests' sizes") {
 }
 
 TEST_CASE("bus bandwidth uses nccl-tests' factors") {
-  using perf::coll_kind;
+  using ringzero::collective;
   // 4 ranks, 1 s, 1e9 bytes of float in the row's full buffer.
   const std::size_t count = 250'000'000;
-  auto bw = [&](coll_kind c) {
+  auto bw = [&](collective c) {
     const auto sh = perf::shape_for(c, count * 4, 4, 4);
     return perf::bandwidth_for(c, sh, 4, 4, 1.0);
   };
-  CHECK(bw(coll_kind::all_reduce).alg == doctest::Approx(1.0));
-  CHECK(bw(coll_kind::all_reduce).bus == doctest::Approx(1.5));
-  CHECK(bw(coll_kind::reduce_scatter).alg == doctest::Approx(1.0));
-  CHECK(bw(coll_kind::reduce_scatter).bus == doctest::Approx(0.75));
-  CHECK(bw(coll_kind::all_gather).bus == doctest::Approx(0.75));
-  CHECK(bw(coll_kind::broadcast).bus == doctest::Approx(1.0));
-  CHECK(bw(coll_kind::reduce).bus == doctest::Approx(1.0));
-  CHECK(bw(coll_kind::sendrecv).bus == doctest::Approx(1.0));
-  for (coll_kind c : {coll_kind::all_to_all, coll_kind::gather, coll_kind::scatter}) {
+  CHECK(bw(collective::all_reduce).alg == doctest::Approx(1.0));
+  CHECK(bw(collective::all_reduce).bus == doctest::Approx(1.5));
+  CHECK(bw(collective::reduce_scatter).alg == doctest::Approx(1.0));
+  CHECK(bw(collective::reduce_scatter).bus == doctest::Approx(0.75));
+  CHECK(bw(collective::all_gather).bus == doctest::Approx(0.75));
+  CHECK(bw(collective::broadcast).bus == doctest::Approx(1.0));
+  CHECK(bw(collective::reduce).bus == doctest::Approx(1.0));
+  CHECK(bw(collective::send_recv).bus == doctest::Approx(1.0));
+  for (collective c : {collective::all_to_all, collective::gather, collective::scatter}) {
     CHECK(bw(c).alg == doctest::Approx(1.0));
     CHECK(bw(c).bus == doctest::Approx(0.75));
   }
 
-  const auto rs = perf::shape_for(coll_kind::reduce_scatter, 1000, 4, 3);  // 250 floats
+  const auto rs = perf::shape_for(collective::reduce_scatter, 1000, 4, 3);  // 250 floats
   CHECK(rs.param == 83);
   CHECK(rs.send == 249);
   CHECK(perf::row_bytes(rs, 4) == 996);
   // nccl-tests' alltoall, gather and scatter shapes: count/n per peer, n blocks in the full
   // buffer, gather's input and scatter's output at block rank() of it when in place.
-  const auto a2a = perf::shape_for(coll_kind::all_to_all, 1000, 4, 3);
+  const auto a2a = perf::shape_for(collective::all_to_all, 1000, 4, 3);
   CHECK((a2a.param == 83 && a2a.send == 249 && a2a.recv == 249));
   CHECK((a2a.send_inplace_offset == 0 && a2a.recv_inplace_offset == 0));
-  const auto g = perf::shape_for(coll_kind::gather, 1000, 4, 3);
+  const auto g = perf::shape_for(collective::gather, 1000, 4, 3);
   CHECK((g.param == 83 && g.send == 83 && g.recv == 249 && g.send_inplace_offset == 83));
-  const auto sc = perf::shape_for(coll_kind::scatter, 1000, 4, 3);
+  const auto sc = perf::shape_for(collective::scatter, 1000, 4, 3);
   CHECK((sc.param == 83 && sc.send == 249 && sc.recv == 83 && sc.recv_inplace_offset == 83));
   const std::vector<std::string_view> none;
-  CHECK(perf::parse_args(none, "alltoall_perf").coll == coll_kind::all_to_all);
-  CHECK(perf::parse_args(none, "gather_perf").coll == coll_kind::gather);
-  CHECK(perf::parse_args(none, "scatter_perf").coll == coll_kind::scatter);
+  CHECK(perf::parse_args(none, "alltoall_perf").coll == collective::all_to_all);
+  CHECK(perf::parse_args(none, "gather_perf").coll == collective::gather);
+  CHECK(perf::parse_args(none, "scatter_perf").coll == collective::scatter);
 }
 
 TEST_CASE("numbers fit nccl-tests' column widths") {

@@ -95,58 +95,31 @@ class host_buffer {
   std::unique_ptr<std::byte, deleter> ptr_;
 };
 
-/// One call of collective `c` through ringzero's API for `comm` (collectives.hpp, or a
-/// backend's overloads of the same names, whose header must come before this one). `copy(dst, src,
+/// One call of collective `c` through ringzero's API for `comm` (run_collective with c's
+/// descriptor, send_recv for sendrecv). `copy(dst, src,
 /// bytes)` moves bytes within this rank's memory: sendrecv on one rank is a copy, and in-place
 /// sendrecv receives into `bounce` because the peer may write the buffer before it has been sent.
 template <class Comm, class Opts, element E, class Copy>
-void call_collective(Comm& comm, const Opts& opt, coll_kind c, const E* in, E* out, const shape& sh,
-                     op o, int root, E* bounce, Copy copy) {
+void call_collective(Comm& comm, const Opts& opt, collective c, const E* in, E* out,
+                     const shape& sh, op o, int root, E* bounce, Copy copy) {
   const int n = comm.size();
   const int r = comm.rank();
-  switch (c) {
-    case coll_kind::all_reduce:
-      ringzero::all_reduce(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o,
-                           opt);
-      return;
-    case coll_kind::reduce_scatter:
-      ringzero::reduce_scatter(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o,
-                               opt);
-      return;
-    case coll_kind::all_gather:
-      ringzero::all_gather(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), opt);
-      return;
-    case coll_kind::broadcast:
-      ringzero::broadcast(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), root,
-                          opt);
-      return;
-    case coll_kind::reduce:
-      ringzero::reduce(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), o, root,
-                       opt);
-      return;
-    case coll_kind::all_to_all:
-      ringzero::all_to_all(comm, std::span<const E>(in, sh.send), std::span<E>(out, sh.recv), opt);
-      return;
-    case coll_kind::gather:
-      ringzero::gather(comm, std::span<const E>(in, sh.send),
-                       std::span<E>(out, r == root ? sh.recv : 0), root, opt);
-      return;
-    case coll_kind::scatter:
-      ringzero::scatter(comm, std::span<const E>(in, r == root ? sh.send : 0),
-                        std::span<E>(out, sh.recv), root, opt);
-      return;
-    case coll_kind::sendrecv: {
-      if (n == 1) {
-        if (in != out && sh.send > 0) copy(out, in, sh.send * sizeof(E));
-        return;
-      }
-      E* dst = in == out ? bounce : out;
-      ringzero::send_recv(comm, std::span<const E>(in, sh.send), (r + 1) % n,
-                          std::span<E>(dst, sh.recv), (r - 1 + n) % n, opt);
-      if (dst != out && sh.recv > 0) copy(out, dst, sh.recv * sizeof(E));
-      return;
-    }
+  if (c != collective::send_recv) {
+    // Buffers a rank does not use (root-only ones elsewhere) are passed empty, as a caller would.
+    const collective_descriptor& d = describe(c);
+    ringzero::run_collective(comm, d, std::span<const E>(in, d.uses_in(r, root) ? sh.send : 0),
+                             std::span<E>(out, d.uses_out(r, root) ? sh.recv : 0), o, root, opt);
+    return;
   }
+  // sendrecv_perf: each rank sends to the next and receives from the previous.
+  if (n == 1) {
+    if (in != out && sh.send > 0) copy(out, in, sh.send * sizeof(E));
+    return;
+  }
+  E* dst = in == out ? bounce : out;
+  ringzero::send_recv(comm, std::span<const E>(in, sh.send), (r + 1) % n,
+                      std::span<E>(dst, sh.recv), (r - 1 + n) % n, opt);
+  if (dst != out && sh.recv > 0) copy(out, dst, sh.recv * sizeof(E));
 }
 
 /// A communicator whose collectives take host memory: the collectives API of collectives.hpp.
@@ -179,7 +152,7 @@ class host_backend {
   void complete() {}
 
   template <element E>
-  void run(coll_kind c, const E* in, E* out, const shape& sh, op o, int root, E* bounce) {
+  void run(collective c, const E* in, E* out, const shape& sh, op o, int root, E* bounce) {
     call_collective(comm_, opt_, c, in, out, sh, o, root, bounce,
                     [](void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); });
   }
@@ -239,7 +212,7 @@ class engine {
     const std::size_t bytes = std::max<std::size_t>(o_.max_bytes, 64);
     send_ = b_.allocate(bytes);
     recv_ = b_.allocate(bytes);
-    if (o_.coll == coll_kind::sendrecv) bounce_ = b_.allocate(bytes);
+    if (o_.coll == collective::send_recv) bounce_ = b_.allocate(bytes);
     corrupt_ = corrupt_requested();
     for (int cycle = 0; cycle < o_.cycles; ++cycle)
       for (dtype t : o_.types)
@@ -322,9 +295,7 @@ class engine {
     std::byte* recv = b_.begin_write(recv_, recv_len);
     std::memset(recv, poison_byte, recv_len);
     // Off the root an in-place broadcast or scatter has no input, only the output region.
-    const bool writes_input =
-        !(in_place && (o_.coll == coll_kind::broadcast || o_.coll == coll_kind::scatter) &&
-          r != root);
+    const bool writes_input = !in_place || describe(o_.coll).uses_in(r, root);
     const auto fill = [&](E* dst) {
       if (exact_sum_row<E>(o_.reproducible, x))
         fill_exact_sum_input(dst, sh.send, r, seed);
@@ -389,9 +360,7 @@ class engine {
       c.wrong = 0;
       check_spec spec{o_.coll, sh, n, b_.rank(), root, x, 0, o_.reproducible};
       const bool corrupt_here =
-          corrupt_ &&
-          b_.rank() ==
-              (o_.coll == coll_kind::reduce || o_.coll == coll_kind::gather ? root : n - 1);
+          corrupt_ && b_.rank() == (describe(o_.coll).out.root_only ? root : n - 1);
       for (int k = 0; k < o_.check; ++k) {
         spec.seed = ++seed_;
         prepare<E>(sh, x, root, in_place, spec.seed);

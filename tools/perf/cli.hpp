@@ -24,65 +24,41 @@
 
 namespace ringzero::perf {
 
-enum class coll_kind : std::uint8_t {
-  all_reduce,
-  reduce_scatter,
-  all_gather,
-  broadcast,
-  reduce,
-  sendrecv,
-  all_to_all,
-  gather,
-  scatter
-};
+/// The collectives ringzero-perf measures, in nccl-tests' order (barrier and all_to_allv have
+/// no nccl-tests program). What each one is comes from its descriptor (collective_table.hpp).
+inline constexpr collective all_colls[] = {
+    collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+    collective::broadcast,  collective::reduce,         collective::send_recv,
+    collective::all_to_all, collective::gather,         collective::scatter};
 
-inline constexpr coll_kind all_colls[] = {
-    coll_kind::all_reduce, coll_kind::reduce_scatter, coll_kind::all_gather,
-    coll_kind::broadcast,  coll_kind::reduce,         coll_kind::sendrecv,
-    coll_kind::all_to_all, coll_kind::gather,         coll_kind::scatter};
-
-[[nodiscard]] constexpr std::string_view coll_name(coll_kind c) noexcept {
-  switch (c) {
-    case coll_kind::all_reduce:
-      return "all_reduce";
-    case coll_kind::reduce_scatter:
-      return "reduce_scatter";
-    case coll_kind::all_gather:
-      return "all_gather";
-    case coll_kind::broadcast:
-      return "broadcast";
-    case coll_kind::reduce:
-      return "reduce";
-    case coll_kind::sendrecv:
-      return "sendrecv";
-    case coll_kind::all_to_all:
-      return "alltoall";  // nccl-tests' alltoall_perf
-    case coll_kind::gather:
-      return "gather";
-    case coll_kind::scatter:
-      return "scatter";
-  }
-  return "?";
+[[nodiscard]] constexpr const collective_descriptor& describe(collective c) noexcept {
+  return *builtin_collectives::find(c);  // every collective of all_colls is a built-in one
 }
 
-[[nodiscard]] constexpr bool has_op(coll_kind c) noexcept {
-  return c == coll_kind::all_reduce || c == coll_kind::reduce_scatter || c == coll_kind::reduce;
+/// The name of nccl-tests' program for `c` (sendrecv_perf, alltoall_perf), else ringzero's.
+[[nodiscard]] constexpr std::string_view coll_name(collective c) noexcept {
+  if (c == collective::send_recv) return "sendrecv";
+  if (c == collective::all_to_all) return "alltoall";
+  return collective_name(c);
 }
-[[nodiscard]] constexpr bool has_root(coll_kind c) noexcept {
-  return c == coll_kind::broadcast || c == coll_kind::reduce || c == coll_kind::gather ||
-         c == coll_kind::scatter;
+
+[[nodiscard]] constexpr bool has_op(collective c) noexcept {
+  return describe(c).reduces;
+}
+[[nodiscard]] constexpr bool has_root(collective c) noexcept {
+  return describe(c).rooted;
 }
 
 /// Accepts ringzero's names and nccl-tests' program names (all_reduce_perf, sendrecv_perf, ...).
-[[nodiscard]] inline std::optional<coll_kind> parse_coll(std::string_view s) {
+[[nodiscard]] inline std::optional<collective> parse_coll(std::string_view s) {
   if (s.ends_with("_perf")) s.remove_suffix(5);
-  for (coll_kind c : all_colls)
+  for (collective c : all_colls)
     if (coll_name(c) == s) return c;
-  if (s == "allreduce") return coll_kind::all_reduce;
-  if (s == "reducescatter") return coll_kind::reduce_scatter;
-  if (s == "allgather") return coll_kind::all_gather;
-  if (s == "send_recv") return coll_kind::sendrecv;
-  if (s == "all_to_all") return coll_kind::all_to_all;
+  if (s == "allreduce") return collective::all_reduce;
+  if (s == "reducescatter") return collective::reduce_scatter;
+  if (s == "allgather") return collective::all_gather;
+  if (s == "send_recv") return collective::send_recv;
+  if (s == "all_to_all") return collective::all_to_all;
   return std::nullopt;
 }
 
@@ -127,7 +103,7 @@ enum class time_mode : int { rank0 = 0, avg = 1, min = 2, max = 3 };
 inline constexpr op nccl_tests_ops[] = {op::sum, op::prod, op::max, op::min, op::avg};
 
 struct options {
-  coll_kind coll = coll_kind::all_reduce;
+  collective coll = collective::all_reduce;
   int threads = 1;  ///< -t: loopback ranks (threads of this process)
   int gpus = 1;     ///< -g: accepted for compatibility; one device per rank
   std::size_t min_bytes = std::size_t{32} << 20;

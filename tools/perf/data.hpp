@@ -45,37 +45,21 @@ struct shape {
 /// sendrecv; the full (n-block) buffer for reduce_scatter, all_gather, alltoall, gather and
 /// scatter (nccl-tests' in-place offsets: the input is block rank() of the output for gather,
 /// the output block rank() of the input for scatter, and alltoall works on one buffer).
-[[nodiscard]] inline shape shape_for(coll_kind c, std::size_t bytes, std::size_t type_size, int n) {
-  const std::size_t count = bytes / type_size;
+[[nodiscard]] inline shape shape_for(collective c, std::size_t bytes, std::size_t type_size,
+                                     int n) {
+  const collective_descriptor& d = describe(c);
   const auto ranks = static_cast<std::size_t>(n);
+  // The count nccl-tests calls with: the row's size is the full buffer, size() blocks of it
+  // where the collective has such a buffer.
+  const std::size_t param = d.blocked() ? bytes / type_size / ranks : bytes / type_size;
+  const auto elems = [&](extent e) { return e == extent::blocks ? param * ranks : param; };
   shape s;
-  switch (c) {
-    case coll_kind::reduce_scatter:
-      s.recv = count / ranks;
-      s.send = s.recv * ranks;
-      s.param = s.recv;
-      s.recv_inplace_offset = s.recv;
-      break;
-    case coll_kind::all_gather:
-    case coll_kind::gather:
-      s.send = count / ranks;
-      s.recv = s.send * ranks;
-      s.param = s.send;
-      s.send_inplace_offset = s.send;
-      break;
-    case coll_kind::scatter:
-      s.recv = count / ranks;
-      s.send = s.recv * ranks;
-      s.param = s.recv;
-      s.recv_inplace_offset = s.recv;
-      break;
-    case coll_kind::all_to_all:
-      s.param = count / ranks;
-      s.send = s.recv = s.param * ranks;
-      break;
-    default:
-      s.send = s.recv = s.param = count;
-  }
+  s.param = param;
+  s.send = elems(d.in.size);
+  s.recv = elems(d.out.size);
+  // In place, the count-sized buffer is this rank's block of the other (collective_table.hpp).
+  if (d.in.size == extent::one && d.out.size == extent::blocks) s.send_inplace_offset = param;
+  if (d.in.size == extent::blocks && d.out.size == extent::one) s.recv_inplace_offset = param;
   return s;
 }
 
@@ -89,32 +73,16 @@ struct bandwidth {
   double bus = 0;
 };
 
-/// algbw = S/t with S the full buffer; busbw = algbw times nccl-tests' factor: 2(n-1)/n for
-/// all_reduce, (n-1)/n for reduce_scatter, all_gather, alltoall, gather and scatter, 1 for the
-/// rest.
-[[nodiscard]] inline bandwidth bandwidth_for(coll_kind c, const shape& s, std::size_t type_size,
+/// algbw = S/t with S the full buffer; busbw = algbw times nccl-tests' factor (the
+/// descriptor's: 2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter, all_gather, alltoall,
+/// gather and scatter, 1 for the rest).
+[[nodiscard]] inline bandwidth bandwidth_for(collective c, const shape& s, std::size_t type_size,
                                              int n, double seconds) {
   if (!(seconds > 0)) return {};
-  const double dn = n;
-  double bytes = static_cast<double>(s.param * type_size);
-  double factor = 1;
-  switch (c) {
-    case coll_kind::all_reduce:
-      factor = 2 * (dn - 1) / dn;
-      break;
-    case coll_kind::reduce_scatter:
-    case coll_kind::all_gather:
-    case coll_kind::all_to_all:
-    case coll_kind::gather:
-    case coll_kind::scatter:
-      bytes *= dn;
-      factor = (dn - 1) / dn;
-      break;
-    default:
-      break;
-  }
+  const collective_descriptor& d = describe(c);
+  const double bytes = static_cast<double>(d.full_elems(s.param, n) * type_size);
   const double alg = bytes / 1e9 / seconds;
-  return {alg, alg * factor};
+  return {alg, alg * d.bus_bandwidth_factor(n)};
 }
 
 template <element E>
@@ -233,7 +201,7 @@ template <element E>
 
 /// What one rank's output must hold.
 struct check_spec {
-  coll_kind coll = coll_kind::all_reduce;
+  collective coll = collective::all_reduce;
   shape sh;
   int ranks = 1;
   int rank = 0;
@@ -245,7 +213,7 @@ struct check_spec {
 
 /// Whether this rank's output is defined (reduce and gather leave non-root outputs alone).
 [[nodiscard]] inline bool has_output(const check_spec& s) {
-  return (s.coll != coll_kind::reduce && s.coll != coll_kind::gather) || s.rank == s.root;
+  return describe(s.coll).uses_out(s.rank, s.root);
 }
 
 /// Counts elements of `out` (s.sh.recv elements, this rank's output) that differ from the
@@ -271,13 +239,13 @@ template <element E>
     }
   };
   switch (s.coll) {
-    case coll_kind::all_reduce:
-    case coll_kind::reduce:
-    case coll_kind::reduce_scatter: {
+    case collective::all_reduce:
+    case collective::reduce:
+    case collective::reduce_scatter: {
       if constexpr (reproducible::supported_v<E>) {
         if (exact) {
           // reduce_scatter's output is block rank() of the full vector.
-          const std::size_t from = s.coll == coll_kind::reduce_scatter
+          const std::size_t from = s.coll == collective::reduce_scatter
                                        ? static_cast<std::size_t>(s.rank) * s.sh.param
                                        : 0;
           const auto divisor = static_cast<std::uint32_t>(s.reduction == op::avg ? n : 1);
@@ -300,36 +268,39 @@ template <element E>
       if (s.reduction == op::avg) reduction::finish_avg(want.data(), pattern_period, n);
       // reduce_scatter's output is block rank() of the full vector.
       const std::size_t phase =
-          s.coll == coll_kind::reduce_scatter ? static_cast<std::size_t>(s.rank) * s.sh.param : 0;
+          s.coll == collective::reduce_scatter ? static_cast<std::size_t>(s.rank) * s.sh.param : 0;
       compare(want, 0, s.sh.recv, phase);
       break;
     }
-    case coll_kind::all_gather:
+    case collective::all_gather:
       for (int r = 0; r < n; ++r)
         compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.send,
                 s.sh.send, 0);
       break;
-    case coll_kind::broadcast:
+    case collective::broadcast:
       compare(input_pattern<E>(s.root, s.seed, s.reduction), 0, s.sh.recv, 0);
       break;
-    case coll_kind::sendrecv:
+    case collective::send_recv:
       compare(input_pattern<E>((s.rank - 1 + n) % n, s.seed, s.reduction), 0, s.sh.recv, 0);
       break;
-    case coll_kind::all_to_all:
+    case collective::all_to_all:
       // Block r comes from rank r, which sent its block rank() of its input.
       for (int r = 0; r < n; ++r)
         compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.param,
                 s.sh.param, static_cast<std::size_t>(s.rank) * s.sh.param);
       break;
-    case coll_kind::gather:
+    case collective::gather:
       for (int r = 0; r < n; ++r)
         compare(input_pattern<E>(r, s.seed, s.reduction), static_cast<std::size_t>(r) * s.sh.param,
                 s.sh.param, 0);
       break;
-    case coll_kind::scatter:
+    case collective::scatter:
       compare(input_pattern<E>(s.root, s.seed, s.reduction), 0, s.sh.recv,
               static_cast<std::size_t>(s.rank) * s.sh.param);
       break;
+    case collective::barrier:
+    case collective::all_to_allv:
+      break;  // not among all_colls: parse_coll never yields them
   }
   if (corrupt_first) {
     unsigned char bytes[sizeof(E)];

@@ -97,20 +97,10 @@ class libfabric_device_backend {
   void complete() {}
 
   template <element E>
-  void run(coll_kind c, const E* in, E* out, const shape& sh, op o, int, E*) {
-    switch (c) {
-      case coll_kind::all_reduce:
-        return ringzero::all_reduce(comm_, std::span<const E>(in, sh.send),
-                                    std::span<E>(out, sh.recv), o, timed_);
-      case coll_kind::reduce_scatter:
-        return ringzero::reduce_scatter(comm_, std::span<const E>(in, sh.send),
-                                        std::span<E>(out, sh.recv), o, timed_);
-      case coll_kind::all_gather:
-        return ringzero::all_gather(comm_, std::span<const E>(in, sh.send),
-                                    std::span<E>(out, sh.recv), timed_);
-      default:
-        throw unsupported(fmt::format("--memory device: no {} on device buffers", coll_name(c)));
-    }
+  void run(collective c, const E* in, E* out, const shape& sh, op o, int, E*) {
+    // run_libfabric_device admits only collectives with schedules on device buffers.
+    ringzero::run_collective(comm_, describe(c), std::span<const E>(in, sh.send),
+                             std::span<E>(out, sh.recv), o, 0, timed_);
   }
 
   /// Every rank's `v`, through a device all_gather: the results travel as the data does.
@@ -191,8 +181,8 @@ class libfabric_device_backend {
 }  // namespace
 
 int run_libfabric_device(const options& o, const context& ctx) {
-  if (o.coll != coll_kind::all_reduce && o.coll != coll_kind::reduce_scatter &&
-      o.coll != coll_kind::all_gather)
+  if (o.coll != collective::all_reduce && o.coll != collective::reduce_scatter &&
+      o.coll != collective::all_gather)
     throw invalid_argument(fmt::format(
         "--memory device runs all_reduce, reduce_scatter and all_gather over libfabric, not {}",
         coll_name(o.coll)));

@@ -129,7 +129,7 @@ class nccl_backend {
   }
 
   template <element E>
-  void run(coll_kind c, const E* in, E* out, const shape& sh, op o, int root, E* bounce) {
+  void run(collective c, const E* in, E* out, const shape& sh, op o, int root, E* bounce) {
     cudaStream_t s = comm_.transport().stream();
     const int device = comm_.transport().device();
     call_collective(comm_, opt_, c, in, out, sh, o, root, bounce,

@@ -19,9 +19,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/collective_table.hpp"
+#include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/tuning/cost_terms.hpp"
 #include "ringzero/types.hpp"
@@ -66,7 +69,20 @@ struct call {
   op reduction = op::sum;
   int root = 0;
   block_map blocks{};  ///< all_to_allv only
+  /// The collective's descriptor, where the call carries one (run_collective sets it, so a
+  /// collective outside builtin_collectives::all is described too); describe() falls back to the
+  /// built-in row of `kind`.
+  const collective_descriptor* described = nullptr;
 };
+
+/// What the library knows about c's collective.
+template <class E>
+[[nodiscard]] const collective_descriptor& describe(const call<E>& c) {
+  if (c.described != nullptr) return *c.described;
+  if (const collective_descriptor* d = builtin_collectives::find(c.kind)) return *d;
+  throw invalid_argument("collective " + std::to_string(static_cast<int>(c.kind)) +
+                         " is not a built-in one and the call carries no descriptor");
+}
 
 /// The static members a descriptor must have (run and cost are templates, checked where used).
 template <class D>

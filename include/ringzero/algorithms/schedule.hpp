@@ -51,56 +51,36 @@ inline constexpr std::string_view summary =
 
 /// Whether the schedule reduces (and so needs the executor's combine).
 [[nodiscard]] constexpr bool reduces(collective c) noexcept {
-  return c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce;
+  const collective_descriptor* d = builtin_collectives::find(c);
+  return d != nullptr && d->reduces;
 }
 
-/// The one validated call in element terms. Counts follow native_call: all_reduce, broadcast and
-/// reduce the buffer, reduce_scatter the output block, all_gather the input block. Buffers a
-/// rank does not use (broadcast's in and reduce's out off the root) are empty.
+/// The one validated call in element terms, its buffers sized by the descriptor's extents from
+/// native_call's count. Buffers a rank does not use (broadcast's in and reduce's out off the
+/// root) are empty.
 template <element E>
 [[nodiscard]] call<E> call_of(const native_call& c, int rank, int size) {
-  const auto n = static_cast<std::size_t>(size);
-  const bool root = rank == c.root;
-  std::size_t in_len = c.count, out_len = c.count;
-  switch (c.kind) {
-    case collective::reduce_scatter:
-      in_len = c.count * n;
-      break;
-    case collective::all_gather:
-      out_len = c.count * n;
-      break;
-    case collective::broadcast:
-      if (!root) in_len = 0;
-      break;
-    case collective::reduce:
-      if (!root) out_len = 0;
-      break;
-    default:
-      break;
-  }
-  return {c.kind, std::span<const E>(static_cast<const E*>(c.in), in_len),
-          std::span<E>(static_cast<E*>(c.out), out_len), c.reduction, c.root};
+  const collective_descriptor& d =
+      *builtin_collectives::find(c.kind);  // only built-ins have schedules
+  const auto len = [&](extent e, bool used) {
+    return !used ? 0 : e == extent::blocks ? c.count * static_cast<std::size_t>(size) : c.count;
+  };
+  return {c.kind,
+          std::span<const E>(static_cast<const E*>(c.in), len(d.in.size, d.uses_in(rank, c.root))),
+          std::span<E>(static_cast<E*>(c.out), len(d.out.size, d.uses_out(rank, c.root))),
+          c.reduction, c.root};
 }
 
 /// The element count of a call as native_call counts it.
 template <element E>
-[[nodiscard]] std::size_t elements_of(const call<E>& c) {
-  switch (c.kind) {
-    case collective::reduce_scatter:
-      return c.out.size();
-    case collective::all_gather:
-      return c.in.size();
-    case collective::reduce:
-      return c.in.size();
-    default:
-      return c.out.size();
-  }
+[[nodiscard]] std::size_t elements_of(const call<E>& c, int size) {
+  return describe(c).count(c.in.size(), c.out.size(), size);
 }
 
 /// Scratch elements algorithm `a` needs for `c` on `size` ranks (0 for a pair without schedule).
 template <element E>
 [[nodiscard]] std::size_t scratch_elems(algorithm a, const call<E>& c, int size) {
-  const std::size_t count = elements_of(c);
+  const std::size_t count = elements_of(c, size);
   if (a == algorithm::ring && c.kind == collective::all_reduce)
     return ring::all_reduce_scratch(count, size);
   if (a == algorithm::ring && c.kind == collective::reduce_scatter)
@@ -121,13 +101,13 @@ void run(X& x, algorithm a, const call<E>& c, std::span<E> scratch) {
     throw unsupported(fmt::format("{}: algorithm '{}' has no schedule for this collective",
                                   collective_name(c.kind), algorithm_name(a)));
   const int n = x.size();
-  const std::size_t count = elements_of(c);
+  const std::size_t count = elements_of(c, n);
   if (count == 0) return;
   const E* in = c.in.data();
   E* out = c.out.data();
   if (n == 1) {
     // Nothing to exchange; avg over one rank is the value itself.
-    const bool writes = c.kind != collective::reduce || x.rank() == c.root;
+    const bool writes = describe(c).uses_out(x.rank(), c.root);
     if (writes && in != out) x.copy(out, in, count);
     return;
   }

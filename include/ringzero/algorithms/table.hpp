@@ -126,8 +126,8 @@ struct table {
                                                    : void()),
      ...);
     if (!ran)
-      throw unsupported(std::string(collective_name(c.kind)) + ": algorithm '" +
-                        std::string(name(a)) + "' does not implement this collective");
+      throw unsupported(std::string(describe(c).name) + ": algorithm '" + std::string(name(a)) +
+                        "' does not implement this collective");
   }
 };
 

@@ -23,34 +23,17 @@
 
 namespace ringzero::detail {
 
-/// The counters hold a cell for every (collective, algorithm) pair, so they must grow with the
-/// enums: a collective is counted up to the first value collective_name() does not know (its
-/// switch covers every enumerator, or -Wswitch fails the build), an algorithm up to the last
-/// enumerator.
-[[nodiscard]] consteval std::size_t collective_count() {
-  std::size_t n = 0;
-  while (collective_name(static_cast<collective>(n)) != "?") ++n;
-  return n;
-}
-inline constexpr std::size_t traced_collectives = collective_count();
+/// The counters hold a cell for every (collective, algorithm) pair, so they grow with the
+/// lists: every built-in collective (builtin_collectives::all), every algorithm enumerator. A
+/// collective outside the list (a test's own) is counted in the unlisted cell.
+inline constexpr std::size_t traced_collectives = builtin_collectives::all.size();
 inline constexpr std::size_t traced_algorithms = static_cast<std::size_t>(algorithm::linear) + 1;
 
-/// nccl-tests' bus bandwidth factor: busbw = algbw * factor, with the buffer sizes of
-/// collective_scope's `bytes` (the full buffer for reduce_scatter and all_gather).
+/// nccl-tests' bus bandwidth factor (the descriptor's), with the buffer sizes of
+/// collective_scope's `bytes` (the full buffer for reduce_scatter, all_gather and the rest).
 [[nodiscard]] constexpr double busbw_factor(collective c, int n) noexcept {
-  if (n <= 1) return c == collective::send_recv ? 1.0 : 0.0;
-  const double dn = n;
-  switch (c) {
-    case collective::all_reduce:
-      return 2.0 * (dn - 1) / dn;
-    case collective::reduce_scatter:
-    case collective::all_gather:
-      return (dn - 1) / dn;
-    case collective::barrier:
-      return 0.0;
-    default:
-      return 1.0;
-  }
+  const collective_descriptor* d = builtin_collectives::find(c);
+  return d != nullptr ? d->bus_bandwidth_factor(n) : 0.0;
 }
 
 struct counter_cell {

@@ -109,87 +109,55 @@ inline void check_peer(std::string_view what, int rank, int size, int peer) {
                     what, peer, size, rank));
 }
 
+/// The buffers, op and root of a call of collective `d`, from its descriptor: sizes as its
+/// extents say (checked where this rank uses both buffers: on the root, for a rooted collective
+/// with a root-only buffer), and overlap only in its in-place form (collective_table.hpp). Not
+/// for all_to_allv (check_all_to_allv) or a collective without buffers.
 template <element E>
-void check_all_reduce(std::span<const E> in, std::span<E> out, op o) {
-  check_buffer("all_reduce", "input", in);
-  check_buffer("all_reduce", "output", out);
-  check_op(o, "all_reduce");
-  if (in.size() != out.size())
-    throw invalid_argument(
-        fmt::format("all_reduce: input has {} elements but output has {}", in.size(), out.size()));
-  check_overlap(in.data() == out.data(), in, out,
-                "all_reduce: input and output overlap without being the same buffer");
-}
-
-template <element E>
-void check_reduce_scatter(int rank, int size, std::span<const E> in, std::span<E> out, op o) {
-  check_buffer("reduce_scatter", "input", in);
-  check_buffer("reduce_scatter", "output", out);
-  check_op(o, "reduce_scatter");
+void check_call(const collective_descriptor& d, int rank, int size, std::span<const E> in,
+                std::span<E> out, op o, int root) {
+  const std::string_view what = d.name;
+  check_buffer(what, "input", in);
+  check_buffer(what, "output", out);
+  if (d.reduces) check_op(o, what);
+  if (d.rooted) check_root(root, size, what);
+  if (!d.uses_in(rank, root) || !d.uses_out(rank, root)) return;
+  const std::string_view whose = d.in.root_only || d.out.root_only ? "root's " : "";
   const auto n = static_cast<std::size_t>(size);
-  if (!holds_blocks(in.size(), n, out.size()))
+  const auto overlap = [&] {
+    return overlap_text(in.data(), in.size_bytes(), out.data(), out.size_bytes());
+  };
+  if (d.in.size == d.out.size) {
+    if (in.size() != out.size())
+      throw invalid_argument(fmt::format("{}: {}input has {} elements but output has {}", what,
+                                         whose, in.size(), out.size()));
+    if (d.in.size == extent::blocks && in.size() % n != 0)
+      throw invalid_argument(fmt::format(
+          "{}: {} elements do not split into {} equal blocks, one per rank", what, in.size(), n));
+    if (in.data() != out.data() &&
+        overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
+      throw invalid_argument(fmt::format(
+          "{}: input and output overlap without being the same buffer {}", what, overlap()));
+    return;
+  }
+  // One buffer is size() blocks of the other; in place when the smaller is this rank's block.
+  const bool in_is_blocks = d.in.size == extent::blocks;
+  const std::string_view whole = in_is_blocks ? "input" : "output";
+  const std::string_view part = in_is_blocks ? "output" : "input";
+  const std::size_t whole_size = in_is_blocks ? in.size() : out.size();
+  const std::size_t part_size = in_is_blocks ? out.size() : in.size();
+  if (!holds_blocks(whole_size, n, part_size))
+    throw invalid_argument(fmt::format("{}: {}{} must hold size() * {} elements ({}), got {}", what,
+                                       whose, whole, part, product_text(n, part_size), whole_size));
+  const std::size_t own = part_size * static_cast<std::size_t>(rank);
+  const bool in_place =
+      in_is_blocks ? out.data() == in.data() + own : in.data() == out.data() + own;
+  if (!in_place && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
     throw invalid_argument(
-        fmt::format("reduce_scatter: input must hold size() * output elements ({}), got {}",
-                    product_text(n, out.size()), in.size()));
-  const E* own_block = in.data() + out.size() * static_cast<std::size_t>(rank);
-  check_overlap(out.data() == own_block, in, out,
-                "reduce_scatter: output overlaps the input but is not this rank's block of it");
-}
-
-template <element E>
-void check_all_gather(int rank, int size, std::span<const E> in, std::span<E> out) {
-  check_buffer("all_gather", "input", in);
-  check_buffer("all_gather", "output", out);
-  const auto n = static_cast<std::size_t>(size);
-  if (!holds_blocks(out.size(), n, in.size()))
-    throw invalid_argument(
-        fmt::format("all_gather: output must hold size() * input elements ({}), got {}",
-                    product_text(n, in.size()), out.size()));
-  const E* own_block = out.data() + in.size() * static_cast<std::size_t>(rank);
-  check_overlap(in.data() == own_block, in, out,
-                "all_gather: input overlaps the output but is not this rank's block");
-}
-
-template <element E>
-void check_broadcast(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
-  check_buffer("broadcast", "input", in);
-  check_buffer("broadcast", "output", out);
-  check_root(root, size, "broadcast");
-  if (rank != root) return;
-  if (in.size() != out.size())
-    throw invalid_argument(fmt::format("broadcast: root's input has {} elements but output has {}",
-                                       in.size(), out.size()));
-  check_overlap(in.data() == out.data(), in, out,
-                "broadcast: input and output overlap without being the same buffer");
-}
-
-template <element E>
-void check_reduce(int rank, int size, std::span<const E> in, std::span<E> out, op o, int root) {
-  check_buffer("reduce", "input", in);
-  check_buffer("reduce", "output", out);
-  check_op(o, "reduce");
-  check_root(root, size, "reduce");
-  if (rank != root) return;
-  if (in.size() != out.size())
-    throw invalid_argument(fmt::format("reduce: root's input has {} elements but output has {}",
-                                       in.size(), out.size()));
-  check_overlap(in.data() == out.data(), in, out,
-                "reduce: input and output overlap without being the same buffer");
-}
-
-template <element E>
-void check_all_to_all(int size, std::span<const E> in, std::span<E> out) {
-  check_buffer("all_to_all", "input", in);
-  check_buffer("all_to_all", "output", out);
-  const auto n = static_cast<std::size_t>(size);
-  if (in.size() != out.size())
-    throw invalid_argument(
-        fmt::format("all_to_all: input has {} elements but output has {}", in.size(), out.size()));
-  if (in.size() % n != 0)
-    throw invalid_argument(fmt::format(
-        "all_to_all: {} elements do not split into {} equal blocks, one per rank", in.size(), n));
-  check_overlap(in.data() == out.data(), in, out,
-                "all_to_all: input and output overlap without being the same buffer");
+        d.rooted ? fmt::format("{}: {} overlaps the root's {} but is not the root's block {}", what,
+                               part, whole, overlap())
+                 : fmt::format("{}: {} overlaps the {} but is not this rank's block of it {}", what,
+                               part, whole, overlap()));
 }
 
 /// One side (send or receive) of an all_to_allv: a count and a displacement per rank, every
@@ -246,38 +214,6 @@ void check_all_to_allv(int rank, int size, std::span<const E> in,
           std::min(a, b), std::max(a, b), recv_displs[a], recv_displs[a] + recv_counts[a],
           recv_displs[b], recv_displs[b] + recv_counts[b]));
   }
-}
-
-template <element E>
-void check_gather(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
-  check_buffer("gather", "input", in);
-  check_buffer("gather", "output", out);
-  check_root(root, size, "gather");
-  if (rank != root) return;
-  const auto n = static_cast<std::size_t>(size);
-  if (!holds_blocks(out.size(), n, in.size()))
-    throw invalid_argument(
-        fmt::format("gather: root's output must hold size() * input elements ({}), got {}",
-                    product_text(n, in.size()), out.size()));
-  const E* own_block = out.data() + in.size() * static_cast<std::size_t>(root);
-  check_overlap(in.data() == own_block, in, out,
-                "gather: input overlaps the root's output but is not the root's block");
-}
-
-template <element E>
-void check_scatter(int rank, int size, std::span<const E> in, std::span<E> out, int root) {
-  check_buffer("scatter", "input", in);
-  check_buffer("scatter", "output", out);
-  check_root(root, size, "scatter");
-  if (rank != root) return;
-  const auto n = static_cast<std::size_t>(size);
-  if (!holds_blocks(in.size(), n, out.size()))
-    throw invalid_argument(
-        fmt::format("scatter: root's input must hold size() * output elements ({}), got {}",
-                    product_text(n, out.size()), in.size()));
-  const E* own_block = in.data() + out.size() * static_cast<std::size_t>(root);
-  check_overlap(out.data() == own_block, in, out,
-                "scatter: output overlaps the root's input but is not the root's block");
 }
 
 }  // namespace ringzero::detail

@@ -380,15 +380,17 @@ class transport {
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
     // Only what the kind uses: the fields it ignores may differ across ranks harmlessly.
-    const bool reduces = c.kind == collective::all_reduce || c.kind == collective::reduce_scatter;
+    const collective_descriptor* d = builtin_collectives::find(c.kind);
+    if (d == nullptr) return false;  // a collective of the caller's own: never a segment's
+    const bool reduces = d->reduces;
     const bool barrier = c.kind == collective::barrier;
     detail::segment_call call{
-        .what = collective_name(c.kind),
+        .what = d->name,
         .desc = {.kind = static_cast<std::uint8_t>(c.kind),
                  .type = barrier ? std::uint8_t{0} : static_cast<std::uint8_t>(c.type),
                  .reduction = reduces ? static_cast<std::uint8_t>(c.reduction) : std::uint8_t{0},
                  .symmetric = 0,
-                 .root = c.kind == collective::broadcast ? c.root : 0,
+                 .root = d->rooted ? c.root : 0,
                  .count = barrier ? 0 : c.count},
         .sequence = c.sequence,
         .timeout = opt.timeout.count() > 0 ? opt.timeout : timeout_};

@@ -390,8 +390,7 @@ class transport {
         // c.count is one rank's block. In place the input is first copied to a stream-ordered
         // temporary, since a peer may write a block before this rank has sent it.
         const std::size_t total = c.count * n;
-        check("input", in, total);
-        if (out != in) check("output", out, total);
+        check_operands(c);
         std::vector<std::size_t> counts(n, c.count), displs(n);
         for (std::size_t i = 0; i < n; ++i) displs[i] = i * c.count;
         if (out != in)
@@ -426,8 +425,7 @@ class transport {
       }
       case collective::gather: {
         std::byte* own = is_root ? out + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
-        if (own != in) check("input", in, c.count);
-        if (is_root) check("output", out, c.count * n);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           if (!is_root) return ncclSend(in, c.count, type, c.root, h, s);
           if (own != in)
@@ -444,8 +442,7 @@ class transport {
       case collective::scatter: {
         const std::byte* own =
             is_root ? in + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
-        if (is_root) check("input", in, c.count * n);
-        if (own != out) check("output", out, c.count);
+        check_operands(c);
         return enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
           if (!is_root) return ncclRecv(out, c.count, type, c.root, h, s);
           if (own != out)
@@ -478,8 +475,7 @@ class transport {
     const std::string_view what = collective_name(c.kind);
     ensure_usable(what);
     check_operands(c);
-    const bool reduces = c.kind == collective::all_reduce || c.kind == collective::reduce_scatter ||
-                         c.kind == collective::reduce;
+    const bool reduces = builtin_collectives::find(c.kind)->reduces;
     const kernels::device_reduction* reductions =
         reduces ? &kernels::required_device_reduction(what, schedule)
                 : kernels::registered_device_reduction();
@@ -608,40 +604,26 @@ class transport {
   /// Refuses any buffer of an all_reduce, reduce_scatter, all_gather, broadcast or reduce that
   /// this rank's GPU cannot address; the one the call shares in place is checked once.
   void check_operands(const native_call& c) const {
-    const std::string_view what = collective_name(c.kind);
+    // Every buffer this rank uses must be this GPU's memory, as large as the descriptor's
+    // extent says; in place, the smaller one lies inside the larger and is covered by it.
+    const collective_descriptor& d = *builtin_collectives::find(c.kind);
     const std::size_t es = dtype_size(c.type);
     const auto n = static_cast<std::size_t>(size_);
-    const bool is_root = rank_ == c.root;
     const auto* in = static_cast<const std::byte*>(c.in);
     const auto* out = static_cast<const std::byte*>(c.out);
-    const auto check = [&](std::string_view name, const void* p, std::size_t elems) {
-      detail::check_device_buffer(what, name, p, elems * es, device_);
-    };
-    switch (c.kind) {
-      case collective::all_reduce:
-        check("input", in, c.count);
-        if (out != in) check("output", out, c.count);
-        return;
-      case collective::reduce_scatter:
-        check("input", in, c.count * n);
-        if (out != in + c.count * es * static_cast<std::size_t>(rank_))
-          check("output", out, c.count);
-        return;
-      case collective::all_gather:
-        check("output", out, c.count * n);
-        if (in != out + c.count * es * static_cast<std::size_t>(rank_)) check("input", in, c.count);
-        return;
-      case collective::broadcast:
-        if (is_root && in != out) check("input", in, c.count);
-        check("output", out, c.count);
-        return;
-      case collective::reduce:
-        check("input", in, c.count);
-        if (is_root && out != in) check("output", out, c.count);
-        return;
-      default:
-        return;
-    }
+    const auto elems = [&](extent e) { return e == extent::blocks ? c.count * n : c.count; };
+    const bool uses_in = d.uses_in(rank_, c.root), uses_out = d.uses_out(rank_, c.root);
+    const std::size_t own = c.count * es * static_cast<std::size_t>(rank_);
+    bool in_place = false;
+    if (uses_in && uses_out)
+      in_place = d.in.size == d.out.size       ? in == out
+                 : d.in.size == extent::blocks ? out == in + own
+                                               : in == out + own;
+    const bool in_is_part = in_place && d.out.size == extent::blocks && d.in.size != extent::blocks;
+    if (uses_in && !in_is_part)
+      detail::check_device_buffer(d.name, "input", in, elems(d.in.size) * es, device_);
+    if (uses_out && !(in_place && !in_is_part))
+      detail::check_device_buffer(d.name, "output", out, elems(d.out.size) * es, device_);
   }
 
   void ensure_usable(std::string_view what) const {
