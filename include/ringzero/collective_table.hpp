@@ -76,6 +76,22 @@ struct collective_descriptor {
   [[nodiscard]] constexpr bool uses_out(int rank, int root) const noexcept {
     return out.size != extent::none && (!out.root_only || rank == root);
   }
+  /// Elements of the input (output) this rank passes in a call of `count` on `ranks` ranks: 0
+  /// where it does not use it, or where the extent is not a multiple of the count.
+  [[nodiscard]] constexpr std::size_t in_elems(std::size_t count, int ranks, int rank,
+                                               int root) const noexcept {
+    return uses_in(rank, root) ? elems(in.size, count, ranks) : 0;
+  }
+  [[nodiscard]] constexpr std::size_t out_elems(std::size_t count, int ranks, int rank,
+                                                int root) const noexcept {
+    return uses_out(rank, root) ? elems(out.size, count, ranks) : 0;
+  }
+  [[nodiscard]] static constexpr std::size_t elems(extent e, std::size_t count,
+                                                   int ranks) noexcept {
+    if (e == extent::one) return count;
+    if (e == extent::blocks) return count * static_cast<std::size_t>(ranks > 0 ? ranks : 1);
+    return 0;
+  }
   /// Whether the full buffer is size() blocks of the count.
   [[nodiscard]] constexpr bool blocked() const noexcept {
     return in.size == extent::blocks || out.size == extent::blocks;

@@ -236,6 +236,17 @@ struct node_communicators {
   std::unique_ptr<typename detail::node_level<Comm>::type> node{};
 };
 
+namespace detail {
+
+/// A transport without messaging that makes a communicator of some of its ranks itself (NCCL:
+/// ncclCommSplit); over messaging, communicator::split() does it for every transport.
+template <class T>
+concept splits_itself = !messaging<T> && requires(T & t, int color, int key) {
+  { t.split(color, key) } -> std::same_as<std::optional<T>>;
+};
+
+}  // namespace detail
+
 template <transport T>
 class communicator {
  public:
@@ -374,6 +385,19 @@ class communicator {
     for (int p : plan->members) sub.members_.push_back(members_[static_cast<std::size_t>(p)]);
     sub.lease_ = std::make_shared<detail::comm_id_lease>(ids_, plan->id);
     sub.topo_ = sub.place();
+    return std::optional<communicator>(std::move(sub));
+  }
+
+  /// The same over a transport that makes communicators itself (NCCL: ncclCommSplit): the new
+  /// communicator is the world of the transport split() returns, with this one's deadline and
+  /// tuning; a negative color takes part and returns nullopt.
+  [[nodiscard]] std::optional<communicator> split(int color,
+                                                  int key) requires detail::splits_itself<T> {
+    check_usable("split");
+    std::optional<T> t = transport_->split(color, key);
+    if (!t) return std::nullopt;
+    communicator sub(std::move(*t), timeout_);
+    sub.tuning_ = tuning_;
     return std::optional<communicator>(std::move(sub));
   }
 

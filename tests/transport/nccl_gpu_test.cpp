@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -655,6 +656,27 @@ TEST_CASE("a communicator made by single() is a world of one on the chosen devic
   CHECK(comm.transport().stream() != nullptr);
   CHECK_FALSE(comm.transport().aborted());
   ringzero::barrier(comm);
+}
+
+TEST_CASE("split() makes an NCCL communicator of its own through ncclCommSplit") {
+  if (!have_gpu()) return;
+  auto world = nccl::communicator(nccl::transport::single({.device = 0}));
+  CHECK_FALSE(world.split(-1, 0));  // takes part, gets nothing
+  std::optional<nccl::communicator> sub = world.split(3, 0);
+  REQUIRE(sub);
+  CHECK(sub->size() == 1);
+  CHECK(sub->timeout() == world.timeout());
+  CHECK(sub->transport().native_handle() != world.transport().native_handle());
+  float* d = nullptr;
+  cuda_ok(cudaMalloc(&d, 4 * sizeof(float)), "cudaMalloc");
+  const float h[4] = {1, 2, 3, 4};
+  cuda_ok(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice), "cudaMemcpy");
+  ringzero::all_reduce(*sub, std::span<float>(d, 4), op::sum);
+  ringzero::all_reduce(world, std::span<float>(d, 4), op::sum);  // the parent still works
+  float back[4] = {};
+  cuda_ok(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  CHECK(std::equal(back, back + 4, h));
+  cuda_ok(cudaFree(d), "cudaFree");
 }
 
 TEST_CASE("elastic: each generation builds its NCCL communicator anew over its own store keys") {

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringzero/executor.hpp"
@@ -88,6 +90,23 @@ struct recording_native {
 };
 static_assert(ringzero::native_collectives<recording_native>);
 static_assert(ringzero::native_collectives<ringzero::nccl::transport>);
+
+// A native transport that splits itself, as NCCL does through ncclCommSplit: the new world's
+// rank is the key, of three.
+struct splitting_native : recording_native {
+  std::vector<std::pair<int, int>>* asked = nullptr;
+  [[nodiscard]] std::optional<splitting_native> split(int color, int key) {
+    asked->emplace_back(color, key);
+    if (color < 0) return std::nullopt;
+    splitting_native sub = *this;
+    sub.rank_ = key;
+    sub.size_ = 3;
+    return sub;
+  }
+};
+static_assert(ringzero::detail::splits_itself<splitting_native>);
+static_assert(ringzero::detail::splits_itself<ringzero::nccl::transport>);
+static_assert(!ringzero::detail::splits_itself<recording_native>);
 
 }  // namespace
 
@@ -191,6 +210,29 @@ TEST_CASE("a native backend's calls are counted as every call is") {
   CHECK(row(ringzero::collective::send_recv).calls == 1);
   CHECK(row(ringzero::collective::send_recv).bytes == 20);
   CHECK(row(ringzero::collective::reduce).calls == 0);
+}
+
+TEST_CASE("split() on a native backend is the transport's own, with the parent's deadline") {
+  std::vector<ringzero::native_call> calls;
+  std::vector<std::pair<int, int>> asked;
+  splitting_native t;
+  t.rank_ = 1;
+  t.size_ = 4;
+  t.calls = &calls;
+  t.asked = &asked;
+  ringzero::communicator<splitting_native> world(t, std::chrono::seconds(7));
+  CHECK_FALSE(world.split(-1, 5));
+  std::optional<ringzero::communicator<splitting_native>> sub = world.split(2, 1);
+  REQUIRE(sub);
+  CHECK(sub->rank() == 1);
+  CHECK(sub->size() == 3);
+  CHECK(sub->timeout() == std::chrono::seconds(7));
+  CHECK(asked == std::vector<std::pair<int, int>>{{-1, 5}, {2, 1}});
+  std::vector<float> buf(4, 1.0f);
+  ringzero::all_reduce(*sub, std::span<float>(buf), op::sum);
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].kind == ringzero::collective::all_reduce);
+  CHECK(calls[0].count == 4);
 }
 
 namespace {

@@ -52,11 +52,10 @@ struct shape {
   // The count nccl-tests calls with: the row's size is the full buffer, size() blocks of it
   // where the collective has such a buffer.
   const std::size_t param = d.blocked() ? bytes / type_size / ranks : bytes / type_size;
-  const auto elems = [&](extent e) { return e == extent::blocks ? param * ranks : param; };
   shape s;
   s.param = param;
-  s.send = elems(d.in.size);
-  s.recv = elems(d.out.size);
+  s.send = collective_descriptor::elems(d.in.size, param, n);
+  s.recv = collective_descriptor::elems(d.out.size, param, n);
   // In place, the count-sized buffer is this rank's block of the other (collective_table.hpp).
   if (d.in.size == extent::one && d.out.size == extent::blocks) s.send_inplace_offset = param;
   if (d.in.size == extent::blocks && d.out.size == extent::one) s.recv_inplace_offset = param;

@@ -60,14 +60,11 @@ inline constexpr std::string_view summary =
 /// root) are empty.
 template <element E>
 [[nodiscard]] call<E> call_of(const native_call& c, int rank, int size) {
-  const collective_descriptor& d =
-      *builtin_collectives::find(c.kind);  // only built-ins have schedules
-  const auto len = [&](extent e, bool used) {
-    return !used ? 0 : e == extent::blocks ? c.count * static_cast<std::size_t>(size) : c.count;
-  };
+  // Only built-in collectives have schedules.
+  const collective_descriptor& d = *builtin_collectives::find(c.kind);
   return {c.kind,
-          std::span<const E>(static_cast<const E*>(c.in), len(d.in.size, d.uses_in(rank, c.root))),
-          std::span<E>(static_cast<E*>(c.out), len(d.out.size, d.uses_out(rank, c.root))),
+          std::span<const E>(static_cast<const E*>(c.in), d.in_elems(c.count, size, rank, c.root)),
+          std::span<E>(static_cast<E*>(c.out), d.out_elems(c.count, size, rank, c.root)),
           c.reduction, c.root};
 }
 

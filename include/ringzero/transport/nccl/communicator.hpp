@@ -220,6 +220,8 @@ class transport {
     comm_ = comm;
     owned_ = own == ownership::owned;
     timeout_ = detail::resolve_timeout(cfg.timeout);
+    config_ = cfg.nccl;
+    config_.blocking = 0;
     detail::check_nccl(ncclCommUserRank(comm, &rank_), "nccl: ncclCommUserRank");
     detail::check_nccl(ncclCommCount(comm, &size_), "nccl: ncclCommCount");
     detail::check_nccl(ncclCommCuDevice(comm, &device_), "nccl: ncclCommCuDevice");
@@ -255,6 +257,43 @@ class transport {
     c.timeout = detail::resolve_timeout(cfg.timeout);
     const auto store = bootstrap::make_store(job, c.timeout);
     return transport(*store, job.rank, job.world_size, c);
+  }
+
+  /// Collective over this transport's ranks, as ncclCommSplit: ranks passing the same color
+  /// >= 0 get a new NCCL communicator of their own, ranked by (key, rank here); a negative color
+  /// takes part and gets nullopt. The new transport has its own stream, this one's deadline and
+  /// NCCL configuration, non-blocking so that the deadline holds while NCCL builds it: the parent
+  /// reports the split's progress, the new handle its own creation.
+  [[nodiscard]] std::optional<transport> split(int color, int key) {
+    constexpr std::string_view what = "split";
+    ensure_usable(what);
+    detail::device_guard guard(device_);
+    const auto deadline = clock::now() + timeout_;
+    ncclConfig_t c = config_;
+    ncclComm_t h = nullptr;
+    const ncclResult_t r =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &h, &c);
+    settle("splitting the NCCL communicator", r, deadline, timeout_);
+    if (color < 0) return std::nullopt;
+    if (h == nullptr)
+      throw transport_error(fmt::format(
+          "nccl: split on rank {} of {} (color {}) returned no communicator", rank_, size_, color));
+    transport sub;
+    sub.comm_ = h;
+    sub.owned_ = true;
+    sub.timeout_ = timeout_;
+    sub.config_ = config_;
+    sub.device_ = device_;
+    sub.live_->comm = h;
+    sub.settle("creating the NCCL communicator split from another", ncclInProgress, deadline,
+               timeout_);
+    detail::check_nccl(ncclCommUserRank(h, &sub.rank_), "nccl: ncclCommUserRank");
+    detail::check_nccl(ncclCommCount(h, &sub.size_), "nccl: ncclCommCount");
+    detail::check_cuda(cudaStreamCreateWithFlags(&sub.stream_, cudaStreamNonBlocking),
+                       "nccl: cudaStreamCreateWithFlags");
+    log::info("nccl: rank {} of {} split to rank {} of {} (color {})", rank_, size_, sub.rank_,
+              sub.size_, color);
+    return std::optional<transport>(std::move(sub));
   }
 
   ~transport() { release(); }
@@ -538,6 +577,7 @@ class transport {
                        "nccl: cudaStreamCreateWithFlags");
     ncclConfig_t c = cfg.nccl;
     c.blocking = 0;
+    config_ = c;
     ncclUniqueId copy = id;
     const auto deadline = clock::now() + timeout_;
     const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
@@ -553,23 +593,12 @@ class transport {
   bool staged_through_device(const native_call& c, const ringzero::options& opt) {
     if (opt.async || c.count == 0) return false;
     const std::size_t es = dtype_size(c.type);
-    const auto n = static_cast<std::size_t>(size_);
-    std::size_t in_len = c.count, out_len = c.count;
-    switch (c.kind) {
-      case collective::all_reduce:
-        break;
-      case collective::reduce_scatter:
-        in_len = c.count * n;
-        break;
-      case collective::all_gather:
-        out_len = c.count * n;
-        break;
-      case collective::broadcast:
-        if (rank_ != c.root) in_len = 0;
-        break;
-      default:
-        return false;
-    }
+    if (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter &&
+        c.kind != collective::all_gather && c.kind != collective::broadcast)
+      return false;
+    const collective_descriptor& desc = *builtin_collectives::find(c.kind);
+    const std::size_t in_len = desc.in_elems(c.count, size_, rank_, c.root);
+    const std::size_t out_len = desc.out_elems(c.count, size_, rank_, c.root);
     const std::size_t in_bytes = in_len * es, out_bytes = out_len * es;
     const auto* in = static_cast<const std::byte*>(c.in);
     auto* out = static_cast<std::byte*>(c.out);
@@ -601,17 +630,15 @@ class transport {
     return true;
   }
 
-  /// Refuses any buffer of an all_reduce, reduce_scatter, all_gather, broadcast or reduce that
-  /// this rank's GPU cannot address; the one the call shares in place is checked once.
+  /// Refuses any buffer of a call (not all_to_allv, barrier or send_recv) that this rank's GPU
+  /// cannot address; the one the call shares in place is checked once.
   void check_operands(const native_call& c) const {
     // Every buffer this rank uses must be this GPU's memory, as large as the descriptor's
     // extent says; in place, the smaller one lies inside the larger and is covered by it.
     const collective_descriptor& d = *builtin_collectives::find(c.kind);
     const std::size_t es = dtype_size(c.type);
-    const auto n = static_cast<std::size_t>(size_);
     const auto* in = static_cast<const std::byte*>(c.in);
     const auto* out = static_cast<const std::byte*>(c.out);
-    const auto elems = [&](extent e) { return e == extent::blocks ? c.count * n : c.count; };
     const bool uses_in = d.uses_in(rank_, c.root), uses_out = d.uses_out(rank_, c.root);
     const std::size_t own = c.count * es * static_cast<std::size_t>(rank_);
     bool in_place = false;
@@ -621,9 +648,11 @@ class transport {
                                                : in == out + own;
     const bool in_is_part = in_place && d.out.size == extent::blocks && d.in.size != extent::blocks;
     if (uses_in && !in_is_part)
-      detail::check_device_buffer(d.name, "input", in, elems(d.in.size) * es, device_);
+      detail::check_device_buffer(d.name, "input", in,
+                                  d.in_elems(c.count, size_, rank_, c.root) * es, device_);
     if (uses_out && !(in_place && !in_is_part))
-      detail::check_device_buffer(d.name, "output", out, elems(d.out.size) * es, device_);
+      detail::check_device_buffer(d.name, "output", out,
+                                  d.out_elems(c.count, size_, rank_, c.root) * es, device_);
   }
 
   void ensure_usable(std::string_view what) const {
@@ -782,6 +811,7 @@ class transport {
     device_ = o.device_;
     owned_ = o.owned_;
     timeout_ = o.timeout_;
+    config_ = o.config_;
     failure_ = std::move(o.failure_);
   }
 
@@ -806,6 +836,8 @@ class transport {
   int device_ = 0;
   bool owned_ = false;
   std::chrono::nanoseconds timeout_{0};
+  /// What split() hands ncclCommSplit: the configuration this handle was made with, non-blocking.
+  ncclConfig_t config_ = NCCL_CONFIG_INITIALIZER;
   std::string failure_;
 };
 
