@@ -92,6 +92,18 @@ struct collective_descriptor {
     if (e == extent::blocks) return count * static_cast<std::size_t>(ranks > 0 ? ranks : 1);
     return 0;
   }
+  /// Whether `input` and `output` (both used by this rank) are the call's in-place form: the
+  /// same buffer where the extents match, else the smaller at block `rank` of the larger, a
+  /// block being `block_bytes` (the root's block for a rooted collective, checked on the root).
+  [[nodiscard]] bool in_place(const void* input, const void* output, std::size_t block_bytes,
+                              int rank) const noexcept {
+    const auto* i = static_cast<const std::byte*>(input);
+    const auto* o = static_cast<const std::byte*>(output);
+    const std::size_t own = block_bytes * static_cast<std::size_t>(rank);
+    if (in.size == out.size) return i == o;
+    return in.size == extent::blocks ? o == i + own : i == o + own;
+  }
+
   /// Whether the full buffer is size() blocks of the count.
   [[nodiscard]] constexpr bool blocked() const noexcept {
     return in.size == extent::blocks || out.size == extent::blocks;
@@ -100,13 +112,13 @@ struct collective_descriptor {
   /// The call's count (nccl-tests' count: what RINGZERO_CHECK compares and native_call carries)
   /// from its buffer sizes: the size of a buffer every rank passes whole, else of one every
   /// rank passes in blocks, divided by the world size. 0 for a collective without one.
-  [[nodiscard]] constexpr std::size_t count(std::size_t in_elems, std::size_t out_elems,
+  [[nodiscard]] constexpr std::size_t count(std::size_t in_size, std::size_t out_size,
                                             int ranks) const noexcept {
-    if (out.size == extent::one && !out.root_only) return out_elems;
-    if (in.size == extent::one && !in.root_only) return in_elems;
+    if (out.size == extent::one && !out.root_only) return out_size;
+    if (in.size == extent::one && !in.root_only) return in_size;
     const auto n = static_cast<std::size_t>(ranks > 0 ? ranks : 1);
-    if (in.size == extent::blocks && !in.root_only) return in_elems / n;
-    if (out.size == extent::blocks && !out.root_only) return out_elems / n;
+    if (in.size == extent::blocks && !in.root_only) return in_size / n;
+    if (out.size == extent::blocks && !out.root_only) return out_size / n;
     return 0;
   }
 

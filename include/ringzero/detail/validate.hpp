@@ -149,9 +149,7 @@ void check_call(const collective_descriptor& d, int rank, int size, std::span<co
   if (!holds_blocks(whole_size, n, part_size))
     throw invalid_argument(fmt::format("{}: {}{} must hold size() * {} elements ({}), got {}", what,
                                        whose, whole, part, product_text(n, part_size), whole_size));
-  const std::size_t own = part_size * static_cast<std::size_t>(rank);
-  const bool in_place =
-      in_is_blocks ? out.data() == in.data() + own : in.data() == out.data() + own;
+  const bool in_place = d.in_place(in.data(), out.data(), part_size * sizeof(E), rank);
   if (!in_place && overlaps(in.data(), in.size_bytes(), out.data(), out.size_bytes()))
     throw invalid_argument(
         d.rooted ? fmt::format("{}: {} overlaps the root's {} but is not the root's block {}", what,

@@ -640,12 +640,7 @@ class transport {
     const auto* in = static_cast<const std::byte*>(c.in);
     const auto* out = static_cast<const std::byte*>(c.out);
     const bool uses_in = d.uses_in(rank_, c.root), uses_out = d.uses_out(rank_, c.root);
-    const std::size_t own = c.count * es * static_cast<std::size_t>(rank_);
-    bool in_place = false;
-    if (uses_in && uses_out)
-      in_place = d.in.size == d.out.size       ? in == out
-                 : d.in.size == extent::blocks ? out == in + own
-                                               : in == out + own;
+    const bool in_place = uses_in && uses_out && d.in_place(in, out, c.count * es, rank_);
     const bool in_is_part = in_place && d.out.size == extent::blocks && d.in.size != extent::blocks;
     if (uses_in && !in_is_part)
       detail::check_device_buffer(d.name, "input", in,
