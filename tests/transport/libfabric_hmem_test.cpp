@@ -162,16 +162,16 @@ TEST_CASE("a CUDA registration is refused clearly where the endpoint cannot make
     }
     if (what.empty()) {
       std::fprintf(stderr, "this libfabric registered FI_HMEM_CUDA memory on shm\n");
-      check.expect(t.endpoint().device_ranges() == 1, "one device range registered");
+      check.expect(t.engine().device_ranges() == 1, "one device range registered");
       t.forget_memory(buf.data(), buf.size());
-      check.expect(t.endpoint().device_ranges() == 0, "forget_memory to drop it");
+      check.expect(t.engine().device_ranges() == 0, "forget_memory to drop it");
     } else {
       std::fprintf(stderr, "refused as expected: %s\n", what.c_str());
       check.expect(
           contains(what, "libfabric provider 'shm' reports FI_HMEM but did not register") &&
               contains(what, "with FI_HMEM_CUDA") && contains(what, "host memory instead"),
           "the error to name the provider and FI_HMEM_CUDA; got '" + what + "'");
-      check.expect(t.endpoint().device_ranges() == 0, "nothing registered after the refusal");
+      check.expect(t.engine().device_ranges() == 0, "nothing registered after the refusal");
     }
     std::string negative;
     try {
@@ -207,7 +207,7 @@ TEST_CASE("host collectives on an endpoint opened for device memory are unchange
         ok = ok && v[i] == 3 + 3 * static_cast<std::int32_t>(i % 7);
       check.expect(ok, "the ring sum of " + std::to_string(count) + " elements");
     }
-    check.expect(comm.transport().endpoint().device_ranges() == 0, "no device ranges");
+    check.expect(comm.transport().engine().device_ranges() == 0, "no device ranges");
     return check.code();
   });
   require_all_passed(out);

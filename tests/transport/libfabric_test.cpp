@@ -240,7 +240,7 @@ TEST_CASE("more messages than the provider's queues hold wait in the endpoint, i
     auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
       fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      const auto& ep = comm.transport().endpoint();
+      const auto& ep = comm.transport().engine();
       const int count = static_cast<int>(2 * ep.receive_limit() + 2 * ep.send_limit() + 100);
       const int peer = 1 - r;
       std::vector<std::uint32_t> in(static_cast<std::size_t>(count), 0);
@@ -341,7 +341,7 @@ TEST_CASE("registered buffers: descriptors from the cache, results unchanged") {
       rank_checks check{r};
       fabric::communicator comm(
           fabric::transport(s, r, n, {.provider = provider, .register_memory = true}));
-      check.expect(comm.transport().endpoint().registers(),
+      check.expect(comm.transport().engine().registers(),
                    "register_memory to turn registration on");
       std::vector<std::int64_t> v(200000);
       for (int rep = 0; rep < 3; ++rep) {
@@ -350,10 +350,10 @@ TEST_CASE("registered buffers: descriptors from the cache, results unchanged") {
                              {.algorithm = ringzero::algorithm::ring});
         check.expect(v[0] == 3 + 3 * rep && v.back() == 3 + 3 * rep, "the ring sum");
       }
-      const auto held = comm.transport().endpoint().registrations();
+      const auto held = comm.transport().engine().registrations();
       check.expect(held > 0, "registrations cached after the collectives");
       comm.transport().forget_memory(v.data(), v.size() * sizeof v[0]);
-      check.expect(comm.transport().endpoint().registrations() < held,
+      check.expect(comm.transport().engine().registrations() < held,
                    "forget_memory to drop the buffer's");
       ringzero::all_reduce(comm, std::span<std::int64_t>(v), op::max);
       check.expect(v[7] == 3 + 3 * 2, "the max after re-registering");

@@ -23,6 +23,24 @@ namespace ringzero::detail {
   return std::string(v);
 }
 
+/// A comma-separated variable's items, empty ones skipped; nullopt when unset. A variable that
+/// is set but names nothing (",") is an invalid_argument naming it: the caller asked for a list.
+[[nodiscard]] inline std::optional<std::vector<std::string>> getenv_list(const char* name) {
+  auto v = getenv_str(name);
+  if (!v) return std::nullopt;
+  std::vector<std::string> out;
+  std::string_view s = *v;
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    const auto item = s.substr(0, comma);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  if (out.empty()) throw invalid_argument(std::string(name) + "='" + *v + "' names nothing");
+  return out;
+}
+
 /// An integer variable's value; `name` is for the message.
 [[nodiscard]] inline long long parse_env_int(const char* name, std::string_view s) {
   long long v = 0;

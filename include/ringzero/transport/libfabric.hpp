@@ -9,8 +9,12 @@
 // rank is on one host, else tcp;ofi_rxm. Rank 0 decides and the others follow, so all ranks
 // use the same one.
 //
+// Rails: options::rails, else RINGZERO_RAILS=eth0,eth1 (the NICs as the provider names its
+// domains: interfaces for tcp, devices for efa; alike on every host) opens one endpoint per NIC,
+// and each message travels on one of them, chosen from its tag (libfabric/engine.hpp).
+//
 // A communicator is used from one thread at a time; it and the communicators split from it
-// share one endpoint (the transport) and may be used from different threads (calls are
+// share one engine (the transport) and may be used from different threads (calls are
 // serialized).
 // Progress is manual: messages move while some rank's thread is inside test() or progress(),
 // which every blocking collective calls.
@@ -45,7 +49,7 @@
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/request.hpp"
-#include "ringzero/transport/libfabric/endpoint.hpp"
+#include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
 #include "ringzero/transport/shm.hpp"
@@ -70,12 +74,17 @@ struct options {
   /// written for device buffers can use it, and asking for FI_HMEM rules out
   /// providers (tcp, sockets) a host-memory program runs on. Must be the same on every rank.
   bool device_memory = false;
+  /// One rail per entry: the NICs, as the provider names its domains (`fi_info -p tcp` prints
+  /// interfaces, `fi_info -p efa` devices); messages spread over them by tag. Empty:
+  /// RINGZERO_RAILS (ignored with shm, which uses no NIC), else one rail on the provider's best
+  /// candidate. Must name as many rails on every rank.
+  std::vector<std::string> rails{};
 };
 
 using from_env_options = options;
 
-/// Messaging over one FI_EP_RDM endpoint. Peers are job ranks; the endpoint is shared by every
-/// communicator split from the world, each under its own id in the tag's top bits.
+/// Messaging over FI_EP_RDM endpoints, one per rail. Peers are job ranks; the engine is shared by
+/// every communicator split from the world, each under its own id in the tag's top bits.
 class transport {
  public:
   using from_env_options = libfabric::options;
@@ -86,11 +95,11 @@ class transport {
   /// Handle to one posted send or receive. Destroying it before completion cancels the
   /// operation and waits for the provider to release the buffer.
   using request =
-      ringzero::detail::transport_request<transport, detail::endpoint, detail::op_context*>;
+      ringzero::detail::transport_request<transport, detail::engine, detail::op_context*>;
 
   /// Joins the job the environment describes (torchrun, Slurm, Open MPI or ringzero-run
   /// variables, see bootstrap/environment.hpp): opens the store (rank 0 serves the TCP store),
-  /// picks the provider, opens the endpoint, exchanges addresses, and tags this process's log
+  /// picks the provider, opens the rails, exchanges addresses, and tags this process's log
   /// lines with its rank. The store stays open while the transport lives (bootstrap::
   /// shared_store): when a rank dies, the survivors agree through it on which one died first,
   /// so that every error names the same culprit. Rank 0's transport, which serves it, closes
@@ -122,16 +131,16 @@ class transport {
   [[nodiscard]] const std::string& host_of(int r) const noexcept {
     return hosts_[static_cast<std::size_t>(r)];
   }
-  [[nodiscard]] int comm_id_bits() const noexcept { return ep_->comm_id_bits(); }
+  [[nodiscard]] int comm_id_bits() const noexcept { return engine_->comm_id_bits(); }
   /// The provider every rank uses, as fi_info names it.
-  [[nodiscard]] const std::string& provider() const noexcept { return ep_->provider(); }
-  /// The shared endpoint, for diagnostics (registrations, provider limits).
-  [[nodiscard]] const detail::endpoint& endpoint() const noexcept { return *ep_; }
+  [[nodiscard]] const std::string& provider() const noexcept { return engine_->provider(); }
+  /// The shared engine, for diagnostics (rails, registrations, provider limits).
+  [[nodiscard]] const detail::engine& engine() const noexcept { return *engine_; }
 
   /// Drops cached registrations of [p, p+n): call before unmapping memory that collectives
   /// used, when the provider registers memory (FI_MR_LOCAL, or options::register_memory), and
   /// before freeing a device buffer given to register_device_buffer.
-  void forget_memory(const void* p, std::size_t n) { ep_->forget_memory(p, n); }
+  void forget_memory(const void* p, std::size_t n) { engine_->forget_memory(p, n); }
 
   /// Declares [p, p+n) CUDA memory of device `device` (its ordinal) and registers it with the
   /// provider (fi_mr_regattr, FI_HMEM_CUDA): messages from and into it then move without a
@@ -143,10 +152,10 @@ class transport {
   /// and call forget_memory(p, n) before freeing it. Throws unsupported when the transport was
   /// opened without options::device_memory or the provider cannot register CUDA memory.
   void register_device_buffer(const void* p, std::size_t n, int device) {
-    ep_->register_device(p, n, device);
+    engine_->register_device(p, n, device);
   }
   /// Opened with options::device_memory, on a provider that reports FI_HMEM.
-  [[nodiscard]] bool device_memory() const noexcept { return ep_->hmem(); }
+  [[nodiscard]] bool device_memory() const noexcept { return engine_->hmem(); }
   /// Why device buffers are refused when device_memory() is false, naming the provider.
   [[nodiscard]] std::string device_memory_refusal() const {
     return fmt::format(
@@ -157,16 +166,16 @@ class transport {
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     request r;
-    r.eng_ = ep_;
-    r.op_ = ep_->send(peer, peer, tag, data);
+    r.eng_ = engine_;
+    r.op_ = engine_->send(peer, peer, tag, data);
     r.done_ = r.op_ == nullptr;
     return r;
   }
 
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
     request r;
-    r.eng_ = ep_;
-    r.op_ = ep_->recv(peer, peer, tag, data);
+    r.eng_ = engine_;
+    r.op_ = engine_->recv(peer, peer, tag, data);
     return r;
   }
 
@@ -177,7 +186,7 @@ class transport {
     if (!r.op_) throw invalid_argument("test() on an empty request");
     // Once the endpoint reports an outcome, finished or thrown, it has taken the context back.
     auto* c = std::exchange(r.op_, nullptr);
-    if (!ep_->test(c)) {
+    if (!engine_->test(c)) {
       r.op_ = c;
       return false;
     }
@@ -185,23 +194,23 @@ class transport {
     return true;
   }
 
-  void progress() { ep_->progress(); }
+  void progress() { engine_->progress(); }
 
   /// The rank the watchdog found dead, or -1 (see communicator::failed_rank()).
-  [[nodiscard]] int failed_rank() const noexcept { return ep_->failed_rank(); }
+  [[nodiscard]] int failed_rank() const noexcept { return engine_->failed_rank(); }
   /// The ranks on this host the watchdog finds stopped (SIGSTOP, a debugger): alive, so not
   /// failed, but a wait on them can only time out (see communicator::stopped_rank()).
-  [[nodiscard]] std::vector<int> stopped_ranks() const { return ep_->stopped_ranks(); }
+  [[nodiscard]] std::vector<int> stopped_ranks() const { return engine_->stopped_ranks(); }
 
   /// Fails every wait on this transport, and so on every communicator over it (the world and
   /// those split from it), with peer_error carrying `why`: now, including waits blocked in
   /// another thread, and every call after. Thread-safe.
-  void abort(const std::string& why) { ep_->abort(why); }
+  void abort(const std::string& why) { engine_->abort(why); }
   /// Why abort() was called, once it was: communicator::check_usable refuses every call then,
   /// even one with nothing to send, which never reaches a wait.
   [[nodiscard]] std::optional<std::string> abort_reason() const {
-    if (!ep_->aborted()) return std::nullopt;
-    return ep_->abort_reason();
+    if (!engine_->aborted()) return std::nullopt;
+    return engine_->abort_reason();
   }
 
  private:
@@ -213,16 +222,20 @@ class transport {
       throw invalid_argument(
           fmt::format("libfabric communicator: rank {} is not in [0, {})", rank, size));
     const bool served_by_rank0 = dynamic_cast<const bootstrap::tcp_store*>(kept.get()) != nullptr;
+    std::optional<std::vector<std::string>> env_rails;
+    if (opt.rails.empty()) env_rails = ringzero::detail::getenv_list("RINGZERO_RAILS");
     auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory,
-                                    opt.device_memory, timeout_, std::move(kept), served_by_rank0);
-    ep_ = std::move(world.ep);
+                                    opt.device_memory, timeout_, env_rails ? *env_rails : opt.rails,
+                                    env_rails.has_value(), std::move(kept), served_by_rank0);
+    engine_ = std::move(world.eng);
     hosts_ = std::move(world.hosts);
-    tuning_ = opt.tuning ? *opt.tuning : ringzero::tuning::libfabric_default(ep_->provider()).value;
-    log::info("libfabric: rank {} of {} on {} ({})", rank, size, ep_->provider(),
+    tuning_ =
+        opt.tuning ? *opt.tuning : ringzero::tuning::libfabric_default(engine_->provider()).value;
+    log::info("libfabric: rank {} of {} on {} ({})", rank, size, engine_->provider(),
               hosts_[static_cast<std::size_t>(rank)]);
   }
 
-  std::shared_ptr<detail::endpoint> ep_;
+  std::shared_ptr<detail::engine> engine_;
   std::vector<std::string> hosts_;  ///< host name of every rank
   int rank_ = 0;
   ringzero::tuning::policy tuning_{};

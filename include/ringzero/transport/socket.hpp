@@ -188,21 +188,9 @@ class transport {
   /// The rails the environment names: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else none
   /// (the constructor then picks one).
   [[nodiscard]] static std::vector<std::string> rails_from_env() {
-    std::vector<std::string> out;
-    if (auto v = ringzero::detail::getenv_str("RINGZERO_RAILS")) {
-      std::string_view s = *v;
-      while (!s.empty()) {
-        const auto comma = s.find(',');
-        const auto item = s.substr(0, comma);
-        if (!item.empty()) out.emplace_back(item);
-        if (comma == std::string_view::npos) break;
-        s.remove_prefix(comma + 1);
-      }
-      if (out.empty()) throw invalid_argument("RINGZERO_RAILS names no interface");
-      return out;
-    }
+    if (auto rails = ringzero::detail::getenv_list("RINGZERO_RAILS")) return *rails;
     if (auto v = ringzero::detail::getenv_str("RINGZERO_SOCKET_IFNAME")) return {*v};
-    return out;
+    return {};
   }
 
  private:

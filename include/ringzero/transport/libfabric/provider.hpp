@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "ringzero/detail/env.hpp"
-#include "ringzero/transport/libfabric/endpoint.hpp"
+#include "ringzero/transport/libfabric/rail.hpp"
 
 namespace ringzero::libfabric::detail {
 

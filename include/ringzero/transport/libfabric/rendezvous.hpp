@@ -1,13 +1,13 @@
-// Building the world communicator's endpoint through a store:
+// Building the world communicator's engine and its rails through a store:
 //   1. every rank publishes its host name (node placement, and whether shm can serve all) and
 //      its process identity (the watchdog's liveness checks between ranks on one host);
-//   2. rank 0 picks the provider, opens its endpoint and publishes the provider's name; the
+//   2. rank 0 picks the provider, opens its rails and publishes the provider's name; the
 //      others open the same provider;
-//   3. every rank publishes fi_getname() and inserts everyone's name into its address vector,
-//      then starts its endpoint's watchdog;
+//   3. every rank publishes its rails' names (fi_getname) and inserts everyone's into each
+//      rail's address vector, then starts its engine's watchdog;
 //   4. a last round of keys tells each rank that all others have finished reading, and rank 0
 //      that all others are done with the store, so a rank 0 that serves it may close it.
-// A rank that fails to open its endpoint publishes the reason in place of its name, so the
+// A rank that fails to open its rails publishes the reason in place of its name, so the
 // others fail at once with that reason instead of waiting for the store's deadline.
 #pragma once
 
@@ -26,13 +26,13 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
-#include "ringzero/transport/libfabric/endpoint.hpp"
+#include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 
 namespace ringzero::libfabric::detail {
 
 struct world {
-  std::shared_ptr<endpoint> ep;
+  std::shared_ptr<engine> eng;
   std::vector<std::string> hosts;  ///< by world rank
 };
 
@@ -63,12 +63,25 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
 
 }  // namespace keys
 
-/// `kept`: the same store as `s`, when the caller keeps it open for the endpoint's lifetime:
-/// the ranks then agree through it on which rank failed first (failure_board);
-/// `served_by_rank0`: it goes away with rank 0's process (tcp_store).
+inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
+  if (!rails_from_env || cfg.rails.empty() || cfg.provider != "shm") return;
+  log::info(
+      "libfabric: RINGZERO_RAILS does not apply to provider shm (it moves no bytes over a "
+      "NIC); one rail");
+  cfg.rails.clear();
+}
+
+/// `rails`: the NICs to open, one rail each (engine::config::rails; empty: one, the provider's
+/// best); `rails_from_env`: they came from RINGZERO_RAILS, which names network interfaces for
+/// every transport that has rails, and so do not apply to shm, which has none; `kept`: the same
+/// store as `s`, when the caller keeps it open for the engine's lifetime: the ranks then agree
+/// through it on which rank failed first (failure_board); `served_by_rank0`: it goes away with rank
+/// 0's process (tcp_store).
 [[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
                                       std::string_view requested, bool register_memory,
                                       bool device_memory, std::chrono::nanoseconds timeout,
+                                      std::vector<std::string> rails = {},
+                                      bool rails_from_env = false,
                                       std::shared_ptr<bootstrap::store> kept = nullptr,
                                       bool served_by_rank0 = false) {
   // Several communicators may be built on one store; each rank counts its own, and the
@@ -91,22 +104,25 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
   const bool one_host =
       std::all_of(w.hosts.begin(), w.hosts.end(), [&](const auto& h) { return h == w.hosts[0]; });
 
-  endpoint::config cfg{.provider = {},
-                       .register_always = register_memory,
-                       .one_host = one_host,
-                       .timeout = timeout,
-                       .device_memory = device_memory};
+  engine::config cfg{.provider = {},
+                     .rails = std::move(rails),
+                     .register_always = register_memory,
+                     .one_host = one_host,
+                     .timeout = timeout,
+                     .device_memory = device_memory};
   const std::string provider_key = prefix + "provider";
   try {
     if (rank == 0) {
       cfg.provider = choose_provider(requested, one_host);
-      w.ep = std::make_shared<endpoint>(cfg);
-      keys::set_text(s, provider_key, w.ep->provider());
+      drop_env_rails_on_shm(cfg, rails_from_env);
+      w.eng = std::make_shared<engine>(cfg);
+      keys::set_text(s, provider_key, w.eng->provider());
     } else {
       const auto v = s.get(provider_key);
       keys::throw_if_failure(v, 0);
       cfg.provider.assign(reinterpret_cast<const char*>(v.data()), v.size());
-      w.ep = std::make_shared<endpoint>(cfg);
+      drop_env_rails_on_shm(cfg, rails_from_env);
+      w.eng = std::make_shared<engine>(cfg);
     }
   } catch (const bootstrap_error&) {
     throw;
@@ -115,16 +131,17 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
     throw;
   }
 
-  const auto name = w.ep->name();
+  const auto name = w.eng->name();
   s.set(key("ep", rank), name);
   std::vector<std::vector<std::byte>> names(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     names[static_cast<std::size_t>(r)] = s.get(key("ep", r));
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
-  w.ep->connect(names);
-  w.ep->watch(rank, std::move(processes),
-              kept ? std::make_shared<failure_board>(std::move(kept), prefix, rank, served_by_rank0)
+  w.eng->connect(names);
+  w.eng->watch(rank, std::move(processes),
+               kept
+                   ? std::make_shared<failure_board>(std::move(kept), prefix, rank, served_by_rank0)
                    : nullptr);
 
   keys::set_text(s, key("ready", rank), "1");
