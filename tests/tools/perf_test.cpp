@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -195,6 +196,42 @@ TEST_CASE("a launcher environment that makes no launch is a clear error, not a o
     CHECK_MESSAGE(r.out.find(c.says) != std::string::npos, r.out);
     CHECK(r.out.find("all_reduce_perf") == std::string::npos);  // no table: nothing ran
   }
+}
+
+TEST_CASE("no -T: between hosts the socket transport unless something asks for libfabric") {
+  const auto runner = [](const perf::options&, const perf::context&) { return 0; };
+  perf::transports built;
+  built.libfabric = runner;
+  built.socket = runner;
+  built.shm = runner;
+  const auto choose = [&](std::initializer_list<std::string_view> extra_args = {}) {
+    std::vector<std::string_view> args{"all_reduce"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    return perf::automatic_transport(perf::parse_args(args), built);
+  };
+  const scoped_env addr("MASTER_ADDR", "127.0.0.1"), port("MASTER_PORT", "29500");
+  const scoped_env no_provider("FI_PROVIDER", nullptr);
+  {
+    const scoped_env rank("RANK", nullptr), world("WORLD_SIZE", nullptr);
+    CHECK(choose() == perf::transport_kind::loopback);  // not launched: one process
+  }
+  const scoped_env rank("RANK", "0"), world("WORLD_SIZE", "4"), local_rank("LOCAL_RANK", "0");
+  {
+    const scoped_env local("LOCAL_WORLD_SIZE", "4");  // every rank on this host
+    CHECK(choose() == perf::transport_kind::libfabric);
+  }
+  const scoped_env local("LOCAL_WORLD_SIZE", "2");  // two hosts of two ranks
+  CHECK(choose() == perf::transport_kind::socket);
+  CHECK(choose({"-p", "efa"}) == perf::transport_kind::libfabric);  // a provider asked for by name
+  CHECK(choose({"--memory", "device"}) == perf::transport_kind::libfabric);
+  {
+    const scoped_env provider("FI_PROVIDER", "tcp;ofi_rxm");
+    CHECK(choose() == perf::transport_kind::libfabric);
+  }
+  built.efa_present = [] { return true; };  // an EFA host: libfabric's efa is the fast path
+  CHECK(choose() == perf::transport_kind::libfabric);
+  built.efa_present = nullptr;
+  CHECK(choose({"-t", "2"}) == perf::transport_kind::loopback);  // threads are loopback ranks
 }
 
 TEST_CASE("--memory device: parsed, and refused clearly where it cannot run") {

@@ -234,8 +234,9 @@ nccl-tests flags:
   -R,--local_register <0|1|2> 0 user buffers, 1 registered, 2 symmetric
 ringzero flags:
   -A,--algorithm <a>        ring tree rd rhd hier pairwise bruck linear auto (default auto)
-  -T,--transport <t>        loopback libfabric shm socket nccl (default: libfabric when a
-                            launcher set WORLD_SIZE and it is built in, else loopback);
+  -T,--transport <t>        loopback libfabric shm socket nccl (default: alone, loopback;
+                            ranks on several hosts, socket unless efa, FI_PROVIDER, -p or
+                            --memory device ask for libfabric; else libfabric);
                             socket: ringzero's own TCP transport, on the rails RINGZERO_RAILS
                             names (interfaces, comma-separated)
   -p,--provider <name>      libfabric provider (shm, tcp, efa, ...)

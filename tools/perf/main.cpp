@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   ringzero::perf::transports extra;
 #if RINGZERO_PERF_WITH_LIBFABRIC
   extra.libfabric = ringzero::perf::run_libfabric;
+  extra.efa_present = [] { return ringzero::libfabric::detail::provider_available("efa"); };
 #endif
 #if RINGZERO_PERF_WITH_LIBFABRIC_DEVICE
   extra.libfabric_device = ringzero::perf::run_libfabric_device;

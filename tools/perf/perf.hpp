@@ -50,6 +50,8 @@ struct transports {
   runner nccl;
   runner shm;
   runner socket;
+  /// Whether libfabric offers efa here (the automatic choice below); unset: it does not.
+  bool (*efa_present)() = nullptr;
 };
 
 [[nodiscard]] inline std::string algorithm_line(const options& o) {
@@ -175,6 +177,24 @@ outcome run_rank(Backend& b, const options& o, printer* p, run_info info) {
   return bootstrap::detect_launch().world_size > 1;
 }
 
+/// The transport without -T. Alone (or with -t threads): loopback. A launched rank: libfabric,
+/// except when the ranks span hosts (fewer on this one than in the job) and nothing asks for
+/// libfabric (no efa here, no FI_PROVIDER, no -p, host buffers): then ringzero's socket
+/// transport, which reaches the line rate on every rail where tcp;ofi_rxm reaches half of one
+/// (docs/performance.md, "Between hosts").
+[[nodiscard]] inline transport_kind automatic_transport(const options& o, const transports& extra) {
+  if (o.threads != 1) return transport_kind::loopback;
+  const bootstrap::launch_info info = bootstrap::detect_launch();
+  if (info.world_size <= 1) return transport_kind::loopback;
+  const bool spans_hosts = info.local_size < info.world_size;
+  const bool libfabric_asked = !o.provider.empty() || o.device_memory ||
+                               ringzero::detail::getenv_str("FI_PROVIDER").has_value() ||
+                               (extra.efa_present && extra.efa_present());
+  if (extra.socket && (spans_hosts || !extra.libfabric) && !libfabric_asked)
+    return transport_kind::socket;
+  return extra.libfabric ? transport_kind::libfabric : transport_kind::loopback;
+}
+
 /// The whole program; main() forwards here.
 inline int main(std::span<const std::string_view> args, std::string_view program, std::FILE* out,
                 std::FILE* err, char** envp, const transports& extra = {}) {
@@ -198,9 +218,7 @@ inline int main(std::span<const std::string_view> args, std::string_view program
   try {
     transport_kind t = o.transport;
     // Read inside the try: a malformed launcher environment is a clear error, not a crash.
-    if (t == transport_kind::automatic)
-      t = launched_as_rank() && extra.libfabric && o.threads == 1 ? transport_kind::libfabric
-                                                                  : transport_kind::loopback;
+    if (t == transport_kind::automatic) t = automatic_transport(o, extra);
     o.transport = t;
     switch (t) {
       case transport_kind::libfabric:
