@@ -26,7 +26,8 @@ void all_reduce_matrix(loopback::communicator& comm, world_log& log,
       const std::uint64_t seed = seed_of(dtype_of<E>(), o, count);
       pristine.resize(count);
       for (std::size_t i = 0; i < count; ++i) pristine[i] = testing::input_value<E>(seed, r, i, o);
-      const auto [lo, hi] = slice(count, r, n);
+      const auto range = slice(count, r, n);
+      const std::size_t lo = range.first, hi = range.second;  // lambdas below capture lo
       want.clear();
       for (std::size_t i = lo; i < hi; ++i)
         want.push_back(testing::reduce_serial<E>(

@@ -62,7 +62,8 @@ void all_reduce_cases(loopback::communicator& comm, world_log& log, std::string_
   const std::uint64_t seed = seed_of(dtype_of<E>(), o, count, static_cast<int>(a));
   std::vector<E> pristine(count);
   for (std::size_t i = 0; i < count; ++i) pristine[i] = testing::input_value<E>(seed, r, i, o);
-  const auto [lo, hi] = slice(count, r, n);
+  const auto range = slice(count, r, n);
+  const std::size_t lo = range.first, hi = range.second;  // the check's lambda captures lo
   std::vector<testing::reduced<E>> want;
   for (std::size_t i = lo; i < hi; ++i)
     want.push_back(testing::reduce_serial<E>(

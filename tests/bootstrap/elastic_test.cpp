@@ -95,7 +95,8 @@ TEST_CASE("elastic: generation 0 gives the initial members ranks in id order") {
     re::session s(st, id, 4, bounds(1, 4), 5s);
     return s.join();
   });
-  for (const auto& [id, o] : out) {
+  for (const auto& [id, result] : out) {
+    const auto& o = result;  // REQUIRE_MESSAGE's lambda captures a variable, not a binding
     REQUIRE_MESSAGE(o.m, o.error);
     CHECK(o.m->generation == 0);
     CHECK(o.m->rank == id);

@@ -226,7 +226,8 @@ TEST_CASE("the sharder records its gather, reduce, step and checkpoint phases") 
         tracks[e.number_or("tid", -1)].emplace_back(e.number_or("ts", 0),
                                                     e.number_or("ts", 0) + e.number_or("dur", 0));
     for (auto& [tid, slices] : tracks) {
-      CAPTURE(tid);
+      const double track = tid;  // CAPTURE's lambda takes a variable, not a structured binding
+      CAPTURE(track);
       std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) {
         return a.first != b.first ? a.first < b.first : a.second > b.second;
       });

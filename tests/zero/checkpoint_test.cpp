@@ -102,7 +102,9 @@ TEST_CASE("a checkpoint loads at another world size and stage with the same weig
   CHECK(m.step == 3);
   CHECK(m.shards.size() == 4);
   const std::pair<int, int> targets[] = {{4, 2}, {2, 3}, {3, 1}, {1, 0}, {5, 2}, {4, 0}};
-  for (auto [world, stage] : targets) {
+  for (const auto& target : targets) {
+    // Variables, not structured bindings: CAPTURE captures them.
+    const int world = target.first, stage = target.second;
     CAPTURE(world);
     CAPTURE(stage);
     zt::run_options o;

@@ -114,7 +114,9 @@ TEST_CASE("a state saved at one world size and stage loads into another") {
                        CHECK(bytes > 3 * plan.shard_size() * sizeof(float));
                      });
   const std::pair<int, int> targets[] = {{1, 0}, {3, 3}, {2, 2}, {4, 1}};
-  for (const auto& [world, stage] : targets) {
+  for (const auto& target : targets) {
+    // Variables, not structured bindings: CAPTURE and the lambdas below capture them.
+    const int world = target.first, stage = target.second;
     CAPTURE(world);
     CAPTURE(stage);
     on_ranks<bfloat16>(world, stage, cfg,

@@ -121,8 +121,9 @@ struct kind_summary {
     }
   }
   std::map<std::string, kind_summary> by_kind;
-  for (auto& [key, v] : calls) {
-    const int expected = ranks_per_instance[std::get<0>(key)];
+  for (auto& entry : calls) {
+    auto& v = entry.second;  // a reference, not a binding: the lambdas below capture it
+    const int expected = ranks_per_instance[std::get<0>(entry.first)];
     if (static_cast<int>(v.size()) != expected || expected < 2) continue;
     if (std::any_of(v.begin(), v.end(), [&](const arrival& x) { return x.name != v[0].name; }))
       continue;

@@ -77,6 +77,8 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
       device_cache_of(comm, rt, device, [&comm](const void* p, std::size_t bytes) {
         if constexpr (requires { comm.transport().forget_memory(p, bytes); })
           comm.transport().forget_memory(p, bytes);
+        else
+          (void)comm, (void)p, (void)bytes;  // nothing registered: nothing to forget
       });
   CUstream_st* s = cache.stream();
   // The passes read c.in on s: behind what the caller queued before the call.

@@ -476,7 +476,9 @@ class sharder {
         {collective::all_reduce, &cfg.collectives.all_reduce},
         {collective::reduce_scatter, &cfg.collectives.reduce_scatter},
         {collective::all_gather, &cfg.collectives.all_gather}};
-    for (auto [c, o] : kinds) {
+    for (const auto& kind : kinds) {
+      const collective c = kind.first;  // a name, not a binding: lambdas (requires) may use it
+      ringzero::options* o = kind.second;
       if (o->algorithm != algorithm::automatic) continue;
       if constexpr (requires { shard.fixed_order_algorithm(c); })
         o->algorithm = shard.fixed_order_algorithm(c);
