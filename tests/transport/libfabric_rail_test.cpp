@@ -1,23 +1,20 @@
 // Rails of the libfabric transport: a NIC is a rail (libfabric/rail.hpp) under one operation
 // engine (libfabric/engine.hpp), and more NICs are more rails with no change to the engine. Two
 // rails on loopback stand in for two NICs here (each rail is an endpoint, address vector and
-// registration cache of its own): every collective and algorithm is bitwise what one rail gives,
-// the traffic goes over both, a rank that dies is still named, and the configurations that
-// cannot work are refused naming what is wrong.
+// registration cache of its own). The typed transport suite runs every behaviour and the
+// conformance matrix over them ("libfabric rails" in transport_conformance_test.cpp); this file
+// checks what is the rails' own: where messages go, rails from the environment, and the
+// configurations that cannot work, refused naming what is wrong.
 #include <doctest/doctest.h>
-#include <signal.h>
 #include <stdlib.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include <fmt/core.h>
 
-#include "conformance_matrix.hpp"
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/libfabric.hpp"
@@ -65,25 +62,20 @@ TEST_CASE("a message's rail is a function of its tag that spreads a collective o
   }
 }
 
-TEST_CASE("two rails: every collective and algorithm bitwise, and both rails carry messages") {
-  auto out = multiprocess::run(3, 300s, [&](int r, int n, ringzero::bootstrap::store& s) {
+TEST_CASE("two rails: a collective's messages go over both") {
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
     fabric::communicator comm(fabric::transport(s, r, n, two_rails()));
     const auto& eng = comm.transport().engine();
     check.expect(eng.rails() == 2, fmt::format("two rails, got {}", eng.rails()));
     check.expect(eng.rail_domain(0) == "lo" && eng.rail_domain(1) == "lo", "both on lo");
-    // One element type of each size: the rails see only message sizes and tags.
-    const ringzero::dtype types[] = {ringzero::dtype::int8, ringzero::dtype::bfloat16,
-                                     ringzero::dtype::float32, ringzero::dtype::float64};
-    std::vector<conformance::test_case> cases;
-    for (const auto& tc : conformance::matrix(n, false, types))
-      if (tc.algo != ringzero::algorithm::automatic) cases.push_back(tc);
-    const auto failures = conformance::run_all<conformance::every_type>(comm, cases);
-    for (const auto& f : failures) std::fprintf(stderr, "%s\n", f.c_str());
-    check.expect(failures.empty(),
-                 fmt::format("{} of {} cases wrong", failures.size(), cases.size()));
+    // A pipelined ring: many chunks and steps, so many tags.
+    std::vector<float> v(1 << 20, static_cast<float>(r + 1));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum,
+                         {.algorithm = ringzero::algorithm::ring, .chunk_bytes = 64 << 10});
+    check.expect(v.front() == 6.0f && v.back() == 6.0f, "the sum 1 + 2 + 3 everywhere");
     for (std::size_t i = 0; i < eng.rails(); ++i)
-      check.expect(eng.rail_messages(i) > 100,
+      check.expect(eng.rail_messages(i) > 10,
                    fmt::format("rail {} to carry its share, it carried {} messages", i,
                                eng.rail_messages(i)));
     return check.code();
@@ -147,36 +139,4 @@ TEST_CASE("rails that cannot work are refused naming what is wrong") {
     });
     require_all_passed(out);
   }
-}
-
-TEST_CASE("two rails: a rank that dies is named by the survivors' errors") {
-  ::setenv("RINGZERO_TIMEOUT", "2", 1);
-  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    fabric::communicator comm(fabric::transport(s, r, n, two_rails()));
-    const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
-    std::vector<float> v(300000, 1.0f);
-    ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-    check.expect(v[0] == 3.0f, "the first all_reduce sums 3 ranks");
-    if (r == 1) ::kill(::getpid(), SIGKILL);
-    int named = -2;
-    std::string what;
-    try {
-      for (int i = 0; i < 3; ++i) ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-    } catch (const ringzero::peer_error& e) {
-      named = e.peer();
-      what = e.what();
-    } catch (const ringzero::timeout_error& e) {
-      named = e.peer();
-      what = e.what();
-    }
-    check.expect(named == 1, fmt::format("an error naming rank 1, got rank {}: '{}'", named, what));
-    return check.code();
-  });
-  INFO(out.describe());
-  CHECK(out.status[0] == 0);
-  CHECK(out.status[1] == -SIGKILL);
-  CHECK(out.status[2] == 0);
-  CHECK_FALSE(out.timed_out);
-  ::unsetenv("RINGZERO_TIMEOUT");
 }

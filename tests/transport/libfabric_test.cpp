@@ -1,14 +1,11 @@
-// The libfabric transport with ranks as separate processes, over shm and tcp;ofi_rxm: the
-// conformance matrix for 2, 3 and 4 ranks, sub-communicators, cancellation, many messages in
-// flight, registered memory, size mismatches, a peer that dies, and provider selection.
-//
-// CTest runs each "conformance" case as a test of its own (see CMakeLists.txt); the others
-// run together.
+// The libfabric transport with ranks as separate processes, over shm and tcp;ofi_rxm, what only
+// it has: the provider's queue limits, registered memory, provider selection, endpoint
+// addresses and two hosts. The conformance matrix and the behaviours every transport shares run
+// in transport_conformance_test.cpp.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <rdma/fabric.h>
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -37,200 +34,15 @@ namespace {
 
 const char* const providers[] = {"shm", "tcp;ofi_rxm"};
 
-// The element type matters to a transport only through the message sizes it makes, and the
-// reductions are the same code whatever the transport (tests/algorithms covers every type).
-// So 2 ranks run all ten types, 3 and 4 ranks one type of each size, and sanitizer builds,
-// where each message costs several times more, one type; every collective, algorithm, op,
-// placement and count runs in all of them.
+// Sanitizer builds, where each message costs several times more, run the two-host cases on one
+// element type.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool sanitized = true;
 #else
 constexpr bool sanitized = false;
 #endif
 
-// The sanitizer builds run one element type of the matrix (ten would take them ten times as
-// long), so they compile one.
-using matrix_types =
-    std::conditional_t<sanitized, conformance::types<float>, conformance::every_type>;
-
-[[nodiscard]] std::vector<std::string> run_matrix(fabric::communicator& comm) {
-  using ringzero::dtype;
-  const dtype each_size[] = {dtype::int8, dtype::bfloat16, dtype::float32, dtype::float64};
-  const auto types = sanitized          ? std::span<const dtype>(matrix_types::dtypes)
-                     : comm.size() == 2 ? std::span<const dtype>(ringzero::all_dtypes)
-                                        : std::span<const dtype>(each_size);
-  std::vector<conformance::test_case> cases;
-  // automatic always resolves to one of the algorithms below, which run explicitly.
-  for (const auto& tc : conformance::matrix(comm.size(), false, types))
-    if (tc.algo != ringzero::algorithm::automatic) cases.push_back(tc);
-  auto failures = conformance::run_all<matrix_types>(comm, cases);
-  if (comm.rank() == 0)
-    std::fprintf(stderr, "%s, %d ranks: %zu cases, %zu failures\n",
-                 comm.transport().provider().c_str(), comm.size(), cases.size(), failures.size());
-  return failures;
-}
-
-/// Under a launcher (ringzero-run, as CTest runs these cases when it is built) this process
-/// is one rank and joins through from_env(); otherwise it forks the ranks itself.
-void conformance_over(const char* provider, int n) {
-  if (ringzero::detail::getenv_str("RANK") && ringzero::detail::getenv_str("WORLD_SIZE")) {
-    auto comm = fabric::communicator::from_env({.provider = provider});
-    REQUIRE(comm.size() == n);
-    for (const auto& f : run_matrix(comm)) FAIL_CHECK(f);
-    return;
-  }
-  auto out = multiprocess::run(n, 300s, [&](int r, int size, ringzero::bootstrap::store& s) {
-    fabric::communicator comm(fabric::transport(s, r, size, {.provider = provider}));
-    const auto failures = run_matrix(comm);
-    for (const auto& f : failures) std::fprintf(stderr, "%s\n", f.c_str());
-    return failures.empty() ? 0 : 1;
-  });
-  require_all_passed(out);
-}
-
 }  // namespace
-
-// Skipped in the default run; CTest runs each as a test of its own with --no-skip.
-TEST_CASE("conformance shm 2 ranks" * doctest::skip()) {
-  conformance_over("shm", 2);
-}
-TEST_CASE("conformance shm 3 ranks" * doctest::skip()) {
-  conformance_over("shm", 3);
-}
-TEST_CASE("conformance shm 4 ranks" * doctest::skip()) {
-  conformance_over("shm", 4);
-}
-TEST_CASE("conformance tcp 2 ranks" * doctest::skip()) {
-  conformance_over("tcp;ofi_rxm", 2);
-}
-TEST_CASE("conformance tcp 3 ranks" * doctest::skip()) {
-  conformance_over("tcp;ofi_rxm", 3);
-}
-TEST_CASE("conformance tcp 4 ranks" * doctest::skip()) {
-  conformance_over("tcp;ofi_rxm", 4);
-}
-
-TEST_CASE("sub-communicators share the endpoint and keep their messages apart") {
-  for (const char* provider : providers) {
-    CAPTURE(provider);
-    auto out = multiprocess::run(4, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      const auto t = comm.topo();
-      check.expect(t.node_count == 1 && t.local_size == 4 && t.local_rank == r,
-                   "one node holding all four ranks, in rank order");
-
-      auto half = comm.split(r % 2, -r);  // keys reverse the order inside each half
-      check.expect(half && half->size() == 2, "a 2-rank half");
-      check.expect(half->rank() == (r < 2 ? 1 : 0), "ranks ordered by descending world rank");
-      check.expect(half->comm_id() != 0, "an id other than the world's");
-      auto most = comm.split(r == 3 ? -1 : 0, r);
-      check.expect(r == 3 ? !most : most && most->size() == 3, "rank 3 left out of 'most'");
-
-      // The two halves run their collective before or after the world's: messages cross.
-      std::vector<double> world_v(3000, r + 1.0), half_v(3000, 10.0 * (r + 1));
-      if (r % 2 == 0) {
-        ringzero::all_reduce(*half, std::span<double>(half_v), op::sum);
-        ringzero::all_reduce(comm, std::span<double>(world_v), op::sum);
-      } else {
-        ringzero::all_reduce(comm, std::span<double>(world_v), op::sum);
-        ringzero::all_reduce(*half, std::span<double>(half_v), op::sum);
-      }
-      check.expect(world_v[0] == 10.0, "the world sum 1+2+3+4");
-      check.expect(half_v[2999] == (r % 2 == 0 ? 40.0 : 60.0), "the sum over this half");
-      if (most) {
-        std::vector<int> v{r};
-        ringzero::all_reduce(*most, std::span<int>(v), op::max);
-        check.expect(v[0] == 2, "max over ranks 0..2");
-      }
-
-      // Forced hierarchical on one node falls back to a flat algorithm.
-      std::vector<float> h(1001, 1.0f);
-      ringzero::all_reduce(comm, std::span<float>(h), op::sum,
-                           {.algorithm = ringzero::algorithm::hierarchical});
-      check.expect(h[1000] == 4.0f, "hierarchical all_reduce on one node sums 4 ranks");
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
-
-TEST_CASE("a destroyed receive is cancelled and never written") {
-  for (const char* provider : providers) {
-    CAPTURE(provider);
-    auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      constexpr ringzero::tag_t tag = 12345;
-      std::vector<std::uint8_t> payload(100000, 0xab);
-      std::vector<std::uint8_t> abandoned(payload.size(), 0), fresh(payload.size(), 0);
-      if (r == 0) {
-        {
-          auto req = comm.irecv(1, tag, std::as_writable_bytes(std::span<std::uint8_t>(abandoned)));
-        }
-        // Only now let the peer send: the message must go to the second receive.
-        ringzero::barrier(comm);
-        auto req = comm.irecv(1, tag, std::as_writable_bytes(std::span<std::uint8_t>(fresh)));
-        const auto deadline = std::chrono::steady_clock::now() + 60s;
-        while (!comm.test(req) && std::chrono::steady_clock::now() < deadline) {
-        }
-        check.expect(fresh == payload, "the message in the receive posted after the cancel");
-        check.expect(std::all_of(abandoned.begin(), abandoned.end(), [](auto b) { return b == 0; }),
-                     "the cancelled receive's buffer untouched");
-      } else {
-        ringzero::barrier(comm);
-        auto req = comm.isend(0, tag, std::as_bytes(std::span<const std::uint8_t>(payload)));
-        const auto deadline = std::chrono::steady_clock::now() + 60s;
-        while (!comm.test(req) && std::chrono::steady_clock::now() < deadline) {
-        }
-      }
-      ringzero::barrier(comm);
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
-
-TEST_CASE("hundreds of messages in flight to one peer") {
-  for (const char* provider : providers) {
-    CAPTURE(provider);
-    auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      constexpr int count = 400;
-      const int peer = 1 - r;
-      // Sizes straddle every provider's inject limit and its eager/rendezvous switch.
-      auto size_of = [](int i) { return static_cast<std::size_t>((i * 7919) % 70000); };
-      std::vector<std::vector<std::uint8_t>> out_bufs(count), in_bufs(count);
-      std::vector<fabric::communicator::request> reqs;
-      for (int i = 0; i < count; ++i) {
-        in_bufs[static_cast<std::size_t>(i)].assign(size_of(i), 0);
-        out_bufs[static_cast<std::size_t>(i)].assign(size_of(i), static_cast<std::uint8_t>(i + r));
-        reqs.push_back(
-            comm.irecv(peer, static_cast<ringzero::tag_t>(i),
-                       std::as_writable_bytes(std::span(in_bufs[static_cast<std::size_t>(i)]))));
-      }
-      // Sends in reverse order: matching is by tag, not by arrival.
-      for (int i = count - 1; i >= 0; --i)
-        reqs.push_back(comm.isend(
-            peer, static_cast<ringzero::tag_t>(i),
-            std::as_bytes(std::span(std::as_const(out_bufs[static_cast<std::size_t>(i)])))));
-      const auto deadline = std::chrono::steady_clock::now() + 60s;
-      for (auto& q : reqs)
-        while (!comm.test(q))
-          if (std::chrono::steady_clock::now() > deadline)
-            throw ringzero::timeout_error("stuck", peer);
-      for (int i = 0; i < count; ++i) {
-        const auto& b = in_bufs[static_cast<std::size_t>(i)];
-        check.expect(std::all_of(b.begin(), b.end(),
-                                 [&](auto x) { return x == static_cast<std::uint8_t>(i + peer); }),
-                     fmt::format("message {} intact", i));
-      }
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
 
 TEST_CASE("more messages than the provider's queues hold wait in the endpoint, in order") {
   // shm holds 1024 receives (and ENOMEMs past them), tcp;ofi_rxm 2048; the endpoint posts
@@ -363,100 +175,6 @@ TEST_CASE("registered buffers: descriptors from the cache, results unchanged") {
   }
 }
 
-TEST_CASE("a receive posted with the wrong size fails with both sizes named") {
-  // Truncated messages stay at most 4 KiB: libfabric 1.17's shm provider spins forever when a
-  // larger one (sent by process_vm_readv) does not fit. RINGZERO_CHECK=1 catches the argument
-  // disagreements behind such mismatches before any message moves.
-  for (const char* provider : providers) {
-    CAPTURE(provider);
-    auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      std::vector<std::byte> small(100), big(1000);
-      if (r == 1) {
-        auto shorter = comm.isend(0, 8, std::span<const std::byte>(small));
-        auto longer = comm.isend(0, 7, std::span<const std::byte>(big));
-        // Progress is manual: the sender drives its sends until they leave (a provider may
-        // still be connecting, or hold a send the endpoint could not post yet). Their own
-        // outcome is not what this test checks; the receiver's is.
-        const auto deadline = std::chrono::steady_clock::now() + 30s;
-        for (auto* q : {&shorter, &longer}) {
-          try {
-            while (!comm.test(*q) && std::chrono::steady_clock::now() < deadline) {
-            }
-          } catch (const ringzero::error&) {
-          }
-        }
-        // After a truncation tcp;ofi_rxm (1.17) loses the pair's later messages: meet in the
-        // store, not the fabric.
-        (void)s.get("checked");
-        return 0;
-      }
-      auto expect_mismatch = [&](ringzero::tag_t tag, std::span<std::byte> buf,
-                                 std::string_view sizes) {
-        auto q = comm.irecv(1, tag, buf);
-        std::string what;
-        try {
-          const auto deadline = std::chrono::steady_clock::now() + 30s;
-          while (!comm.test(q) && std::chrono::steady_clock::now() < deadline) {
-          }
-        } catch (const ringzero::transport_error& e) {
-          what = e.what();
-        }
-        check.expect(
-            what.find(sizes) != std::string::npos && what.find("rank 1") != std::string::npos,
-            fmt::format("a transport_error naming rank 1 and '{}', got '{}'", sizes, what));
-      };
-      expect_mismatch(8, std::span<std::byte>(big), "the peer sent 100 bytes");
-      expect_mismatch(7, std::span<std::byte>(small), "posted a 100 byte receive");
-      s.set_string("checked", "1");
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
-
-TEST_CASE("a rank that dies is named by the survivors' errors") {
-  // A short deadline: survivors waiting on the dead rank give up within it. In the ring, rank
-  // 2 waits to receive from rank 1 and rank 0 for rank 1 to take its chunks, which are above
-  // every provider's eager size, so both wait on rank 1 itself.
-  ::setenv("RINGZERO_TIMEOUT", "2", 1);
-  for (const char* provider : providers) {
-    CAPTURE(provider);
-    auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      fabric::communicator comm(fabric::transport(s, r, n, {.provider = provider}));
-      const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
-      std::vector<float> v(300000, 1.0f);
-      ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-      // SIGTERM rather than SIGKILL: the rank dies all the same, but the shm provider's handler
-      // first removes its shared-memory region, which would otherwise outlive the test.
-      if (r == 1) ::raise(SIGTERM);
-      int named = -2;
-      std::string what;
-      try {
-        for (int i = 0; i < 3; ++i) ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-      } catch (const ringzero::peer_error& e) {
-        named = e.peer();
-        what = e.what();
-      } catch (const ringzero::timeout_error& e) {
-        named = e.peer();
-        what = e.what();
-      }
-      check.expect(named == 1,
-                   fmt::format("an error naming rank 1, got rank {}: '{}'", named, what));
-      check.expect(what.find("rank 1") != std::string::npos, "the message to name rank 1");
-      return check.code();
-    });
-    INFO(out.describe());
-    CHECK(out.status[0] == 0);
-    CHECK(out.status[1] == -SIGTERM);
-    CHECK(out.status[2] == 0);
-    CHECK_FALSE(out.timed_out);
-  }
-  ::unsetenv("RINGZERO_TIMEOUT");
-}
-
 TEST_CASE("provider choice: agreed on rank 0, shm by default on one host, errors reach all") {
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     rank_checks check{r};
@@ -584,7 +302,7 @@ TEST_CASE("two hosts rank" * doctest::skip()) {
   CHECK(t.node == comm.rank() / 2);
   CHECK(t.local_rank == comm.rank() % 2);
 
-  // Under the sanitizers, float alone, as in the matrix above.
+  // Under the sanitizers, float alone.
   using host_types = std::conditional_t<
       sanitized, conformance::types<float>,
       conformance::types<std::int8_t, std::int64_t, float, double, ringzero::bfloat16>>;

@@ -1,11 +1,8 @@
-// The socket transport with ranks as processes: the conformance matrix for 1 to 4 ranks on one
-// rail and for 2 and 3 ranks striped over three (loopback addresses 127.0.0.1-3 as rails),
-// sub-communicators, cancellation, many messages in flight, size mismatches, a peer killed
-// with SIGKILL, abort(), bad arguments, and a rail that fails mid-transfer.
-//
-// CTest runs each "conformance" case as a test of its own (see CMakeLists.txt).
+// The socket transport with ranks as processes, what only it has: striping over rails, a rail
+// that fails mid-transfer, and hierarchical over two simulated nodes. The conformance matrix
+// (one rail, and three: loopback addresses 127.0.0.1-3) and the behaviours every transport
+// shares run in transport_conformance_test.cpp.
 #include <doctest/doctest.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,13 +17,9 @@
 
 #include <fmt/core.h>
 
-// The socket communicator's collectives first: the conformance matrix's qualified calls must
-// see them.
-#include "ringzero/transport/socket.hpp"
-
-#include "conformance_matrix.hpp"
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/transport/socket.hpp"
 
 using namespace std::chrono_literals;
 using ringzero::op;
@@ -37,53 +30,9 @@ using multiprocess::require_all_passed;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
-
-using matrix_types =
-    std::conditional_t<sanitized, conformance::types<float>, conformance::every_type>;
-
-/// Three rails on loopback, and a stripe size small enough that the matrix's messages are cut.
+/// Three rails on loopback, and a stripe size small enough that every message is cut.
 const sock::options three_rails{.rails = {"127.0.0.1", "127.0.0.2", "127.0.0.3"},
                                 .stripe_bytes = 1024};
-
-[[nodiscard]] std::vector<std::string> run_matrix(sock::communicator& comm) {
-  using ringzero::dtype;
-  const dtype each_size[] = {dtype::int8, dtype::bfloat16, dtype::float32, dtype::float64};
-  const auto types = sanitized          ? std::span<const dtype>(matrix_types::dtypes)
-                     : comm.size() == 2 ? std::span<const dtype>(ringzero::all_dtypes)
-                                        : std::span<const dtype>(each_size);
-  std::vector<conformance::test_case> cases;
-  // automatic always resolves to one of the algorithms below, which run explicitly.
-  for (const auto& tc : conformance::matrix(comm.size(), false, types))
-    if (tc.algo != ringzero::algorithm::automatic) cases.push_back(tc);
-  auto failures = conformance::run_all<matrix_types>(comm, cases);
-  if (comm.rank() == 0)
-    std::fprintf(stderr, "socket, %d ranks, %d rail(s): %zu cases, %zu failures\n", comm.size(),
-                 comm.transport().rails(), cases.size(), failures.size());
-  return failures;
-}
-
-/// Under a launcher this process is one rank and joins through from_env(); otherwise it forks
-/// the ranks itself.
-void conformance_over(int n, const sock::options& opt = {}) {
-  if (ringzero::detail::getenv_str("RANK") && ringzero::detail::getenv_str("WORLD_SIZE")) {
-    auto comm = sock::communicator::from_env(opt);
-    REQUIRE(comm.size() == n);
-    for (const auto& f : run_matrix(comm)) FAIL_CHECK(f);
-    return;
-  }
-  auto out = multiprocess::run(n, 300s, [&](int r, int size, ringzero::bootstrap::store& s) {
-    sock::communicator comm(sock::transport(s, r, size, opt));
-    const auto failures = run_matrix(comm);
-    for (const auto& f : failures) std::fprintf(stderr, "%s\n", f.c_str());
-    return failures.empty() ? 0 : 1;
-  });
-  require_all_passed(out);
-}
 
 template <class Q>
 void drive(sock::communicator& comm, Q& q, int peer) {
@@ -94,252 +43,7 @@ void drive(sock::communicator& comm, Q& q, int peer) {
 
 }  // namespace
 
-TEST_CASE("conformance socket 1 rank") {
-  conformance_over(1);
-}
-TEST_CASE("conformance socket 2 ranks" * doctest::skip()) {
-  conformance_over(2);
-}
-TEST_CASE("conformance socket 3 ranks" * doctest::skip()) {
-  conformance_over(3);
-}
-TEST_CASE("conformance socket 4 ranks" * doctest::skip()) {
-  conformance_over(4);
-}
-TEST_CASE("conformance socket rails 2 ranks" * doctest::skip()) {
-  conformance_over(2, three_rails);
-}
-TEST_CASE("conformance socket rails 3 ranks" * doctest::skip()) {
-  conformance_over(3, three_rails);
-}
-
-TEST_CASE("sub-communicators keep their messages apart") {
-  auto out = multiprocess::run(4, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    sock::communicator comm(sock::transport(s, r, n));
-    auto half = comm.split(r % 2, -r);
-    check.expect(half && half->size() == 2, "a 2-rank half");
-    std::vector<double> world_v(30000, r + 1.0), half_v(30000, 10.0 * (r + 1));
-    if (r % 2 == 0) {
-      ringzero::all_reduce(*half, std::span<double>(half_v), op::sum);
-      ringzero::all_reduce(comm, std::span<double>(world_v), op::sum);
-    } else {
-      ringzero::all_reduce(comm, std::span<double>(world_v), op::sum);
-      ringzero::all_reduce(*half, std::span<double>(half_v), op::sum);
-    }
-    check.expect(world_v[0] == 10.0, "the world sum 1+2+3+4");
-    check.expect(half_v[29999] == (r % 2 == 0 ? 40.0 : 60.0), "the sum over this half");
-    return check.code();
-  });
-  require_all_passed(out);
-}
-
-TEST_CASE("a destroyed receive is never written; a destroyed send under way still arrives") {
-  for (const auto& opt : {sock::options{}, three_rails}) {
-    CAPTURE(opt.rails.size());
-    auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      sock::communicator comm(sock::transport(s, r, n, opt));
-      std::vector<std::uint8_t> payload(3 << 20, 0xab);
-      std::vector<std::uint8_t> abandoned(payload.size(), 0), fresh(payload.size(), 0);
-      if (r == 0) {
-        { auto req = comm.irecv(1, 5, std::as_writable_bytes(std::span<std::uint8_t>(abandoned))); }
-        ringzero::barrier(comm);
-        auto req = comm.irecv(1, 5, std::as_writable_bytes(std::span<std::uint8_t>(fresh)));
-        drive(comm, req, 1);
-        check.expect(fresh == payload, "the message in the receive posted after the cancel");
-        check.expect(std::all_of(abandoned.begin(), abandoned.end(), [](auto b) { return b == 0; }),
-                     "the cancelled receive's buffer untouched");
-        {
-          auto big = std::vector<std::uint8_t>(payload.size(), 0x3c);
-          auto q = comm.isend(1, 6, std::as_bytes(std::span<const std::uint8_t>(big)));
-          std::fill(big.begin(), big.end(), 0x3c);
-        }
-      } else {
-        ringzero::barrier(comm);
-        auto req = comm.isend(0, 5, std::as_bytes(std::span<const std::uint8_t>(payload)));
-        drive(comm, req, 0);
-        auto q = comm.irecv(0, 6, std::as_writable_bytes(std::span<std::uint8_t>(fresh)));
-        drive(comm, q, 0);
-        check.expect(std::all_of(fresh.begin(), fresh.end(), [](auto b) { return b == 0x3c; }),
-                     "the whole of the abandoned send");
-      }
-      ringzero::barrier(comm);
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
-
-TEST_CASE("hundreds of messages in flight, matched by tag not by arrival, on one rail or three") {
-  for (const auto& opt : {sock::options{}, three_rails}) {
-    CAPTURE(opt.rails.size());
-    auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-      rank_checks check{r};
-      sock::communicator comm(sock::transport(s, r, n, opt));
-      constexpr int count = 400;
-      const int peer = 1 - r;
-      auto size_of = [](int i) { return static_cast<std::size_t>((i * 7919) % 70000); };
-      std::vector<std::vector<std::uint8_t>> out_bufs(count), in_bufs(count);
-      std::vector<sock::communicator::request> reqs;
-      auto post_recvs = [&] {
-        for (int i = 0; i < count; ++i) {
-          in_bufs[std::size_t(i)].assign(size_of(i), 0);
-          // Every tag twice: the second message must land in the second receive.
-          reqs.push_back(comm.irecv(peer, static_cast<ringzero::tag_t>(i / 2),
-                                    std::as_writable_bytes(std::span(in_bufs[std::size_t(i)]))));
-        }
-      };
-      if (r == 0) post_recvs();
-      for (int i = 0; i < count; ++i) {
-        out_bufs[std::size_t(i)].assign(size_of(i), static_cast<std::uint8_t>(i + r));
-        reqs.push_back(
-            comm.isend(peer, static_cast<ringzero::tag_t>(i / 2),
-                       std::as_bytes(std::span(std::as_const(out_bufs[std::size_t(i)])))));
-      }
-      if (r == 1) post_recvs();
-      for (auto& q : reqs) drive(comm, q, peer);
-      for (int i = 0; i < count; ++i) {
-        const auto& b = in_bufs[std::size_t(i)];
-        check.expect(std::all_of(b.begin(), b.end(),
-                                 [&](auto x) { return x == static_cast<std::uint8_t>(i + peer); }),
-                     fmt::format("message {} intact", i));
-      }
-      return check.code();
-    });
-    require_all_passed(out);
-  }
-}
-
-TEST_CASE("a receive posted with the wrong size fails with both sizes named") {
-  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    sock::communicator comm(sock::transport(s, r, n));
-    std::vector<std::byte> small(100), big(100000);
-    if (r == 1) {
-      auto shorter = comm.isend(0, 8, std::span<const std::byte>(small));
-      auto longer = comm.isend(0, 7, std::span<const std::byte>(big));
-      drive(comm, shorter, 0);
-      drive(comm, longer, 0);
-      (void)s.get("checked");
-      return 0;
-    }
-    auto expect_mismatch = [&](ringzero::tag_t tag, std::span<std::byte> buf,
-                               std::string_view sizes) {
-      auto q = comm.irecv(1, tag, buf);
-      std::string what;
-      try {
-        drive(comm, q, 1);
-      } catch (const ringzero::transport_error& e) {
-        what = e.what();
-      }
-      check.expect(contains(what, std::string(sizes)) && contains(what, "rank 1"),
-                   fmt::format("a transport_error naming rank 1 and '{}', got '{}'", sizes, what));
-    };
-    expect_mismatch(8, std::span<std::byte>(big), "the peer sent 100 bytes");
-    expect_mismatch(7, std::span<std::byte>(small), "posted a 100 byte receive");
-    // The stream is still in step: a matching message after the mismatches arrives.
-    s.set_string("checked", "1");
-    return check.code();
-  });
-  require_all_passed(out);
-}
-
-TEST_CASE(
-    "a rank killed with SIGKILL is named by the survivors' errors, well within the deadline") {
-  ::setenv("RINGZERO_TIMEOUT", "60", 1);
-  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    sock::communicator comm(sock::transport(s, r, n));
-    const ringzero::options ring{.algorithm = ringzero::algorithm::ring};
-    std::vector<float> v(3000000, 1.0f);
-    ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-    if (r == 1) ::raise(SIGKILL);
-    int named = -2;
-    std::string what;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      for (int i = 0; i < 3; ++i) ringzero::all_reduce(comm, std::span<float>(v), op::sum, ring);
-    } catch (const ringzero::peer_error& e) {
-      named = e.peer();
-      what = e.what();
-    }
-    const auto took = std::chrono::steady_clock::now() - start;
-    check.expect(named == 1,
-                 fmt::format("a peer_error naming rank 1, got rank {}: '{}'", named, what));
-    check.expect(contains(what, "rank 1"), "the message to name rank 1");
-    check.expect(took < 10s, "the error within seconds, not at the 60 s deadline");
-    return check.code();
-  });
-  ::unsetenv("RINGZERO_TIMEOUT");
-  INFO(out.describe());
-  CHECK(out.status[0] == 0);
-  CHECK(out.status[1] == -SIGKILL);
-  CHECK(out.status[2] == 0);
-  CHECK_FALSE(out.timed_out);
-}
-
-TEST_CASE("abort() from another thread unblocks a wait, and every call after fails at once") {
-  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    sock::communicator comm(sock::transport(s, r, n, {.timeout = 30s}));
-    std::vector<float> v(100000, 1.0f);
-    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
-    if (r == 1) {
-      s.barrier("rank 0 done", 2);
-      return 0;
-    }
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(300ms);
-      comm.abort("stopped by the test");
-    });
-    const auto start = std::chrono::steady_clock::now();
-    std::string what;
-    try {
-      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
-    } catch (const ringzero::peer_error& e) {
-      what = e.what();
-    }
-    const auto took = std::chrono::steady_clock::now() - start;
-    aborter.join();
-    check.expect(contains(what, "aborted") && contains(what, "stopped by the test"),
-                 fmt::format("an error saying the communicator was aborted, got '{}'", what));
-    check.expect(took < 10s, "the waiter to be released well before the 30 s deadline");
-    std::string again;
-    try {
-      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
-    } catch (const ringzero::peer_error& e) {
-      again = e.what();
-    }
-    check.expect(contains(again, "aborted"), "a call after abort() to fail as aborted");
-    std::string sent;
-    try {
-      (void)comm.isend(1, 0, {});
-    } catch (const ringzero::peer_error& e) {
-      sent = e.what();
-    }
-    check.expect(contains(sent, "aborted"), "isend after abort() to fail as aborted");
-    s.barrier("rank 0 done", 2);
-    return check.code();
-  });
-  require_all_passed(out);
-}
-
-TEST_CASE("bad arguments are named") {
-  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
-    rank_checks check{r};
-    sock::communicator comm(sock::transport(s, r, n));
-    std::string what;
-    try {
-      std::byte b{};
-      (void)comm.transport().isend(r, 1, std::span<const std::byte>(&b, 1));
-    } catch (const ringzero::invalid_argument& e) {
-      what = e.what();
-    }
-    check.expect(contains(what, "peer"), "an invalid_argument naming the peer");
-    return check.code();
-  });
-  require_all_passed(out);
+TEST_CASE("a rail that names no interface is refused, naming it") {
   auto bad = multiprocess::run(1, 30s, [&](int r, int n, ringzero::bootstrap::store& s) {
     try {
       sock::communicator comm(sock::transport(s, r, n, {.rails = {"no-such-interface0"}}));
