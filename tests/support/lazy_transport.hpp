@@ -35,6 +35,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/transport/detail/request.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::testing::lazy {
@@ -84,14 +85,6 @@ struct mailbox {
   std::map<key, std::deque<std::shared_ptr<op>>> sends, recvs;
 };
 
-struct shared_state {
-  explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {}
-  std::vector<mailbox> boxes;
-  std::atomic<int> failed_rank{-1};
-  std::mutex failure_mutex;
-  std::string failure;
-};
-
 inline void erase_from(std::map<key, std::deque<std::shared_ptr<op>>>& queues, const key& k,
                        const op* o) {
   auto it = queues.find(k);
@@ -100,6 +93,40 @@ inline void erase_from(std::map<key, std::deque<std::shared_ptr<op>>>& queues, c
   q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& e) { return e.get() == o; }), q.end());
   if (q.empty()) queues.erase(it);
 }
+
+struct shared_state {
+  explicit shared_state(int n) : boxes(static_cast<std::size_t>(n)) {}
+
+  /// A request dropped unfinished: the operation is withdrawn; if it was matched, its partner
+  /// goes back to the front of its queue and starts over, so the next match gets the whole
+  /// message.
+  void abandon(std::shared_ptr<op>& op) noexcept {
+    auto& o = *op;
+    const int dst = o.is_send ? o.peer : o.owner;
+    auto& box = boxes[static_cast<std::size_t>(dst)];
+    std::lock_guard lock(box.mutex);
+    if (!o.done) {
+      const detail::key k{o.is_send ? o.owner : o.peer, o.tag};
+      if (!o.partner) {
+        detail::erase_from(o.is_send ? box.sends : box.recvs, k, &o);
+      } else {
+        auto p = std::move(o.partner);
+        p->partner.reset();
+        auto& send = o.is_send ? o : *p;
+        send.channel.clear();
+        send.pushed = 0;
+        p->taken = 0;
+        (p->is_send ? box.sends : box.recvs)[k].push_front(p);
+      }
+    }
+    o.partner.reset();  // breaks the cycle between the two ends
+  }
+
+  std::vector<mailbox> boxes;
+  std::atomic<int> failed_rank{-1};
+  std::mutex failure_mutex;
+  std::string failure;
+};
 
 /// Pairs the oldest unmatched send and receive of `k` while both exist: matching follows the
 /// posting order, whatever order the bytes come in.
@@ -136,52 +163,10 @@ inline void match(mailbox& box, const key& k) {
 
 class transport {
  public:
-  class request {
-   public:
-    request() = default;
-    request(request&&) noexcept = default;
-    request& operator=(request&& o) noexcept {
-      if (this != &o) {
-        cancel();
-        op_ = std::move(o.op_);
-        shared_ = std::move(o.shared_);
-      }
-      return *this;
-    }
-    request(const request&) = delete;
-    request& operator=(const request&) = delete;
-    ~request() { cancel(); }
-
-   private:
-    friend class transport;
-    // An unfinished operation is withdrawn; if it was matched, its partner goes back to the
-    // front of its queue and starts over, so the next match gets the whole message.
-    void cancel() noexcept {
-      if (!op_) return;
-      auto& o = *op_;
-      const int dst = o.is_send ? o.peer : o.owner;
-      auto& box = shared_->boxes[static_cast<std::size_t>(dst)];
-      std::lock_guard lock(box.mutex);
-      if (!o.done) {
-        const detail::key k{o.is_send ? o.owner : o.peer, o.tag};
-        if (!o.partner) {
-          detail::erase_from(o.is_send ? box.sends : box.recvs, k, &o);
-        } else {
-          auto p = std::move(o.partner);
-          p->partner.reset();
-          auto& send = o.is_send ? o : *p;
-          send.channel.clear();
-          send.pushed = 0;
-          p->taken = 0;
-          (p->is_send ? box.sends : box.recvs)[k].push_front(p);
-        }
-      }
-      o.partner.reset();  // breaks the cycle between the two ends
-      op_.reset();
-    }
-    std::shared_ptr<detail::op> op_;
-    std::shared_ptr<detail::shared_state> shared_;
-  };
+  /// The transport kit's handle (transport/detail/request.hpp): destroying it unfinished calls
+  /// shared_state::abandon.
+  using request = ringzero::detail::transport_request<transport, detail::shared_state,
+                                                      std::shared_ptr<detail::op>>;
 
   transport(std::shared_ptr<detail::shared_state> shared, int rank, const options& opts)
       : shared_(std::move(shared)), rank_(rank), opts_(opts), rng_(opts.seed * 1000003u + rank) {}
@@ -282,7 +267,7 @@ class transport {
     live_.push_back(o);
     request r;
     r.op_ = std::move(o);
-    r.shared_ = shared_;
+    r.eng_ = shared_;
     return r;
   }
 

@@ -59,9 +59,6 @@ namespace ringzero::libfabric::detail {
 struct rail_limits {
   /// Room for a provider's address as text (fi_sockaddr_in6://[...]:port fits).
   static constexpr std::size_t address_text_bytes = 128;
-  /// Queue shares before the provider reports its queue sizes (then half of each is used).
-  static constexpr std::size_t default_send_cap = 64;
-  static constexpr std::size_t default_recv_cap = 128;
 };
 
 /// The libfabric API version ringzero is written against (FI_MR_ENDPOINT and FI_CONTEXT2 need
@@ -439,8 +436,8 @@ class rail {
   std::size_t inject_size_ = 0;
   std::size_t max_msg_size_ = 0;
   int tag_width_ = 64;
-  std::size_t send_cap_ = rail_limits::default_send_cap;
-  std::size_t recv_cap_ = rail_limits::default_recv_cap;
+  std::size_t send_cap_ = 0;  ///< half the provider's queues: set by the constructor
+  std::size_t recv_cap_ = 0;
   handle<fid_fabric> fabric_;
   handle<fid_domain> domain_;
   handle<fid_cq> cq_;
