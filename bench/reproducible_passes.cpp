@@ -1,7 +1,9 @@
 // The passes over the data that options::reproducible adds to a sum, per element, on one rank:
 // windows (each block's highest and lowest bit), digits (each term as an int64 in its block's
 // units) and rounding (the summed digits back to the element type), beside a plain add of two
-// vectors (reduction::combine) over the same elements. Rounding is timed twice: as a call runs
+// vectors (reduction::combine) over the same elements, and accumulating (the training step's pass:
+// one micro-batch's terms added to reproducible::accumulator, on each path of the host loops that
+// this CPU runs; "-" where it runs none). Rounding is timed twice: as a call runs
 // it under the default rounding mode (the hardware's int64 conversion where the result is a
 // normal number) and under FE_UPWARD, where that conversion is refused and every element takes
 // the integer path.
@@ -31,6 +33,7 @@
 #include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/reduce/reproducible_accumulator.hpp"
 #include "ringzero/types.hpp"
 
 namespace {
@@ -91,14 +94,41 @@ void run(const char* name, std::size_t n, int rounds) {
       ringzero::reduction::combine(ringzero::op::sum, a.data(), b.data(), sum.data(), n);
     });
   }
+  // Accumulating: a's terms added once first (the blocks' digits grow), then b's, timed.
+  using ringzero::reduction::simd;
+  std::string acc_cols;
+  std::vector<std::int64_t> words_of[std::size(ringzero::reduction::all_simd)];
+  for (const simd path : ringzero::reduction::all_simd) {
+    if (!ringzero::reduction::simd_supported(path)) {
+      acc_cols += fmt::format(" {:>9}", "-");
+      continue;
+    }
+    double t_acc = inf;
+    for (int r = 0; r < rounds; ++r) {
+      ringzero::reproducible::accumulator<T> acc(n);
+      acc.add(path, std::span<const T>(a));
+      timed(t_acc, [&] { acc.add(path, std::span<const T>(b)); });
+      if (r + 1 == rounds) {
+        std::vector<std::int32_t> aw;
+        acc.windows(aw);
+        auto& w = words_of[static_cast<std::size_t>(path)];
+        w.assign(rd::digits_between(aw, 0, n), 0);
+        acc.write(aw, 0, n, w.data());
+      }
+    }
+    acc_cols += fmt::format(" {:>9.2f}", t_acc * 1e9 / static_cast<double>(n));
+  }
   std::size_t differ = 0;
   for (std::size_t i = 0; i < n; ++i)
     differ +=
         ringzero::reproducible::bits_of(out[i]) != ringzero::reproducible::bits_of(out_int[i]);
+  // Every path's words against the scalar one's.
+  for (const auto& w : words_of)
+    if (!w.empty() && w != words_of[0]) ++differ;
   const double per = 1e9 / static_cast<double>(n);
-  fmt::print("{:<7} {:>9} {:>7.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>12.2f} {:>9.2f} {:>8}\n", name, n,
-             static_cast<double>(digits) * per * 1e-9, t_win * per, t_dig * per, t_round * per,
-             t_round_int * per, t_add * per, differ);
+  fmt::print("{:<7} {:>9} {:>7.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>12.2f} {:>9.2f}{} {:>8}\n", name,
+             n, static_cast<double>(digits) * per * 1e-9, t_win * per, t_dig * per, t_round * per,
+             t_round_int * per, t_add * per, acc_cols, differ);
 }
 
 }  // namespace
@@ -107,8 +137,9 @@ int main(int argc, char** argv) {
   const auto n = static_cast<std::size_t>(argc > 1 ? std::atoll(argv[1]) : 4194304);
   const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 7;
   fmt::print("# ns of thread CPU time per element, minimum of {} rounds\n", rounds);
-  fmt::print("{:<7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>12} {:>9} {:>8}\n", "type", "elements",
-             "digits", "windows", "digits", "round", "round (int)", "plain add", "#differ");
+  fmt::print("{:<7} {:>9} {:>7} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9} {:>9} {:>8}\n", "type",
+             "elements", "digits", "windows", "digits", "round", "round (int)", "plain add",
+             "acc:scal", "acc:avx2", "acc:avx512", "#differ");
   run<float>("float", n, rounds);
   run<double>("double", n, rounds);
 }

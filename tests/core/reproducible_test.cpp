@@ -314,6 +314,142 @@ TEST_CASE("an accumulator adds terms exactly and grows its digits as terms reach
   CHECK_THROWS_AS(acc.add(std::span<const float>(piece), n - 1), ringzero::invalid_argument);
 }
 
+namespace {
+
+/// Terms for comparing the paths of the host loops: mostly random floats with exponents in
+/// [low, low + span) (clamped to the float range), and about one in five a signed zero, a
+/// subnormal, or (where asked) an infinity or NaN.
+std::vector<float> path_terms(std::mt19937_64& rng, std::size_t n, int low, int span, bool inf,
+                              bool nan) {
+  std::vector<float> t(n);
+  for (float& x : t) {
+    switch (rng() % 25) {
+      case 0:
+        x = 0.0f;
+        break;
+      case 1:
+        x = -0.0f;
+        break;
+      case 2:
+        x = inf ? std::numeric_limits<float>::infinity() : 2.0f;
+        break;
+      case 3:
+        x = nan ? std::numeric_limits<float>::quiet_NaN() : -2.0f;
+        break;
+      case 4:  // a subnormal, either sign
+        x = std::bit_cast<float>(static_cast<std::uint32_t>(rng() & 0x807fffffu));
+        break;
+      default: {
+        const auto m = static_cast<float>(rng() % (1u << 24));
+        const int e =
+            std::clamp(low + static_cast<int>(rng() % static_cast<unsigned>(span)), -149, 104);
+        x = std::ldexp((rng() & 1) != 0 ? -m : m, e);
+      }
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("an accumulator holds the same words on every path of the host loops") {
+  // The vector loops (reduce/detail/reproducible_x86.hpp) against the scalar one: every path's
+  // accumulator must end with the same windows and the same digits, not merely the same
+  // rounded sums. Pieces at any offset and of any length (so blocks start and end mid-vector),
+  // exponents over the whole float range with subnormals, signed zeros, infinities and NaNs,
+  // and batches whose ranges move so that blocks grow between adds.
+  using ringzero::reduction::simd;
+  std::vector<simd> paths;
+  for (const simd p : ringzero::reduction::all_simd)
+    if (ringzero::reduction::simd_supported(p)) paths.push_back(p);
+  MESSAGE("paths compared with the scalar one: ", paths.size() - 1);
+  std::mt19937_64 rng(0xacc);
+  for (int trial = 0; trial < 150; ++trial) {
+    const std::size_t n = 1 + rng() % 300;
+    std::vector<rp::accumulator<float>> acc;
+    for (std::size_t p = 0; p < paths.size(); ++p) acc.emplace_back(n);
+    std::vector<std::vector<float>> per(n);
+    for (int batch = 0; batch < 8; ++batch) {
+      const std::vector<float> t =
+          path_terms(rng, n, static_cast<int>(rng() % 200) - 140, 1 + static_cast<int>(rng() % 60),
+                     trial % 7 == 0, trial % 11 == 0);
+      const std::size_t at = rng() % (n + 1);
+      const std::size_t len = rng() % (n - at + 1);
+      const std::span<const float> piece(t.data(), len);
+      for (std::size_t p = 0; p < paths.size(); ++p) acc[p].add(paths[p], piece, at);
+      for (std::size_t i = 0; i < len; ++i) per[at + i].push_back(t[i]);
+    }
+    std::vector<std::int32_t> win0;
+    acc[0].windows(win0);
+    std::vector<std::int64_t> q0(ringzero::detail::digits_between(win0, 0, n));
+    acc[0].write(win0, 0, n, q0.data());
+    for (std::size_t p = 1; p < paths.size(); ++p) {
+      CAPTURE(ringzero::reduction::simd_name(paths[p]));
+      CAPTURE(trial);
+      std::vector<std::int32_t> win;
+      acc[p].windows(win);
+      REQUIRE(win == win0);
+      std::vector<std::int64_t> q(q0.size());
+      acc[p].write(win, 0, n, q.data());
+      CHECK(q == q0);
+    }
+    // And the scalar path's sums are the exact ones (the other paths hold its words).
+    for (std::size_t i = 0; i < n; i += 7)
+      CHECK(rp::bits_of(acc[0].value(i)) ==
+            rp::bits_of(rp::serial_sum(per[i].data(), per[i].size())));
+  }
+}
+
+TEST_CASE(
+    "a reproducible float sum's passes give the same windows, digits and results on every path") {
+  // local_windows, write_digits and read_digits (detail/reproducible_call.hpp) on each path of
+  // the host loops against the scalar one, bit for bit: lengths that end mid-block and
+  // mid-vector, subnormals, signed zeros, infinities and NaNs, and summed digits whose rounding
+  // leaves the normal range (the vector loop hands those lanes to the general rounding).
+  using ringzero::reduction::simd;
+  namespace rd = ringzero::detail;
+  std::vector<simd> paths;
+  for (const simd p : ringzero::reduction::all_simd)
+    if (p != simd::scalar && ringzero::reduction::simd_supported(p)) paths.push_back(p);
+  MESSAGE("paths compared with the scalar one: ", paths.size());
+  std::mt19937_64 rng(0x9a55);
+  std::size_t off_normal = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t n = rng() % 700;
+    const std::vector<float> t =
+        path_terms(rng, n, static_cast<int>(rng() % 250) - 150, 1 + static_cast<int>(rng() % 40),
+                   trial % 7 == 0, trial % 11 == 0);
+    const std::span<const float> in(t);
+    std::vector<std::int32_t> win0;
+    rd::local_windows(simd::scalar, in, win0);
+    std::vector<std::int64_t> q0(rd::digits_between(win0, 0, n));
+    rd::write_digits(simd::scalar, in, win0, 0, n, q0.data());
+    // Two ranks' digits and a little more: sums that are not any one rank's.
+    std::vector<std::int64_t> sum(q0.size());
+    for (std::size_t i = 0; i < q0.size(); ++i)
+      sum[i] = 3 * q0[i] + static_cast<std::int64_t>(rng() % 5) - 2;
+    std::vector<float> out0(n);
+    rd::read_digits(simd::scalar, sum.data(), win0, 0, n, 1, out0.data());
+    for (const float v : out0) off_normal += v != 0.0f && !std::isnormal(v) ? 1 : 0;
+    for (const simd p : paths) {
+      CAPTURE(ringzero::reduction::simd_name(p));
+      CAPTURE(trial);
+      std::vector<std::int32_t> win;
+      rd::local_windows(p, in, win);
+      REQUIRE(win == win0);
+      std::vector<std::int64_t> q(q0.size());
+      rd::write_digits(p, in, win0, 0, n, q.data());
+      CHECK(q == q0);
+      std::vector<float> out(n);
+      rd::read_digits(p, sum.data(), win0, 0, n, 1, out.data());
+      CHECK(std::equal(out.begin(), out.end(), out0.begin(),
+                       [](float a, float b) { return rp::bits_of(a) == rp::bits_of(b); }));
+    }
+  }
+  // The inputs reached the lanes the vector rounding leaves to the general code.
+  CHECK(off_normal > 0);
+}
+
 TEST_CASE("an accumulator takes more terms than one word's headroom") {
   // 2^23 + 5 terms of (1 + 2^-23) 2^39 in one element: past the 2^22 adds at which a block
   // normalizes itself, twice. Added one at a time, as a norm over a large shard is.

@@ -35,7 +35,9 @@
 #include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/reduce/detail/reproducible_x86.hpp"
 #include "ringzero/reduce/reproducible.hpp"
+#include "ringzero/reduce/simd.hpp"
 
 namespace ringzero::detail {
 
@@ -48,13 +50,22 @@ namespace rp = ringzero::reproducible;
 /// collectives (docs/performance.md, "Reproducible sums: the cost").
 inline constexpr std::size_t reproducible_gather_bytes = 1024;
 
-/// Windows of the blocks of `in`, plus the special flag at the end: 2 * blocks + 1 int32.
+/// Windows of the blocks of `in`, plus the special flag at the end: 2 * blocks + 1 int32. On a
+/// given path of the host loops (floats have AVX-512 loops, reduce/detail/reproducible_x86.hpp;
+/// every path gives the same windows), or on active_simd()'s.
 template <class E>
-void local_windows(std::span<const E> in, std::vector<std::int32_t>& win) {
+void local_windows(reduction::simd path, std::span<const E> in, std::vector<std::int32_t>& win) {
   const std::size_t blocks = (in.size() + rp::block_elems - 1) / rp::block_elems;
   win.resize(2 * blocks + 1);
   bool special = false;
-  for (std::size_t b = 0; b < blocks; ++b) {
+  std::size_t done = 0;
+#if RINGZERO_X86_SIMD
+  if constexpr (std::is_same_v<E, float>)
+    if (path == reduction::simd::avx512)
+      done = rp::detail::x86::avx512::windows(in.data(), in.size(), win.data(), special, rp::empty);
+#endif
+  (void)path;
+  for (std::size_t b = done; b < blocks; ++b) {
     rp::window w;
     const std::size_t end = std::min(in.size(), (b + 1) * rp::block_elems);
     for (std::size_t i = b * rp::block_elems; i < end; ++i) {
@@ -66,6 +77,10 @@ void local_windows(std::span<const E> in, std::vector<std::int32_t>& win) {
     win[2 * b + 1] = w.neg_low;
   }
   win.back() = special ? 1 : 0;
+}
+template <class E>
+void local_windows(std::span<const E> in, std::vector<std::int32_t>& win) {
+  local_windows(reduction::active_simd(), in, win);
 }
 
 [[nodiscard]] inline rp::window window_of(const std::vector<std::int32_t>& win, std::size_t i) {
@@ -107,12 +122,23 @@ template <class E>
 /// words and low bit are worked out once per block, and a one-digit block (the usual case) writes
 /// rp::digit directly.
 template <class E>
-void write_digits(std::span<const E> in, const std::vector<std::int32_t>& win, std::size_t from,
-                  std::size_t to, std::int64_t* q) {
+void write_digits(reduction::simd path, std::span<const E> in, const std::vector<std::int32_t>& win,
+                  std::size_t from, std::size_t to, std::int64_t* q) {
+  (void)path;
   for_each_block(win, from, to, [&](std::size_t first, std::size_t last, rp::window w) {
     const int words = rp::words(w);
     if (words == 1) {
       const int low = w.low();
+#if RINGZERO_X86_SIMD
+      if constexpr (std::is_same_v<E, float>) {
+        if (path == reduction::simd::avx512) {
+          const std::size_t done =
+              rp::detail::x86::avx512::one_digits(in.data() + first, last - first, low, q);
+          q += done;
+          first += done;
+        }
+      }
+#endif
       for (std::size_t i = first; i < last; ++i) *q++ = one_digit(in[i], low);
       return;
     }
@@ -121,6 +147,11 @@ void write_digits(std::span<const E> in, const std::vector<std::int32_t>& win, s
       q += words;
     }
   });
+}
+template <class E>
+void write_digits(std::span<const E> in, const std::vector<std::int32_t>& win, std::size_t from,
+                  std::size_t to, std::int64_t* q) {
+  write_digits(reduction::active_simd(), in, win, from, to, q);
 }
 
 /// a * 2^x (plus something in (0, 2^x) when sticky), 0 < a < 2^63, rounded to the nearest E,
@@ -247,8 +278,9 @@ template <class E>
 }
 
 template <class E>
-void read_digits(const std::int64_t* q, const std::vector<std::int32_t>& win, std::size_t from,
-                 std::size_t to, std::uint32_t divisor, E* out) {
+void read_digits(reduction::simd path, const std::int64_t* q, const std::vector<std::int32_t>& win,
+                 std::size_t from, std::size_t to, std::uint32_t divisor, E* out) {
+  (void)path;
   // The conversion follows the thread's rounding mode; the integer path does not depend on it.
   constexpr bool convertible = std::is_same_v<E, float> || std::is_same_v<E, double>;
   const bool nearest = convertible && divisor <= 1 && std::fegetround() == FE_TONEAREST;
@@ -259,7 +291,23 @@ void read_digits(const std::int64_t* q, const std::vector<std::int32_t>& win, st
       const int low = w.low();
       if constexpr (convertible) {
         if (nearest) {
-          for (std::size_t i = first; i < last; ++i, ++q, ++o)
+          std::size_t i = first;
+#if RINGZERO_X86_SIMD
+          if constexpr (std::is_same_v<E, float>) {
+            if (path == reduction::simd::avx512) {
+              const std::int64_t* block_q = q;
+              E* block_o = o;
+              const std::size_t done = rp::detail::x86::avx512::round_nearest(
+                  q, last - first, low, o, [&](std::size_t j) {
+                    block_o[j] = round_one_word<E>(block_q[j], w, low, divisor);
+                  });
+              i += done;
+              q += done;
+              o += done;
+            }
+          }
+#endif
+          for (; i < last; ++i, ++q, ++o)
             if (!round_int64_nearest<E>(*q, low, *o)) *o = round_one_word<E>(*q, w, low, divisor);
           return;
         }
@@ -284,6 +332,11 @@ void read_digits(const std::int64_t* q, const std::vector<std::int32_t>& win, st
       q += words;
     }
   });
+}
+template <class E>
+void read_digits(const std::int64_t* q, const std::vector<std::int32_t>& win, std::size_t from,
+                 std::size_t to, std::uint32_t divisor, E* out) {
+  read_digits(reduction::active_simd(), q, win, from, to, divisor, out);
 }
 
 /// The exact sum of n terms of one element, as rp::serial_sum gives it, summed in one int64

@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "ringzero/error.hpp"
+#include "ringzero/reduce/detail/reproducible_x86.hpp"
 #include "ringzero/reduce/reproducible.hpp"
+#include "ringzero/reduce/simd.hpp"
 
 namespace ringzero::reproducible {
 
@@ -71,6 +73,16 @@ class accumulator {
 
   /// Adds terms[i] to element offset + i.
   void add(std::span<const T> terms, std::size_t offset = 0) {
+    add(reduction::active_simd(), terms, offset);
+  }
+  /// add on a given path of the host loops (tests and benchmarks compare them: the words are the
+  /// same on each); a path that reduction::simd_supported denies is an invalid_argument.
+  void add(reduction::simd path, std::span<const T> terms, std::size_t offset = 0) {
+    if (!reduction::simd_supported(path))
+      throw invalid_argument(
+          fmt::format("reproducible::accumulator::add: this CPU or build "
+                      "cannot run the {} path",
+                      reduction::simd_name(path)));
     if (offset > n_ || terms.size() > n_ - offset)
       throw invalid_argument(
           fmt::format("reproducible::accumulator::add: {} terms at {} pass the "
@@ -81,7 +93,7 @@ class accumulator {
       const std::size_t e = offset + i;
       const std::size_t b = e / block_elems;
       const std::size_t end = std::min(terms.size(), i + (block_elems - e % block_elems));
-      add_block(blocks_[b], b * block_elems, terms.subspan(i, end - i), e);
+      add_block(path, blocks_[b], b * block_elems, terms.subspan(i, end - i), e);
       i = end;
     }
   }
@@ -110,18 +122,27 @@ class accumulator {
   /// (detail::digits_between(win, from, to) words).
   void write(const std::vector<std::int32_t>& win, std::size_t from, std::size_t to,
              std::int64_t* q) const {
-    for (std::size_t e = from; e < to; ++e) {
+    // A block at a time: its agreed words and where they fall among the digits it holds are
+    // the same for each of its elements.
+    for (std::size_t e = from; e < to;) {
       const std::size_t bi = e / block_elems;
+      const std::size_t end = std::min(to, (bi + 1) * block_elems);
       const window w{win[2 * bi], win[2 * bi + 1]};
-      const int n = words(w);
-      const int jlo = w.low() / digit_bits;
+      const auto n = static_cast<std::size_t>(words(w));
+      const int jlo = w.low() / digit_bits;  // exact: the windows are grid-aligned
       const block& b = blocks_[bi];
-      const std::size_t at = (e - bi * block_elems) * static_cast<std::size_t>(b.k);
-      for (int k = 0; k < n; ++k) {
-        const int j = jlo + k - b.jlo;
-        q[k] = (b.k > 0 && j >= 0 && j < b.k) ? b.words[at + static_cast<std::size_t>(j)] : 0;
+      const std::size_t len = block_len(bi), first = e - bi * block_elems, count = end - e;
+      for (std::size_t k = 0; k < n; ++k) {
+        const int j = jlo + static_cast<int>(k) - b.jlo;
+        if (b.k > 0 && j >= 0 && j < b.k) {
+          const std::int64_t* digit = b.words.data() + static_cast<std::size_t>(j) * len + first;
+          for (std::size_t x = 0; x < count; ++x) q[x * n + k] = digit[x];
+        } else {
+          for (std::size_t x = 0; x < count; ++x) q[x * n + k] = 0;
+        }
       }
-      q += n;
+      q += count * n;
+      e = end;
     }
   }
 
@@ -159,10 +180,12 @@ class accumulator {
 
  private:
   struct block {
-    int jlo = 0;                      ///< the lowest digit held
-    int k = 0;                        ///< digits held per element (0: none yet)
-    std::int64_t adds = 0;            ///< terms the words may hold at most (the headroom in use)
-    std::vector<std::int64_t> words;  ///< element-major: element e's digits at e * k
+    int jlo = 0;            ///< the lowest digit held
+    int k = 0;              ///< digits held per element (0: none yet)
+    std::int64_t adds = 0;  ///< terms the words may hold at most (the headroom in use)
+    /// Digit-major: digit j of element e at j * len + e, so that one digit of consecutive
+    /// elements is one vector (reduce/detail/reproducible_x86.hpp).
+    std::vector<std::int64_t> words;
     std::vector<std::int64_t> codes;  ///< inf/NaN counts, allocated at the first one
   };
 
@@ -179,10 +202,10 @@ class accumulator {
     }
     const int k = hi - lo + 1;
     std::vector<std::int64_t> w(len * static_cast<std::size_t>(k), 0);
-    for (std::size_t e = 0; e < len && b.k > 0; ++e)
-      for (int d = 0; d < b.k; ++d)
-        w[e * static_cast<std::size_t>(k) + static_cast<std::size_t>(b.jlo - lo + d)] =
-            b.words[e * static_cast<std::size_t>(b.k) + static_cast<std::size_t>(d)];
+    if (b.k > 0)
+      std::copy(
+          b.words.begin(), b.words.end(),
+          w.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b.jlo - lo) * len));
     b.words = std::move(w);
     b.jlo = lo;
     b.k = k;
@@ -197,34 +220,34 @@ class accumulator {
     for (std::size_t e = 0; e < len; ++e) {
       std::int64_t carry = 0;
       for (std::size_t d = 0; d + 1 < k; ++d) {
-        std::int64_t& w = b.words[e * k + d];
+        std::int64_t& w = b.words[d * len + e];
         const std::int64_t s = w + carry;
         const std::int64_t lo = s & (radix - 1);
         carry = (s - lo) >> digit_bits;
         w = lo;
       }
-      b.words[e * k + k - 1] += carry;
-      top_used = top_used || b.words[e * k + k - 1] != 0;
+      b.words[(k - 1) * len + e] += carry;
+      top_used = top_used || b.words[(k - 1) * len + e] != 0;
     }
-    if (!top_used) {  // drop the spare digit again: it would cost a word on the wire
-      std::vector<std::int64_t> w(len * (k - 1));
-      for (std::size_t e = 0; e < len; ++e)
-        for (std::size_t d = 0; d + 1 < k; ++d) w[e * (k - 1) + d] = b.words[e * k + d];
-      b.words = std::move(w);
+    if (!top_used) {  // drop the spare digit again (the last len words): it would cost a word on
+                      // the wire
+      b.words.resize((k - 1) * len);
       b.k -= 1;
     }
     // Digits in [0, 2^40) and a top one of about one term: two terms' worth.
     b.adds = 2;
   }
 
-  void add_block(block& b, std::size_t block_start, std::span<const T> terms, std::size_t first) {
+  void add_block(reduction::simd path, block& b, std::size_t block_start, std::span<const T> terms,
+                 std::size_t first) {
     const std::size_t len = block_len(block_start / block_elems);
     if (b.adds + 1 >= max_terms / 2) normalize_block(b, len);
     ++b.adds;
     if constexpr (format<T>::p <= 24) {
-      add_narrow(b, len, block_start, terms, first);
+      add_narrow(path, b, len, block_start, terms, first);
       return;
     }
+    (void)path;
     int lo = INT32_MAX, hi = INT32_MIN;
     for (const T& x : terms) {
       const term t = decompose(x);
@@ -237,10 +260,11 @@ class accumulator {
       const term t = decompose(terms[i]);
       const std::size_t e = first + i - block_start;
       if (t.k == kind::finite) {
-        std::int64_t* w = b.words.data() + e * static_cast<std::size_t>(b.k);
+        std::int64_t* w = b.words.data() + e;
         const int from = digit_of_bit(t.exp) - b.jlo;
         const int to = digit_of_bit(t.exp + bit_width64(t.mant) - 1) - b.jlo;
-        for (int d = from; d <= to; ++d) w[d] += digit(t, digit_bits * b.jlo, d);
+        for (int d = from; d <= to; ++d)
+          w[static_cast<std::size_t>(d) * len] += digit(t, digit_bits * b.jlo, d);
       } else if (t.k != kind::zero) {
         if (b.codes.empty()) b.codes.assign(len, 0);
         b.codes[e] += special_code(t);
@@ -251,9 +275,10 @@ class accumulator {
   /// add_block for types of at most 24 significant bits (float, bfloat16, float16), the hot
   /// loop of reproducible training: a term shifted to its place within its lowest digit fits
   /// in 63 bits, so it lands on at most two digits with one shift and no per-digit loop. The
-  /// words are those digit() gives.
-  void add_narrow(block& b, std::size_t len, std::size_t block_start, std::span<const T> terms,
-                  std::size_t first) {
+  /// words are those digit() gives. Floats take the vector loops where the path has them
+  /// (reduce/detail/reproducible_x86.hpp), which do the same per term; the rest runs here.
+  void add_narrow(reduction::simd path, block& b, std::size_t len, std::size_t block_start,
+                  std::span<const T> terms, std::size_t first) {
     using F = format<T>;
     constexpr int frac_bits = F::p - 1;
     constexpr std::uint32_t exp_all = (1u << F::exp_bits) - 1;
@@ -269,12 +294,21 @@ class accumulator {
       sign = std::uint64_t{0} - ((bits >> (frac_bits + F::exp_bits)) & 1u);
       return e == exp_all;
     };
-    int lo = INT32_MAX, hi = INT32_MIN;
-    bool special = false;
-    for (const T& x : terms) {
+    detail::narrow_range r;
+#if RINGZERO_X86_SIMD
+    if constexpr (std::is_same_v<T, float>) {
+      if (path == reduction::simd::avx512)
+        r = detail::x86::avx512::range(terms.data(), terms.size());
+      else if (path == reduction::simd::avx2)
+        r = detail::x86::avx2::range(terms.data(), terms.size());
+    }
+#endif
+    int lo = r.lo, hi = r.hi;
+    bool special = r.special;
+    for (std::size_t i = r.done; i < terms.size(); ++i) {
       std::uint64_t mant = 0, sign = 0;
       int exp = 0;
-      special |= split(x, mant, exp, sign);
+      special |= split(terms[i], mant, exp, sign);
       const bool live = mant != 0;
       lo = std::min(lo, live ? exp : INT32_MAX);
       hi = std::max(hi, live ? exp + bit_width64(mant) - 1 : INT32_MIN);
@@ -283,8 +317,21 @@ class accumulator {
     if (b.k > 0) {
       const int base = digit_bits * b.jlo;
       const auto k = static_cast<std::size_t>(b.k);
-      std::int64_t* words = b.words.data() + (first - block_start) * k;
-      for (std::size_t i = 0; i < terms.size(); ++i, words += k) {
+      std::int64_t* words = b.words.data() + (first - block_start);
+      std::size_t done = 0;
+#if RINGZERO_X86_SIMD
+      if constexpr (std::is_same_v<T, float>) {
+        if (b.k * digit_bits <= detail::max_offset) {
+          if (path == reduction::simd::avx512)
+            done = detail::x86::avx512::add(terms.data(), terms.size(), base, b.k, words, len);
+          else if (path == reduction::simd::avx2)
+            done = detail::x86::avx2::add(terms.data(), terms.size(), base, b.k, words, len);
+        }
+      }
+#else
+      (void)path;
+#endif
+      for (std::size_t i = done; i < terms.size(); ++i) {
         std::uint64_t mant = 0, sign = 0;
         int exp = 0;
         (void)split(terms[i], mant, exp, sign);
@@ -294,8 +341,8 @@ class accumulator {
         const std::uint64_t v = mant << (off % digit_bits);
         // The second digit is zero when the term ends in the top one: then add it there.
         const std::size_t d1 = std::min<std::size_t>(d + 1, k - 1);
-        words[d] += static_cast<std::int64_t>(((v & mask) ^ sign) - sign);
-        words[d1] += static_cast<std::int64_t>(((v >> digit_bits) ^ sign) - sign);
+        words[d * len + i] += static_cast<std::int64_t>(((v & mask) ^ sign) - sign);
+        words[d1 * len + i] += static_cast<std::int64_t>(((v >> digit_bits) ^ sign) - sign);
       }
     }
     if (!special) return;

@@ -72,6 +72,10 @@ struct segment_options {
   /// against 2.7 GB/s at 16 MiB, 3.6 against 1.9 at 64 MiB; 4 ranks: 2.6 against 1.0 at
   /// 64 MiB).
   std::size_t all_reduce_segment_bytes = std::numeric_limits<std::size_t>::max();
+  /// The same for all_to_all (its whole buffer, size() blocks): one phase instead of a message
+  /// per peer. Against pairwise over messages, float, 2 and 4 ranks: 1.7-5.3x faster below
+  /// 8 KiB, 1.2-2.3x up to 2 MiB but for 2 ranks at 512 KiB (0.89x); docs/performance.md.
+  std::size_t all_to_all_segment_bytes = std::size_t{4} << 20;
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
   /// cache (the output would not stay in it, and reading it for ownership costs a third more
   /// memory traffic).
@@ -373,7 +377,8 @@ class transport {
   /// Runs a validated call of a world communicator (ranks are the transport's) in the segment
   /// and returns true where that path applies: all_reduce up to
   /// segment_options::all_reduce_segment_bytes (unbounded by default), broadcast, all_gather and
-  /// reduce_scatter up to segment_options::segment_bytes, all_reduce of any size on symmetric
+  /// reduce_scatter up to segment_options::segment_bytes, all_to_all up to
+  /// segment_options::all_to_all_segment_bytes, all_reduce of any size on symmetric
   /// buffers (read in place from detail::symmetric_min_bytes up), barrier. False leaves the call to
   /// ringzero's algorithms over messages. The decision depends only on what every rank passes alike
   /// (kind, size, whether the buffers are symmetric), so all ranks take the same path.
@@ -584,6 +589,11 @@ class transport {
         if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
                                   std::span<E>(out, c.count), c.reduction, call);
+        return true;
+      case collective::all_to_all:
+        if (c.count * n * sizeof(E) > segment_.all_to_all_segment_bytes) return false;
+        detail::all_to_all<E>(workspace(), std::span<const E>(in, c.count * n),
+                              std::span<E>(out, c.count * n), call);
         return true;
       default:
         return false;

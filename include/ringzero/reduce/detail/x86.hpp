@@ -45,6 +45,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+// Leaving a vector loop: each loop ends with vzeroupper. With the upper halves of the vector
+// registers left dirty, every legacy-SSE instruction the caller runs afterwards (the baseline
+// x86-64 code around ringzero, libm's scalar paths) pays a merge penalty. GCC emits vzeroupper
+// itself only with -fexpensive-optimizations (-O2 and up); at -O1 the missing one made the
+// floating-point code after a reproducible training step several times slower.
 namespace ringzero::reduction::detail::x86 {
 
 template <op O>
@@ -243,6 +248,7 @@ template <op O, class T>
   std::size_t i = 0;
   for (; i + w <= n; i += w) step<O, T>(a + i, b + i, out + i);
   for (; i < n; ++i) out[i] = kernels::combine<O>(a[i], b[i]);
+  _mm256_zeroupper();  // see "Leaving a vector loop" above
 }
 
 template <class T>
@@ -250,6 +256,7 @@ template <class T>
   std::size_t i = 0;
   for (; i + lanes<T> <= n; i += lanes<T>) divide(p + i, ranks);
   for (; i < n; ++i) p[i] = kernels::finish_avg(p[i], ranks);
+  _mm256_zeroupper();
 }
 
 }  // namespace avx2
@@ -437,6 +444,7 @@ template <op O, class T>
   std::size_t i = 0;
   for (; i + w <= n; i += w) step<O, T>(a + i, b + i, out + i);
   for (; i < n; ++i) out[i] = kernels::combine<O>(a[i], b[i]);
+  _mm256_zeroupper();  // see "Leaving a vector loop" above
 }
 
 template <class T>
@@ -444,6 +452,7 @@ template <class T>
   std::size_t i = 0;
   for (; i + lanes<T> <= n; i += lanes<T>) divide(p + i, ranks);
   for (; i < n; ++i) p[i] = kernels::finish_avg(p[i], ranks);
+  _mm256_zeroupper();
 }
 
 }  // namespace avx512

@@ -239,6 +239,31 @@ void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o, segmen
   }
 }
 
+/// Block q of out receives block rank() of rank q's in (both size() blocks of `block`
+/// elements); in may equal out. The same layout as reduce_scatter's: each rank writes a slice
+/// of every block of its in to its buffer, then copies its own slice from every buffer. One
+/// phase per piece, where a call over messages takes a step per peer.
+template <element E, class W>
+void all_to_all(W& ws, std::span<const E> in, std::span<E> out, segment_call& call) {
+  const int n = ws.size();
+  const std::size_t block = out.size() / static_cast<std::size_t>(n);
+  const std::size_t piece = ws.capacity() / sizeof(E) / static_cast<std::size_t>(n);
+  const std::size_t at_me = static_cast<std::size_t>(ws.rank());
+  for (std::size_t first = 0; first < block; first += piece) {
+    const std::size_t count = std::min(piece, block - first);
+    const std::uint64_t p = ws.next_phase();
+    E* staged = reinterpret_cast<E*>(ws.buffer(ws.rank(), p));
+    for (int b = 0; b < n; ++b)
+      std::memcpy(staged + static_cast<std::size_t>(b) * count,
+                  in.data() + static_cast<std::size_t>(b) * block + first, count * sizeof(E));
+    ws.phase(call);
+    // In place, out's slices of this piece were copied above; later pieces read in beyond them.
+    for (int q = 0; q < n; ++q)
+      std::memcpy(out.data() + static_cast<std::size_t>(q) * block + first,
+                  reinterpret_cast<const E*>(ws.buffer(q, p)) + at_me * count, count * sizeof(E));
+  }
+}
+
 template <class W>
 void barrier(W& ws, segment_call& call) {
   ws.phase(call);

@@ -1,0 +1,386 @@
+// The AVX2 and AVX-512 loops behind reproducible::accumulator<float>::add, the hot loop of
+// reproducible training (a float gradient added to its exact running sum, once per micro-batch).
+//
+// Each term is what the accumulator's scalar code makes of it: mant * 2^exp from the bit
+// pattern (zero, infinity and NaN give mant 0), placed at bit `off = exp - base` of its block's
+// digit grid, which lands it on digit off / 40 and, shifted by off % 40, possibly on the next
+// one. A vector step does that for 8 or 16 terms at once; the scalar code runs the remainder, so
+// the words are the scalar ones whatever the path (tests/core/reproducible_test.cpp compares
+// them). Integer additions only: the result cannot depend on the path's order.
+//
+// Words are digit-major: digit j of element e at words[j * len + e], so each digit of a vector of
+// elements is one contiguous load and store.
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+#include "ringzero/reduce/simd.hpp"
+
+namespace ringzero::reproducible::detail {
+
+/// off / 40 as (off * 1639) >> 16, exact for every off below this (checked below); a float block
+/// spans at most 9 digits (277 bits of range and one for a carry), off < 360.
+inline constexpr int max_offset = 1024;
+constexpr bool div40_exact() {
+  for (int off = 0; off < max_offset; ++off)
+    if (((off * 1639) >> 16) != off / 40) return false;
+  return true;
+}
+static_assert(div40_exact());
+
+/// What a vector path did with a block's terms: how many it took (a multiple of its width; the
+/// caller does the rest) and, over those, the lowest and highest bit of a nonzero finite term
+/// (INT_MAX and INT_MIN when none) and whether any was an infinity or NaN.
+struct narrow_range {
+  std::size_t done = 0;
+  int lo = INT_MAX;
+  int hi = INT_MIN;
+  bool special = false;
+};
+
+}  // namespace ringzero::reproducible::detail
+
+#if RINGZERO_X86_SIMD
+
+#include <immintrin.h>
+
+#define RINGZERO_RP_AVX2_TARGET gnu::target("avx2")
+#define RINGZERO_RP_AVX512_TARGET gnu::target("avx512f,avx512bw,avx512vl,avx512dq")
+#define RINGZERO_RP_AVX2_INLINE [[RINGZERO_RP_AVX2_TARGET, gnu::always_inline]] inline
+#define RINGZERO_RP_AVX512_INLINE [[RINGZERO_RP_AVX512_TARGET, gnu::always_inline]] inline
+
+// GCC 12's AVX-512 intrinsics start from a self-initialised "undefined" vector, which
+// -Wmaybe-uninitialized and -Wuninitialized report once they are inlined (a false positive,
+// GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace ringzero::reproducible::detail::x86 {
+
+/// A float's exponent bias plus its fraction bits: a term is mant * 2^(max(e, 1) - 150).
+inline constexpr int float_bias = 150;
+
+namespace avx512 {
+
+/// mant and exp of 16 terms, and which are infinities or NaNs.
+RINGZERO_RP_AVX512_INLINE void split(__m512i bits, __m512i& mant, __m512i& exp,
+                                     __mmask16& special) noexcept {
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xff));
+  const __m512i f = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff));
+  special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff));
+  const __mmask16 normal = _mm512_cmpneq_epi32_mask(e, _mm512_setzero_si512());
+  mant = _mm512_mask_or_epi32(f, normal, f, _mm512_set1_epi32(1 << 23));
+  mant = _mm512_mask_mov_epi32(mant, special, _mm512_setzero_si512());
+  exp = _mm512_sub_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(float_bias));
+}
+
+/// The bits the terms x[0, n) span, over whole vectors of 16.
+[[RINGZERO_RP_AVX512_TARGET]] inline narrow_range range(const float* x, std::size_t n) noexcept {
+  narrow_range r;
+  __m512i lo = _mm512_set1_epi32(INT_MAX), hi = _mm512_set1_epi32(INT_MIN);
+  __mmask16 special = 0;
+  for (; r.done + 16 <= n; r.done += 16) {
+    __m512i mant, exp;
+    __mmask16 s;
+    split(_mm512_loadu_si512(x + r.done), mant, exp, s);
+    special |= s;
+    const __mmask16 live = _mm512_test_epi32_mask(mant, mant);
+    // The top bit of mant (< 2^24, so exact as a float) is its float's unbiased exponent.
+    const __m512i top =
+        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(mant)), 23),
+                         _mm512_set1_epi32(127));
+    lo = _mm512_mask_min_epi32(lo, live, lo, exp);
+    hi = _mm512_mask_max_epi32(hi, live, hi, _mm512_add_epi32(exp, top));
+  }
+  r.lo = _mm512_reduce_min_epi32(lo);
+  r.hi = _mm512_reduce_max_epi32(hi);
+  r.special = special != 0;
+  _mm256_zeroupper();  // as reduce/detail/x86.hpp's loops, for the caller's SSE code
+  return r;
+}
+
+/// 8 terms' digits (lo_part on digit d, hi_part on d + 1) added to words[j * len], j < k.
+RINGZERO_RP_AVX512_INLINE void add8(__m512i d, __m512i lo_part, __m512i hi_part,
+                                    std::int64_t* words, std::size_t len, int k) noexcept {
+  for (int j = 0; j < k; ++j) {
+    const __m512i jv = _mm512_set1_epi64(j);
+    const __mmask8 on_lo = _mm512_cmpeq_epi64_mask(d, jv);
+    const __mmask8 on_hi = _mm512_cmpeq_epi64_mask(_mm512_add_epi64(d, _mm512_set1_epi64(1)), jv);
+    const __m512i add = _mm512_add_epi64(_mm512_maskz_mov_epi64(on_lo, lo_part),
+                                         _mm512_maskz_mov_epi64(on_hi, hi_part));
+    std::int64_t* w = words + static_cast<std::size_t>(j) * len;
+    _mm512_storeu_si512(w, _mm512_add_epi64(_mm512_loadu_si512(w), add));
+  }
+}
+
+/// 8 terms' parts: mant (zero-extended) shifted by r, cut at bit 40, signed by neg.
+RINGZERO_RP_AVX512_INLINE void parts(__m256i mant, __m256i r, __mmask8 neg, __m512i& lo_part,
+                                     __m512i& hi_part) noexcept {
+  const __m512i v = _mm512_sllv_epi64(_mm512_cvtepu32_epi64(mant), _mm512_cvtepu32_epi64(r));
+  const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi64((std::int64_t{1} << 40) - 1));
+  const __m512i hi = _mm512_srli_epi64(v, 40);
+  lo_part = _mm512_mask_sub_epi64(lo, neg, _mm512_setzero_si512(), lo);
+  hi_part = _mm512_mask_sub_epi64(hi, neg, _mm512_setzero_si512(), hi);
+}
+
+/// Adds the terms x[0, n) to elements [0, n) of a block of `len` elements and k digits from
+/// bit `base` (every nonzero term's bits lie in the block's digits). Whole vectors of 16 only;
+/// returns how many it took.
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t add(const float* x, std::size_t n, int base, int k,
+                                                     std::int64_t* words,
+                                                     std::size_t len) noexcept {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i bits = _mm512_loadu_si512(x + i);
+    __m512i mant, exp;
+    __mmask16 special;
+    split(bits, mant, exp, special);
+    const __mmask16 live = _mm512_test_epi32_mask(mant, mant);
+    const __m512i off = _mm512_maskz_sub_epi32(live, exp, _mm512_set1_epi32(base));
+    const __m512i d = _mm512_srli_epi32(_mm512_mullo_epi32(off, _mm512_set1_epi32(1639)), 16);
+    const __m512i r = _mm512_sub_epi32(off, _mm512_mullo_epi32(d, _mm512_set1_epi32(40)));
+    const __mmask16 neg = _mm512_movepi32_mask(bits);
+    __m512i lo_part, hi_part;
+    parts(_mm512_castsi512_si256(mant), _mm512_castsi512_si256(r), static_cast<__mmask8>(neg),
+          lo_part, hi_part);
+    add8(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(d)), lo_part, hi_part, words + i, len, k);
+    parts(_mm512_extracti64x4_epi64(mant, 1), _mm512_extracti64x4_epi64(r, 1),
+          static_cast<__mmask8>(neg >> 8), lo_part, hi_part);
+    add8(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(d, 1)), lo_part, hi_part, words + i + 8,
+         len, k);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+// --- the passes of a reproducible collective on float (detail/reproducible_call.hpp) ---------
+
+/// Bit width less one of each lane's mant (< 2^24, exact as a float): its float's exponent.
+RINGZERO_RP_AVX512_INLINE __m512i top_bit(__m512i mant) noexcept {
+  return _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(mant)), 23),
+                          _mm512_set1_epi32(127));
+}
+
+/// The windows of the whole blocks of 64 in x[0, n) (window::add over each block's terms, as
+/// local_windows stores them: top, then -low) into win; returns how many blocks, and sets
+/// `special` where a term is an infinity or NaN.
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t windows(const float* x, std::size_t n,
+                                                         std::int32_t* win, bool& special,
+                                                         std::int32_t empty) noexcept {
+  const std::size_t blocks = n / 64;
+  __mmask16 any_special = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    __m512i top = _mm512_set1_epi32(INT_MIN), low = _mm512_set1_epi32(INT_MAX);
+    for (std::size_t v = 0; v < 64; v += 16) {
+      __m512i mant, exp;
+      __mmask16 s;
+      split(_mm512_loadu_si512(x + 64 * b + v), mant, exp, s);
+      any_special |= s;
+      const __mmask16 live = _mm512_test_epi32_mask(mant, mant);
+      // The lowest set bit, isolated (mant & -mant), is a power of two: its exponent is the
+      // count of trailing zeros.
+      const __m512i lowest = _mm512_and_si512(mant, _mm512_sub_epi32(_mm512_setzero_si512(), mant));
+      top = _mm512_mask_max_epi32(
+          top, live, top,
+          _mm512_add_epi32(_mm512_add_epi32(exp, top_bit(mant)), _mm512_set1_epi32(1)));
+      low = _mm512_mask_min_epi32(low, live, low, _mm512_add_epi32(exp, top_bit(lowest)));
+    }
+    const int t = _mm512_reduce_max_epi32(top);
+    const bool none = t == INT_MIN;
+    win[2 * b] = none ? empty : t;
+    win[2 * b + 1] = none ? empty : -_mm512_reduce_min_epi32(low);
+  }
+  special = special || any_special != 0;
+  _mm256_zeroupper();
+  return blocks;
+}
+
+/// 8 terms' one-digit values (detail::one_digit): mant shifted by exp - low, clamped to +-63,
+/// signed.
+RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmask8 neg) noexcept {
+  const __m512i m = _mm512_cvtepu32_epi64(mant);
+  const __m512i sh = _mm512_cvtepi32_epi64(shift);
+  const __mmask8 left = _mm512_cmpge_epi64_mask(sh, _mm512_setzero_si512());
+  const __m512i v = _mm512_mask_sllv_epi64(
+      _mm512_srlv_epi64(m, _mm512_sub_epi64(_mm512_setzero_si512(), sh)), left, m, sh);
+  return _mm512_mask_sub_epi64(v, neg, _mm512_setzero_si512(), v);
+}
+
+/// q[i] = one_digit(x[i], low) over whole vectors of 16 in x[0, n); returns how many.
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t one_digits(const float* x, std::size_t n, int low,
+                                                            std::int64_t* q) noexcept {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i bits = _mm512_loadu_si512(x + i);
+    __m512i mant, exp;
+    __mmask16 special;
+    split(bits, mant, exp, special);
+    const __m512i shift = _mm512_min_epi32(
+        _mm512_max_epi32(_mm512_sub_epi32(exp, _mm512_set1_epi32(low)), _mm512_set1_epi32(-63)),
+        _mm512_set1_epi32(63));
+    const __mmask16 neg = _mm512_movepi32_mask(bits);
+    _mm512_storeu_si512(q + i,
+                        one_digit8(_mm512_castsi512_si256(mant), _mm512_castsi512_si256(shift),
+                                   static_cast<__mmask8>(neg)));
+    _mm512_storeu_si512(q + i + 8, one_digit8(_mm512_extracti64x4_epi64(mant, 1),
+                                              _mm512_extracti64x4_epi64(shift, 1),
+                                              static_cast<__mmask8>(neg >> 8)));
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+/// out[i] = q[i] * 2^low rounded to the nearest float through the hardware's conversion, as
+/// detail::round_int64_nearest does, 8 at a time over q[0, n); the caller rounds to nearest.
+/// Lanes whose result would not be a normal number are left to `fallback(i)` (the general
+/// rounding), called after the vector's store.
+template <class Fallback>
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t round_nearest(const std::int64_t* q, std::size_t n,
+                                                               int low, float* out,
+                                                               Fallback&& fallback) {
+  std::size_t i = 0;
+  const __m256i low_v = _mm256_set1_epi32(low);
+  const __m256i scale = _mm256_slli_epi32(low_v, 23);  // low in the exponent field, wrapping
+  for (; i + 8 <= n; i += 8) {
+    const __m512i s = _mm512_loadu_si512(q + i);
+    const __mmask8 nonzero = _mm512_test_epi64_mask(s, s);
+    const __m256i b = _mm256_castps_si256(_mm512_cvtepi64_ps(s));
+    const __m256i biased = _mm256_add_epi32(
+        _mm256_and_si256(_mm256_srli_epi32(b, 23), _mm256_set1_epi32(0xff)), low_v);
+    const __mmask8 normal = _mm256_cmpge_epi32_mask(biased, _mm256_set1_epi32(1)) &
+                            _mm256_cmple_epi32_mask(biased, _mm256_set1_epi32(254));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_maskz_add_epi32(nonzero, b, scale));
+    auto rest = static_cast<unsigned>(nonzero & static_cast<__mmask8>(~normal));
+    if (rest != 0) _mm256_zeroupper();  // the fallback is the caller's scalar code
+    while (rest != 0) {
+      const auto lane = static_cast<std::size_t>(__builtin_ctz(rest));
+      fallback(i + lane);
+      rest &= rest - 1;
+    }
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+}  // namespace avx512
+
+namespace avx2 {
+
+/// mant and exp of 8 terms, and a mask of the infinities and NaNs.
+RINGZERO_RP_AVX2_INLINE void split(__m256i bits, __m256i& mant, __m256i& exp,
+                                   __m256i& special) noexcept {
+  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff));
+  const __m256i f = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff));
+  special = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0xff));
+  const __m256i subnormal = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+  mant = _mm256_or_si256(f, _mm256_andnot_si256(subnormal, _mm256_set1_epi32(1 << 23)));
+  mant = _mm256_andnot_si256(special, mant);
+  exp = _mm256_sub_epi32(_mm256_max_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(float_bias));
+}
+
+RINGZERO_RP_AVX2_INLINE int reduce_min(__m256i v) noexcept {
+  __m128i m = _mm_min_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+  return _mm_cvtsi128_si32(m);
+}
+RINGZERO_RP_AVX2_INLINE int reduce_max(__m256i v) noexcept {
+  __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+  return _mm_cvtsi128_si32(m);
+}
+
+[[RINGZERO_RP_AVX2_TARGET]] inline narrow_range range(const float* x, std::size_t n) noexcept {
+  narrow_range r;
+  __m256i lo = _mm256_set1_epi32(INT_MAX), hi = _mm256_set1_epi32(INT_MIN);
+  __m256i special = _mm256_setzero_si256();
+  for (; r.done + 8 <= n; r.done += 8) {
+    __m256i mant, exp, s;
+    split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r.done)), mant, exp, s);
+    special = _mm256_or_si256(special, s);
+    const __m256i dead = _mm256_cmpeq_epi32(mant, _mm256_setzero_si256());
+    const __m256i top =
+        _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cvtepi32_ps(mant)), 23),
+                         _mm256_set1_epi32(127));
+    lo = _mm256_min_epi32(lo, _mm256_blendv_epi8(exp, _mm256_set1_epi32(INT_MAX), dead));
+    hi = _mm256_max_epi32(
+        hi, _mm256_blendv_epi8(_mm256_add_epi32(exp, top), _mm256_set1_epi32(INT_MIN), dead));
+  }
+  r.lo = reduce_min(lo);
+  r.hi = reduce_max(hi);
+  r.special = _mm256_testz_si256(special, special) == 0;
+  _mm256_zeroupper();
+  return r;
+}
+
+/// 4 terms' parts (see avx512::parts); neg: all ones in a negative term's 64-bit lane.
+RINGZERO_RP_AVX2_INLINE void parts(__m128i mant, __m128i r, __m128i sign, __m256i& lo_part,
+                                   __m256i& hi_part) noexcept {
+  const __m256i v = _mm256_sllv_epi64(_mm256_cvtepu32_epi64(mant), _mm256_cvtepu32_epi64(r));
+  const __m256i neg = _mm256_cvtepi32_epi64(sign);
+  const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi64x((std::int64_t{1} << 40) - 1));
+  const __m256i hi = _mm256_srli_epi64(v, 40);
+  lo_part = _mm256_sub_epi64(_mm256_xor_si256(lo, neg), neg);
+  hi_part = _mm256_sub_epi64(_mm256_xor_si256(hi, neg), neg);
+}
+
+RINGZERO_RP_AVX2_INLINE void add4(__m256i d, __m256i lo_part, __m256i hi_part, std::int64_t* words,
+                                  std::size_t len, int k) noexcept {
+  for (int j = 0; j < k; ++j) {
+    const __m256i jv = _mm256_set1_epi64x(j);
+    const __m256i on_lo = _mm256_cmpeq_epi64(d, jv);
+    const __m256i on_hi = _mm256_cmpeq_epi64(_mm256_add_epi64(d, _mm256_set1_epi64x(1)), jv);
+    const __m256i add =
+        _mm256_add_epi64(_mm256_and_si256(on_lo, lo_part), _mm256_and_si256(on_hi, hi_part));
+    auto* w = reinterpret_cast<__m256i*>(words + static_cast<std::size_t>(j) * len);
+    _mm256_storeu_si256(w, _mm256_add_epi64(_mm256_loadu_si256(w), add));
+  }
+}
+
+[[RINGZERO_RP_AVX2_TARGET]] inline std::size_t add(const float* x, std::size_t n, int base, int k,
+                                                   std::int64_t* words, std::size_t len) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    __m256i mant, exp, special;
+    split(bits, mant, exp, special);
+    const __m256i live =
+        _mm256_xor_si256(_mm256_cmpeq_epi32(mant, _mm256_setzero_si256()), _mm256_set1_epi32(-1));
+    const __m256i off = _mm256_and_si256(live, _mm256_sub_epi32(exp, _mm256_set1_epi32(base)));
+    const __m256i d = _mm256_srli_epi32(_mm256_mullo_epi32(off, _mm256_set1_epi32(1639)), 16);
+    const __m256i r = _mm256_sub_epi32(off, _mm256_mullo_epi32(d, _mm256_set1_epi32(40)));
+    const __m256i sign = _mm256_srai_epi32(bits, 31);
+    __m256i lo_part, hi_part;
+    parts(_mm256_castsi256_si128(mant), _mm256_castsi256_si128(r), _mm256_castsi256_si128(sign),
+          lo_part, hi_part);
+    add4(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(d)), lo_part, hi_part, words + i, len, k);
+    parts(_mm256_extracti128_si256(mant, 1), _mm256_extracti128_si256(r, 1),
+          _mm256_extracti128_si256(sign, 1), lo_part, hi_part);
+    add4(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(d, 1)), lo_part, hi_part, words + i + 4,
+         len, k);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+}  // namespace avx2
+
+}  // namespace ringzero::reproducible::detail::x86
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#undef RINGZERO_RP_AVX2_TARGET
+#undef RINGZERO_RP_AVX512_TARGET
+#undef RINGZERO_RP_AVX2_INLINE
+#undef RINGZERO_RP_AVX512_INLINE
+
+#endif  // RINGZERO_X86_SIMD
