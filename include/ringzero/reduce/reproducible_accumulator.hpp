@@ -229,8 +229,9 @@ class accumulator {
       b.words[(k - 1) * len + e] += carry;
       top_used = top_used || b.words[(k - 1) * len + e] != 0;
     }
-    if (!top_used) {  // drop the spare digit again (the last len words): it would cost a word on
-                      // the wire
+    // Drop the spare digit again (the last len words) if no carry reached it: it would cost a
+    // word on the wire.
+    if (!top_used) {
       b.words.resize((k - 1) * len);
       b.k -= 1;
     }

@@ -65,7 +65,39 @@ namespace ringzero::reproducible::detail::x86 {
 /// A float's exponent bias plus its fraction bits: a term is mant * 2^(max(e, 1) - 150).
 inline constexpr int float_bias = 150;
 
+/// The smallest and largest of 8 int32 lanes.
+RINGZERO_RP_AVX2_INLINE int reduce_min(__m256i v) noexcept {
+  __m128i m = _mm_min_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+  return _mm_cvtsi128_si32(m);
+}
+RINGZERO_RP_AVX2_INLINE int reduce_max(__m256i v) noexcept {
+  __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+  return _mm_cvtsi128_si32(m);
+}
+
 namespace avx512 {
+
+// GCC 12's _mm512_extracti64x4_epi64 and _mm512_castsi512_si256 (and the _mm512_reduce_* built
+// on them) start from an "undefined" vector that -Wuninitialized reports once inlined at -O1 and up
+// (GCC bug 105593); the pragma above silences it, but a precompiled header (the sanitizer builds
+// use one) drops the pragma. The masked form with every lane kept starts from zero instead (one
+// instruction; the low half costs an extract where the cast cost nothing).
+RINGZERO_RP_AVX512_INLINE __m256i low_half(__m512i v) noexcept {
+  return _mm512_maskz_extracti64x4_epi64(0xf, v, 0);
+}
+RINGZERO_RP_AVX512_INLINE __m256i high_half(__m512i v) noexcept {
+  return _mm512_maskz_extracti64x4_epi64(0xf, v, 1);
+}
+RINGZERO_RP_AVX512_INLINE int reduce_min16(__m512i v) noexcept {
+  return reduce_min(_mm256_min_epi32(low_half(v), high_half(v)));
+}
+RINGZERO_RP_AVX512_INLINE int reduce_max16(__m512i v) noexcept {
+  return reduce_max(_mm256_max_epi32(low_half(v), high_half(v)));
+}
 
 /// mant and exp of 16 terms, and which are infinities or NaNs.
 RINGZERO_RP_AVX512_INLINE void split(__m512i bits, __m512i& mant, __m512i& exp,
@@ -97,8 +129,8 @@ RINGZERO_RP_AVX512_INLINE void split(__m512i bits, __m512i& mant, __m512i& exp,
     lo = _mm512_mask_min_epi32(lo, live, lo, exp);
     hi = _mm512_mask_max_epi32(hi, live, hi, _mm512_add_epi32(exp, top));
   }
-  r.lo = _mm512_reduce_min_epi32(lo);
-  r.hi = _mm512_reduce_max_epi32(hi);
+  r.lo = reduce_min16(lo);
+  r.hi = reduce_max16(hi);
   r.special = special != 0;
   _mm256_zeroupper();  // as reduce/detail/x86.hpp's loops, for the caller's SSE code
   return r;
@@ -146,13 +178,10 @@ RINGZERO_RP_AVX512_INLINE void parts(__m256i mant, __m256i r, __mmask8 neg, __m5
     const __m512i r = _mm512_sub_epi32(off, _mm512_mullo_epi32(d, _mm512_set1_epi32(40)));
     const __mmask16 neg = _mm512_movepi32_mask(bits);
     __m512i lo_part, hi_part;
-    parts(_mm512_castsi512_si256(mant), _mm512_castsi512_si256(r), static_cast<__mmask8>(neg),
-          lo_part, hi_part);
-    add8(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(d)), lo_part, hi_part, words + i, len, k);
-    parts(_mm512_extracti64x4_epi64(mant, 1), _mm512_extracti64x4_epi64(r, 1),
-          static_cast<__mmask8>(neg >> 8), lo_part, hi_part);
-    add8(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(d, 1)), lo_part, hi_part, words + i + 8,
-         len, k);
+    parts(low_half(mant), low_half(r), static_cast<__mmask8>(neg), lo_part, hi_part);
+    add8(_mm512_cvtepu32_epi64(low_half(d)), lo_part, hi_part, words + i, len, k);
+    parts(high_half(mant), high_half(r), static_cast<__mmask8>(neg >> 8), lo_part, hi_part);
+    add8(_mm512_cvtepu32_epi64(high_half(d)), lo_part, hi_part, words + i + 8, len, k);
   }
   _mm256_zeroupper();
   return i;
@@ -190,10 +219,10 @@ RINGZERO_RP_AVX512_INLINE __m512i top_bit(__m512i mant) noexcept {
           _mm512_add_epi32(_mm512_add_epi32(exp, top_bit(mant)), _mm512_set1_epi32(1)));
       low = _mm512_mask_min_epi32(low, live, low, _mm512_add_epi32(exp, top_bit(lowest)));
     }
-    const int t = _mm512_reduce_max_epi32(top);
+    const int t = reduce_max16(top);
     const bool none = t == INT_MIN;
     win[2 * b] = none ? empty : t;
-    win[2 * b + 1] = none ? empty : -_mm512_reduce_min_epi32(low);
+    win[2 * b + 1] = none ? empty : -reduce_min16(low);
   }
   special = special || any_special != 0;
   _mm256_zeroupper();
@@ -225,11 +254,9 @@ RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmas
         _mm512_set1_epi32(63));
     const __mmask16 neg = _mm512_movepi32_mask(bits);
     _mm512_storeu_si512(q + i,
-                        one_digit8(_mm512_castsi512_si256(mant), _mm512_castsi512_si256(shift),
-                                   static_cast<__mmask8>(neg)));
-    _mm512_storeu_si512(q + i + 8, one_digit8(_mm512_extracti64x4_epi64(mant, 1),
-                                              _mm512_extracti64x4_epi64(shift, 1),
-                                              static_cast<__mmask8>(neg >> 8)));
+                        one_digit8(low_half(mant), low_half(shift), static_cast<__mmask8>(neg)));
+    _mm512_storeu_si512(
+        q + i + 8, one_digit8(high_half(mant), high_half(shift), static_cast<__mmask8>(neg >> 8)));
   }
   _mm256_zeroupper();
   return i;
@@ -282,19 +309,6 @@ RINGZERO_RP_AVX2_INLINE void split(__m256i bits, __m256i& mant, __m256i& exp,
   mant = _mm256_or_si256(f, _mm256_andnot_si256(subnormal, _mm256_set1_epi32(1 << 23)));
   mant = _mm256_andnot_si256(special, mant);
   exp = _mm256_sub_epi32(_mm256_max_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(float_bias));
-}
-
-RINGZERO_RP_AVX2_INLINE int reduce_min(__m256i v) noexcept {
-  __m128i m = _mm_min_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0x4e));
-  m = _mm_min_epi32(m, _mm_shuffle_epi32(m, 0xb1));
-  return _mm_cvtsi128_si32(m);
-}
-RINGZERO_RP_AVX2_INLINE int reduce_max(__m256i v) noexcept {
-  __m128i m = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
-  m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
-  return _mm_cvtsi128_si32(m);
 }
 
 [[RINGZERO_RP_AVX2_TARGET]] inline narrow_range range(const float* x, std::size_t n) noexcept {
