@@ -295,12 +295,10 @@ void read_digits(reduction::simd path, const std::int64_t* q, const std::vector<
 #if RINGZERO_X86_SIMD
           if constexpr (std::is_same_v<E, float>) {
             if (path == reduction::simd::avx512) {
-              const std::int64_t* block_q = q;
-              E* block_o = o;
+              // q and o still point at the block's start while the fallback runs.
               const std::size_t done = rp::detail::x86::avx512::round_nearest(
-                  q, last - first, low, o, [&](std::size_t j) {
-                    block_o[j] = round_one_word<E>(block_q[j], w, low, divisor);
-                  });
+                  q, last - first, low, o,
+                  [&](std::size_t j) { o[j] = round_one_word<E>(q[j], w, low, divisor); });
               i += done;
               q += done;
               o += done;
