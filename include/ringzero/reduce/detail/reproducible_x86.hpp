@@ -51,15 +51,6 @@ struct narrow_range {
 #define RINGZERO_RP_AVX2_INLINE [[RINGZERO_RP_AVX2_TARGET, gnu::always_inline]] inline
 #define RINGZERO_RP_AVX512_INLINE [[RINGZERO_RP_AVX512_TARGET, gnu::always_inline]] inline
 
-// GCC 12's AVX-512 intrinsics start from a self-initialised "undefined" vector, which
-// -Wmaybe-uninitialized and -Wuninitialized report once they are inlined (a false positive,
-// GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 namespace ringzero::reproducible::detail::x86 {
 
 /// A float's exponent bias plus its fraction bits: a term is mant * 2^(max(e, 1) - 150).
@@ -81,11 +72,15 @@ RINGZERO_RP_AVX2_INLINE int reduce_max(__m256i v) noexcept {
 
 namespace avx512 {
 
-// GCC 12's _mm512_extracti64x4_epi64 and _mm512_castsi512_si256 (and the _mm512_reduce_* built
-// on them) start from an "undefined" vector that -Wuninitialized reports once inlined at -O1 and up
-// (GCC bug 105593); the pragma above silences it, but a precompiled header (the sanitizer builds
-// use one) drops the pragma. The masked form with every lane kept starts from zero instead (one
-// instruction; the low half costs an extract where the cast cost nothing).
+// Every lane selected, for the zero-masked forms of the intrinsics whose plain forms GCC 12
+// reports as reading an uninitialised vector (reduce/detail/x86.hpp says why).
+inline constexpr __mmask16 all16 = 0xffff;
+inline constexpr __mmask8 all8 = 0xff;
+
+// The halves through the zero-masked extract, for the same reason: GCC 12's
+// _mm512_extracti64x4_epi64 and _mm512_castsi512_si256 (and the _mm512_reduce_* built on them)
+// are reported too, as -Wuninitialized (the low half costs an extract where the cast cost
+// nothing).
 RINGZERO_RP_AVX512_INLINE __m256i low_half(__m512i v) noexcept {
   return _mm512_maskz_extracti64x4_epi64(0xf, v, 0);
 }
@@ -102,13 +97,15 @@ RINGZERO_RP_AVX512_INLINE int reduce_max16(__m512i v) noexcept {
 /// mant and exp of 16 terms, and which are infinities or NaNs.
 RINGZERO_RP_AVX512_INLINE void split(__m512i bits, __m512i& mant, __m512i& exp,
                                      __mmask16& special) noexcept {
-  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(bits, 23), _mm512_set1_epi32(0xff));
+  const __m512i e =
+      _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 23), _mm512_set1_epi32(0xff));
   const __m512i f = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffff));
   special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff));
   const __mmask16 normal = _mm512_cmpneq_epi32_mask(e, _mm512_setzero_si512());
   mant = _mm512_mask_or_epi32(f, normal, f, _mm512_set1_epi32(1 << 23));
   mant = _mm512_mask_mov_epi32(mant, special, _mm512_setzero_si512());
-  exp = _mm512_sub_epi32(_mm512_max_epi32(e, _mm512_set1_epi32(1)), _mm512_set1_epi32(float_bias));
+  exp = _mm512_sub_epi32(_mm512_maskz_max_epi32(all16, e, _mm512_set1_epi32(1)),
+                         _mm512_set1_epi32(float_bias));
 }
 
 /// The bits the terms x[0, n) span, over whole vectors of 16.
@@ -124,7 +121,8 @@ RINGZERO_RP_AVX512_INLINE void split(__m512i bits, __m512i& mant, __m512i& exp,
     const __mmask16 live = _mm512_test_epi32_mask(mant, mant);
     // The top bit of mant (< 2^24, so exact as a float) is its float's unbiased exponent.
     const __m512i top =
-        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(mant)), 23),
+        _mm512_sub_epi32(_mm512_maskz_srli_epi32(
+                             all16, _mm512_castps_si512(_mm512_maskz_cvtepi32_ps(all16, mant)), 23),
                          _mm512_set1_epi32(127));
     lo = _mm512_mask_min_epi32(lo, live, lo, exp);
     hi = _mm512_mask_max_epi32(hi, live, hi, _mm512_add_epi32(exp, top));
@@ -153,9 +151,10 @@ RINGZERO_RP_AVX512_INLINE void add8(__m512i d, __m512i lo_part, __m512i hi_part,
 /// 8 terms' parts: mant (zero-extended) shifted by r, cut at bit 40, signed by neg.
 RINGZERO_RP_AVX512_INLINE void parts(__m256i mant, __m256i r, __mmask8 neg, __m512i& lo_part,
                                      __m512i& hi_part) noexcept {
-  const __m512i v = _mm512_sllv_epi64(_mm512_cvtepu32_epi64(mant), _mm512_cvtepu32_epi64(r));
+  const __m512i v = _mm512_maskz_sllv_epi64(all8, _mm512_maskz_cvtepu32_epi64(all8, mant),
+                                            _mm512_maskz_cvtepu32_epi64(all8, r));
   const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi64((std::int64_t{1} << 40) - 1));
-  const __m512i hi = _mm512_srli_epi64(v, 40);
+  const __m512i hi = _mm512_maskz_srli_epi64(all8, v, 40);
   lo_part = _mm512_mask_sub_epi64(lo, neg, _mm512_setzero_si512(), lo);
   hi_part = _mm512_mask_sub_epi64(hi, neg, _mm512_setzero_si512(), hi);
 }
@@ -174,14 +173,15 @@ RINGZERO_RP_AVX512_INLINE void parts(__m256i mant, __m256i r, __mmask8 neg, __m5
     split(bits, mant, exp, special);
     const __mmask16 live = _mm512_test_epi32_mask(mant, mant);
     const __m512i off = _mm512_maskz_sub_epi32(live, exp, _mm512_set1_epi32(base));
-    const __m512i d = _mm512_srli_epi32(_mm512_mullo_epi32(off, _mm512_set1_epi32(1639)), 16);
+    const __m512i d =
+        _mm512_maskz_srli_epi32(all16, _mm512_mullo_epi32(off, _mm512_set1_epi32(1639)), 16);
     const __m512i r = _mm512_sub_epi32(off, _mm512_mullo_epi32(d, _mm512_set1_epi32(40)));
     const __mmask16 neg = _mm512_movepi32_mask(bits);
     __m512i lo_part, hi_part;
     parts(low_half(mant), low_half(r), static_cast<__mmask8>(neg), lo_part, hi_part);
-    add8(_mm512_cvtepu32_epi64(low_half(d)), lo_part, hi_part, words + i, len, k);
+    add8(_mm512_maskz_cvtepu32_epi64(all8, low_half(d)), lo_part, hi_part, words + i, len, k);
     parts(high_half(mant), high_half(r), static_cast<__mmask8>(neg >> 8), lo_part, hi_part);
-    add8(_mm512_cvtepu32_epi64(high_half(d)), lo_part, hi_part, words + i + 8, len, k);
+    add8(_mm512_maskz_cvtepu32_epi64(all8, high_half(d)), lo_part, hi_part, words + i + 8, len, k);
   }
   _mm256_zeroupper();
   return i;
@@ -191,8 +191,10 @@ RINGZERO_RP_AVX512_INLINE void parts(__m256i mant, __m256i r, __mmask8 neg, __m5
 
 /// Bit width less one of each lane's mant (< 2^24, exact as a float): its float's exponent.
 RINGZERO_RP_AVX512_INLINE __m512i top_bit(__m512i mant) noexcept {
-  return _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(_mm512_cvtepi32_ps(mant)), 23),
-                          _mm512_set1_epi32(127));
+  return _mm512_sub_epi32(
+      _mm512_maskz_srli_epi32(all16, _mm512_castps_si512(_mm512_maskz_cvtepi32_ps(all16, mant)),
+                              23),
+      _mm512_set1_epi32(127));
 }
 
 /// The windows of the whole blocks of 64 in x[0, n) (window::add over each block's terms, as
@@ -232,11 +234,11 @@ RINGZERO_RP_AVX512_INLINE __m512i top_bit(__m512i mant) noexcept {
 /// 8 terms' one-digit values (detail::one_digit): mant shifted by exp - low, clamped to +-63,
 /// signed.
 RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmask8 neg) noexcept {
-  const __m512i m = _mm512_cvtepu32_epi64(mant);
-  const __m512i sh = _mm512_cvtepi32_epi64(shift);
+  const __m512i m = _mm512_maskz_cvtepu32_epi64(all8, mant);
+  const __m512i sh = _mm512_maskz_cvtepi32_epi64(all8, shift);
   const __mmask8 left = _mm512_cmpge_epi64_mask(sh, _mm512_setzero_si512());
   const __m512i v = _mm512_mask_sllv_epi64(
-      _mm512_srlv_epi64(m, _mm512_sub_epi64(_mm512_setzero_si512(), sh)), left, m, sh);
+      _mm512_maskz_srlv_epi64(all8, m, _mm512_sub_epi64(_mm512_setzero_si512(), sh)), left, m, sh);
   return _mm512_mask_sub_epi64(v, neg, _mm512_setzero_si512(), v);
 }
 
@@ -249,8 +251,10 @@ RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmas
     __m512i mant, exp;
     __mmask16 special;
     split(bits, mant, exp, special);
-    const __m512i shift = _mm512_min_epi32(
-        _mm512_max_epi32(_mm512_sub_epi32(exp, _mm512_set1_epi32(low)), _mm512_set1_epi32(-63)),
+    const __m512i shift = _mm512_maskz_min_epi32(
+        all16,
+        _mm512_maskz_max_epi32(all16, _mm512_sub_epi32(exp, _mm512_set1_epi32(low)),
+                               _mm512_set1_epi32(-63)),
         _mm512_set1_epi32(63));
     const __mmask16 neg = _mm512_movepi32_mask(bits);
     _mm512_storeu_si512(q + i,
@@ -387,10 +391,6 @@ RINGZERO_RP_AVX2_INLINE void add4(__m256i d, __m256i lo_part, __m256i hi_part, s
 }  // namespace avx2
 
 }  // namespace ringzero::reproducible::detail::x86
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #undef RINGZERO_RP_AVX2_TARGET
 #undef RINGZERO_RP_AVX512_TARGET

@@ -38,13 +38,6 @@
 #define RINGZERO_AVX2_INLINE [[RINGZERO_AVX2_TARGET, gnu::always_inline]] inline
 #define RINGZERO_AVX512_INLINE [[RINGZERO_AVX512_TARGET, gnu::always_inline]] inline
 
-// GCC 12's AVX-512 intrinsics start from a self-initialised "undefined" vector, which
-// -Wmaybe-uninitialized reports once they are inlined (a false positive, GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 // Leaving a vector loop: each loop ends with vzeroupper. With the upper halves of the vector
 // registers left dirty, every legacy-SSE instruction the caller runs afterwards (the baseline
 // x86-64 code around ringzero, libm's scalar paths) pays a merge penalty. GCC emits vzeroupper
@@ -266,6 +259,15 @@ template <class T>
 
 namespace avx512 {
 
+// Every lane selected. GCC 12's plain forms of several intrinsics (shifts, min/max, the
+// conversions) start from a self-initialised "undefined" vector that -Wmaybe-uninitialized
+// reports once they are inlined (a false positive, GCC bug 105593), and a `#pragma GCC
+// diagnostic` around them is lost when the header is precompiled (tests/CMakeLists.txt). Their
+// zero-masked forms start from zero and, with every lane selected, compile to the same unmasked
+// instruction, so this code needs no pragma in any build.
+inline constexpr __mmask16 all16 = 0xffff;
+inline constexpr __mmask8 all8 = 0xff;
+
 // kernels::propagate_nan per lane; the blends run only for a vector that holds a NaN.
 RINGZERO_AVX512_INLINE __m512 propagate_nan(__m512 r, __m512 a, __m512 b) noexcept {
   if (_mm512_cmp_ps_mask(r, r, _CMP_UNORD_Q) == 0) return r;
@@ -295,9 +297,9 @@ RINGZERO_AVX512_INLINE __m512 fop(__m512 a, __m512 b) noexcept {
   else if constexpr (O == op::prod)
     return propagate_nan(_mm512_mul_ps(a, b), a, b);
   else if constexpr (O == op::min)
-    return _mm512_min_ps(b, a);
+    return _mm512_maskz_min_ps(all16, b, a);
   else
-    return _mm512_max_ps(b, a);
+    return _mm512_maskz_max_ps(all16, b, a);
 }
 
 template <op O>
@@ -307,32 +309,33 @@ RINGZERO_AVX512_INLINE __m512d fop(__m512d a, __m512d b) noexcept {
   else if constexpr (O == op::prod)
     return propagate_nan(_mm512_mul_pd(a, b), a, b);
   else if constexpr (O == op::min)
-    return _mm512_min_pd(b, a);
+    return _mm512_maskz_min_pd(all8, b, a);
   else
-    return _mm512_max_pd(b, a);
+    return _mm512_maskz_max_pd(all8, b, a);
 }
 
 RINGZERO_AVX512_INLINE __m512 widen(__m256i h, float16) noexcept {
-  return _mm512_cvtph_ps(h);
+  return _mm512_maskz_cvtph_ps(all16, h);
 }
 RINGZERO_AVX512_INLINE __m512 widen(__m256i h, bfloat16) noexcept {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(all16, _mm512_maskz_cvtepu16_epi32(all16, h), 16));
 }
 RINGZERO_AVX512_INLINE __m256i narrow(__m512 f, float16) noexcept {
-  return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+  return _mm512_maskz_cvtps_ph(all16, f, _MM_FROUND_TO_NEAREST_INT);
 }
 /// f rounded to bfloat16 as types.hpp does (nearest-even; a NaN quietened), in the high 16 bits
 /// of each 32-bit lane.
 RINGZERO_AVX512_INLINE __m512i round_high(__m512 f) noexcept {
   const __m512i u = _mm512_castps_si512(f);
-  const __m512i rounded =
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                       _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_add_epi32(
+      _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+      _mm512_and_si512(_mm512_maskz_srli_epi32(all16, u, 16), _mm512_set1_epi32(1)));
   return _mm512_mask_or_epi32(rounded, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), u,
                               _mm512_set1_epi32(0x400000));
 }
 RINGZERO_AVX512_INLINE __m256i narrow(__m512 f, bfloat16) noexcept {
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(round_high(f), 16));
+  return _mm512_maskz_cvtepi32_epi16(all16, _mm512_maskz_srli_epi32(all16, round_high(f), 16));
 }
 
 template <op O, class T>
@@ -357,18 +360,18 @@ RINGZERO_AVX512_INLINE __m512i iop(__m512i a, __m512i b) noexcept {
     else if constexpr (O == op::prod)
       return _mm512_mullo_epi32(a, b);
     else if constexpr (O == op::min)
-      return is_signed ? _mm512_min_epi32(a, b) : _mm512_min_epu32(a, b);
+      return is_signed ? _mm512_maskz_min_epi32(all16, a, b) : _mm512_maskz_min_epu32(all16, a, b);
     else
-      return is_signed ? _mm512_max_epi32(a, b) : _mm512_max_epu32(a, b);
+      return is_signed ? _mm512_maskz_max_epi32(all16, a, b) : _mm512_maskz_max_epu32(all16, a, b);
   } else {
     if constexpr (is_sum<O>)
       return _mm512_add_epi64(a, b);
     else if constexpr (O == op::prod)
       return _mm512_mullo_epi64(a, b);
     else if constexpr (O == op::min)
-      return is_signed ? _mm512_min_epi64(a, b) : _mm512_min_epu64(a, b);
+      return is_signed ? _mm512_maskz_min_epi64(all8, a, b) : _mm512_maskz_min_epu64(all8, a, b);
     else
-      return is_signed ? _mm512_max_epi64(a, b) : _mm512_max_epu64(a, b);
+      return is_signed ? _mm512_maskz_max_epi64(all8, a, b) : _mm512_maskz_max_epu64(all8, a, b);
   }
 }
 
@@ -377,10 +380,11 @@ RINGZERO_AVX512_INLINE __m512i iop(__m512i a, __m512i b) noexcept {
 template <op O>
 RINGZERO_AVX512_INLINE __m512i bf16_pairs(__m512i a, __m512i b) noexcept {
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  const __m512i e =
-      _mm512_srli_epi32(round_high(fop<O>(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
-                                          _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)))),
-                        16);
+  const __m512i e = _mm512_maskz_srli_epi32(
+      all16,
+      round_high(fop<O>(_mm512_castsi512_ps(_mm512_maskz_slli_epi32(all16, a, 16)),
+                        _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all16, b, 16)))),
+      16);
   const __m512i o = round_high(fop<O>(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
                                       _mm512_castsi512_ps(_mm512_and_si512(b, high))));
   return _mm512_mask_blend_epi16(0xaaaaaaaau, e, o);
@@ -458,10 +462,6 @@ template <class T>
 }  // namespace avx512
 
 }  // namespace ringzero::reduction::detail::x86
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #undef RINGZERO_AVX2_TARGET
 #undef RINGZERO_AVX512_TARGET
