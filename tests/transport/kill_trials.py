@@ -10,11 +10,13 @@ moment, and SIGKILLs a random rank. It then asserts:
   - every survivor exits (no hang) with a non-zero status within RINGZERO_TIMEOUT plus a
     margin, and its error names the killed rank as the one that failed (--culprit strict, the
     default; with report, a wrong or missing name is only counted and printed);
+  - no survivor dies of a signal (a crash in its teardown, or in the provider's);
   - ringzero-run (when used) exits non-zero and names the killed rank;
   - no rank process is left, and no /dev/shm region of any rank is left.
 
 usage: kill_trials.py RINGZERO_PERF RINGZERO_RUN [--trials N] [--budget S] [--seed N]
-                     [--culprit strict|report]
+                     [--culprit strict|report] [--transport T]... [--collective C]...
+                     [--launcher any|none|ringzero-run]
 Environment: RINGZERO_KILL_TRIALS (trials, default 50), RINGZERO_KILL_BUDGET (seconds, default
 170: the trials stop early, as a failure, if they would run past it), RINGZERO_KILL_SEED,
 RINGZERO_KILL_CULPRIT (strict or report).
@@ -41,6 +43,7 @@ MARGIN_S = 8  # beyond the timeout: the watchdog's grace and process teardown
 
 
 STRICT_CULPRIT = True
+LAUNCHER = "any"  # --launcher: any, none (torchrun-style) or ringzero-run
 
 
 def free_port():
@@ -125,6 +128,8 @@ def trial(perf, run, rng, tmp, idx):
     provider = rng.choice(TRANSPORTS)
     coll = rng.choice(COLLECTIVES)
     launcher = rng.random() < 0.5
+    if LAUNCHER != "any":
+        launcher = LAUNCHER == "ringzero-run"
     world = rng.choice([3, 4])
     victim = rng.randrange(world)
     size = rng.choice(["64K", "1M", "4M"])
@@ -232,15 +237,19 @@ def trial(perf, run, rng, tmp, idx):
             if rc == 0:
                 result["ok"] = False
                 result["why"].append(f"rank {r} exited 0")
-    # A survivor that crashed: libfabric's psm provider (libpsm_infinipath, linked into
-    # libfabric on Debian) installs a handler for fatal signals that prints "terminated with
-    # signal N ... Backtrace:" and exits 1, so the crash shows in the log, not in the exit status.
-    # Counted and shown (summary: crashes), not yet a failure of its own.
+    # A survivor that crashed fails the trial. libfabric's psm provider (libpsm_infinipath,
+    # linked into libfabric on Debian) installs a handler for fatal signals that prints
+    # "terminated with signal N ... Backtrace:" and exits 1, so the crash shows in the log, not
+    # in the exit status; without that handler it is the exit status.
     for r, text in survivors.items():
         m = re.search(r"terminated with signal (\d+)", text)
-        if m:
+        rc = None if launcher else procs[r].returncode
+        # SIGKILL is the trial's own teardown of a survivor that hung (counted as a hang).
+        if m or (rc is not None and rc < 0 and rc != -signal.SIGKILL):
+            result["ok"] = False
             result["crash"] = True
-            result["why"].append(f"rank {r} crashed with signal {m.group(1)}")
+            sig = m.group(1) if m else str(-rc)
+            result["why"].append(f"rank {r} crashed with signal {sig}")
     if not launcher:
         # Under ringzero-run the launcher stops the survivors at once; its verdict names the
         # victim. Without it, every survivor must find the culprit itself.
@@ -269,6 +278,7 @@ def trial(perf, run, rng, tmp, idx):
 
 
 def main():
+    global STRICT_CULPRIT, LAUNCHER, TRANSPORTS, COLLECTIVES
     ap = argparse.ArgumentParser()
     ap.add_argument("perf")
     ap.add_argument("run")
@@ -281,9 +291,17 @@ def main():
                     default=os.environ.get("RINGZERO_KILL_CULPRIT", "strict"),
                     help="strict (default): a survivor that names another rank fails the trial; "
                          "report: such trials are counted and printed")
+    ap.add_argument("--transport", choices=TRANSPORTS, action="append",
+                    help="draw only from these transports (repeatable; default: all)")
+    ap.add_argument("--collective", choices=COLLECTIVES, action="append",
+                    help="draw only from these collectives (repeatable; default: all)")
+    ap.add_argument("--launcher", choices=("any", "none", "ringzero-run"), default="any",
+                    help="none: torchrun-style ranks only; ringzero-run: under the launcher only")
     a = ap.parse_args()
-    global STRICT_CULPRIT
     STRICT_CULPRIT = a.culprit == "strict"
+    LAUNCHER = a.launcher
+    TRANSPORTS = a.transport or TRANSPORTS
+    COLLECTIVES = a.collective or COLLECTIVES
     rng = random.Random(a.seed)
     print(f"kill trials: {a.trials} trials, budget {a.budget:g} s, seed {a.seed} "
           f"(RINGZERO_KILL_SEED={a.seed} repeats them)", flush=True)

@@ -433,6 +433,7 @@ class engine {
     const bool lost = c->peer_loss;
     const bool cancelled = c->state == op_context::status::cancelled;
     const int peer = c->peer;
+    const int world_peer = c->world_peer;
     recycle(c);
     if (cancelled) {
       // Only abandon() cancels, and it never hands the operation back: the provider cancelled
@@ -449,7 +450,16 @@ class engine {
                                    what, provider(), peer),
                        peer);
     }
-    if (lost) throw peer_error(what, peer);
+    if (lost) {
+      // The ranks' verdict (failure_board, settled when the completion failed) names who failed
+      // first: this peer may be a survivor that raised and exited after it, resetting its
+      // connections (with eager sends, a send to it fails at once).
+      if (const int first = failed_rank(); first >= 0 && first != world_peer)
+        throw peer_error(
+            fmt::format("rank {} died ({}); then this rank's {}", first, dog_->failure(), what),
+            first);
+      throw peer_error(what, peer);
+    }
     throw transport_error(what);
   }
 

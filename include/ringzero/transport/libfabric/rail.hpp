@@ -92,6 +92,45 @@ class handle {
 struct info_deleter {
   void operator()(fi_info* i) const noexcept { fi_freeinfo(i); }
 };
+
+/// The variable ofi_rxm reads, at each endpoint's opening, for the largest message it sends
+/// eagerly (in one piece, straight into the receiver's posted buffer) instead of by
+/// rendezvous (the sender announces the message, the receiver reads it).
+inline constexpr const char* rxm_eager_limit_variable = "FI_OFI_RXM_EAGER_LIMIT";
+/// Every message eager: ofi_rxm carries the limit in a 32-bit field of its handshake.
+inline constexpr std::string_view rxm_eager_limit_value = "4294967295";
+
+/// ofi_rxm over tcp sends everything past 16 KiB by rendezvous, and a survivor then crashes
+/// when a peer dies with a rendezvous under way: libfabric 1.17's ofi_rxm closes the dead
+/// peer's connection (sets its endpoint to null) but keeps the announcement it had received
+/// from it, and reading that message later, in the survivor's next fi_cq_read, calls fi_readv
+/// on the null endpoint (SIGSEGV, docs/reliability.md "A survivor's crash in ofi_rxm"). Sent
+/// eagerly, a message never refers back to its sender's connection. It is also the faster
+/// protocol on tcp from 64 KiB (one trip instead of three: docs/performance.md). So, before
+/// the first tcp;ofi_rxm endpoint opens, ringzero sets FI_OFI_RXM_EAGER_LIMIT unless the user
+/// did (theirs is kept: the way to ask for rendezvous back). ofi_rxm honours it where the
+/// receiver takes messages of any size (tcp's dynamic receive buffers, and direct send, both
+/// on by default), so only tcp;ofi_rxm is touched; a rank whose limit differs still
+/// interoperates (each sender picks its protocol, each receiver takes either). setenv runs
+/// once, while the communicator is built: a thread reading the environment at that moment
+/// races with it, as with any setenv.
+inline void rxm_eager_by_default(std::string_view provider) {
+  if (!provider.starts_with("tcp") || provider.find("ofi_rxm") == std::string_view::npos) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const char* set = std::getenv(rxm_eager_limit_variable)) {
+      log::info(
+          "libfabric: {}={} as set (ofi_rxm's rendezvous crashes a survivor of a dead "
+          "peer in libfabric 1.17; ringzero would make every message eager)",
+          rxm_eager_limit_variable, set);
+      return;
+    }
+    const std::string value(rxm_eager_limit_value);
+    if (::setenv(rxm_eager_limit_variable, value.c_str(), 0) == 0)
+      log::info("libfabric: {}={}: ofi_rxm sends every message eagerly", rxm_eager_limit_variable,
+                value);
+  });
+}
 using info_ptr = std::unique_ptr<fi_info, info_deleter>;
 
 /// What a rail asks of every provider, and with `hmem` also FI_HMEM (device memory in
@@ -304,6 +343,7 @@ class rail {
     av_attr.type =
         info_->domain_attr->av_type == FI_AV_UNSPEC ? FI_AV_TABLE : info_->domain_attr->av_type;
     check(fi_av_open(domain_.get(), &av_attr, av_.out(), nullptr), "fi_av_open", provider_);
+    rxm_eager_by_default(provider_);
     check(fi_endpoint(domain_.get(), info_.get(), ep_.out(), nullptr), "fi_endpoint", provider_);
     check(fi_ep_bind(ep_.get(), &av_.get()->fid, 0), "fi_ep_bind(av)", provider_);
     check(fi_ep_bind(ep_.get(), &cq_.get()->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)",
