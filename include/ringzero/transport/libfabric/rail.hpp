@@ -93,6 +93,8 @@ struct info_deleter {
   void operator()(fi_info* i) const noexcept { fi_freeinfo(i); }
 };
 
+using info_ptr = std::unique_ptr<fi_info, info_deleter>;
+
 /// The variable ofi_rxm reads, at each endpoint's opening, for the largest message it sends
 /// eagerly (in one piece, straight into the receiver's posted buffer) instead of by
 /// rendezvous (the sender announces the message, the receiver reads it).
@@ -110,7 +112,8 @@ inline constexpr std::string_view rxm_eager_limit_value = "4294967295";
 /// the first tcp;ofi_rxm endpoint opens, ringzero sets FI_OFI_RXM_EAGER_LIMIT unless the user
 /// did (theirs is kept: the way to ask for rendezvous back). ofi_rxm honours it where the
 /// receiver takes messages of any size (tcp's dynamic receive buffers, and direct send, both
-/// on by default), so only tcp;ofi_rxm is touched; a rank whose limit differs still
+/// on by default; device buffers, with FI_HMEM, then take the eager path that messages up to
+/// 16 KiB always took), so only tcp;ofi_rxm is touched; a rank whose limit differs still
 /// interoperates (each sender picks its protocol, each receiver takes either). setenv runs
 /// once, while the communicator is built: a thread reading the environment at that moment
 /// races with it, as with any setenv.
@@ -131,7 +134,6 @@ inline void rxm_eager_by_default(std::string_view provider) {
                 value);
   });
 }
-using info_ptr = std::unique_ptr<fi_info, info_deleter>;
 
 /// What a rail asks of every provider, and with `hmem` also FI_HMEM (device memory in
 /// messages) with the FI_MR_HMEM registration mode the man pages pair it with. Returns the
