@@ -109,6 +109,12 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
         for (std::size_t i = rs; i < rs + count; ++i)
           if (i < lo || i >= hi) expected[i] = want<E>(n, i, o, t);
         auto expect = [&](std::size_t i) { return expected[i]; };
+        // This rank's terms, once per case: every algorithm below starts from a copy.
+        std::vector<E> mine(un * count);
+        for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = t(r, i);
+        const auto terms = [&](std::size_t n_terms) {
+          return std::vector<E>(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(n_terms));
+        };
         for (bool in_place : {false, true}) {
           const auto variant =
               fmt::format("{} {} count {} {}{}", dtype_name(dtype_of<E>()), op_name(o), count,
@@ -124,8 +130,7 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
                 fmt::format("{}: all_reduce {} {}", world, algorithm_name(a), variant);
             options opt = options_for<E>(a, in_place, count, n);
             opt.reproducible = true;
-            std::vector<E> in(count), out(count);
-            for (std::size_t i = 0; i < count; ++i) in[i] = t(r, i);
+            std::vector<E> in = terms(count), out(count);
             poison(std::span<E>(out), 0xa5);
             if (in_place)
               all_reduce(comm, std::span<E>(in), o, opt);
@@ -145,8 +150,7 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
                 fmt::format("{}: reduce_scatter {} {}", world, algorithm_name(a), variant);
             options opt = options_for<E>(a, in_place, un * count, n);
             opt.reproducible = true;
-            std::vector<E> in(un * count), out(count);
-            for (std::size_t i = 0; i < in.size(); ++i) in[i] = t(r, i);
+            std::vector<E> in = terms(un * count), out(count);
             const std::size_t base = static_cast<std::size_t>(r) * count;
             std::span<E> res = in_place ? std::span<E>(in).subspan(base, count) : std::span<E>(out);
             reduce_scatter(comm, std::span<const E>(in), res, o, opt);
@@ -158,8 +162,7 @@ void matrix(loopback::communicator& comm, world_log& log, std::string_view world
                 fmt::format("{}: reduce {} {}", world, algorithm_name(a), variant);
             options opt = options_for<E>(a, in_place, count, n);
             opt.reproducible = true;
-            std::vector<E> in(count), out(r == root ? count : 0);
-            for (std::size_t i = 0; i < count; ++i) in[i] = t(r, i);
+            std::vector<E> in = terms(count), out(r == root ? count : 0);
             if (in_place)
               reduce(comm, std::span<E>(in), o, root, opt);
             else

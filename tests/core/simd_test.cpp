@@ -18,6 +18,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/reduce/cpu.hpp"
 #include "ringzero/reduce/simd.hpp"
+#include "sanitized.hpp"
 
 using ringzero::bfloat16;
 using ringzero::float16;
@@ -32,15 +33,7 @@ namespace {
 // special bit patterns only instead of 160 partners. That still runs every
 // instruction of every path (the case before it covers NaNs on every path), and the optimised
 // build checks the arithmetic in full.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define RINGZERO_TEST_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__OPTIMIZE__)
-#define RINGZERO_TEST_SANITIZED 1
-#endif
-#if defined(RINGZERO_TEST_SANITIZED)
+#if defined(RINGZERO_TEST_SANITIZED) || !defined(__OPTIMIZE__)
 constexpr std::size_t exhaustive_partners = 3;
 #else
 constexpr std::size_t exhaustive_partners = 160;

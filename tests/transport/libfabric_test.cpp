@@ -23,6 +23,7 @@
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/libfabric.hpp"
+#include "sanitized.hpp"
 
 using namespace std::chrono_literals;
 using ringzero::op;
@@ -36,11 +37,7 @@ const char* const providers[] = {"shm", "tcp;ofi_rxm"};
 
 // Sanitizer builds, where each message costs several times more, run the two-host cases on one
 // element type.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool sanitized = true;
-#else
-constexpr bool sanitized = false;
-#endif
+using test_support::sanitized;
 
 }  // namespace
 

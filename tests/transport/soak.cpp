@@ -17,7 +17,7 @@
 // what they ran and the digests of the outputs that must be bitwise identical everywhere.
 //
 // RINGZERO_SOAK_OPS overrides the op count given by --ops (CTest passes the CI budget's, which
-// sanitizer builds cut to a 25th);
+// sanitizer builds cut to a tenth);
 // RINGZERO_SOAK_SEED repeats a run, which otherwise draws a seed and prints it. Rank 0 prints a
 // summary line; any wrong result prints the seed, op index and parameters to reproduce it, and
 // makes the exit status 1. RINGZERO_SOAK_CORRUPT=i feeds one op from i on wrong inputs on the
@@ -46,6 +46,7 @@
 #include "reference.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/ringzero.hpp"
+#include "sanitized.hpp"
 #if RINGZERO_SOAK_WITH_LIBFABRIC
 #include "ringzero/transport/libfabric.hpp"
 #endif
@@ -66,12 +67,8 @@ constexpr std::array kinds = {collective::all_reduce,  collective::reduce_scatte
 /// The largest buffer any rank passes, in bytes; the counts drawn keep below it.
 constexpr std::size_t max_bytes = std::size_t{4} << 20;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 /// Instrumented ranks run several times slower: the CI budget's op count shrinks with them.
-constexpr std::uint64_t ops_divisor = 25;
-#else
-constexpr std::uint64_t ops_divisor = 1;
-#endif
+constexpr std::uint64_t ops_divisor = test_support::sanitized ? 10 : 1;
 
 /// Wrong results a rank prints in full; a broken algorithm would otherwise flood the log.
 constexpr std::size_t max_reports = 10;
@@ -337,7 +334,7 @@ int soak(Comm& comm, const settings& s) {
 constexpr const char* usage =
     "usage: test_soak [--ops N] shm | socket [rails] | libfabric PROVIDER\n"
     "  one rank per process, under a launcher: ringzero-run -n 4 test_soak shm\n"
-    "  RINGZERO_SOAK_OPS overrides --ops (default 1000, a 25th under sanitizers);\n"
+    "  RINGZERO_SOAK_OPS overrides --ops (default 1000, a tenth under sanitizers);\n"
     "  RINGZERO_SOAK_SEED repeats a run;\n"
     "  RINGZERO_SOAK_CORRUPT=I gives one op from I on wrong inputs (the run must fail)\n";
 

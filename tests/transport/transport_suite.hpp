@@ -50,6 +50,7 @@
 #include "lazy_transport.hpp"
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
+#include "sanitized.hpp"
 
 namespace suite {
 
@@ -58,11 +59,7 @@ using multiprocess::contains;
 using multiprocess::rank_checks;
 using ringzero::op;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool sanitized = true;
-#else
-inline constexpr bool sanitized = false;
-#endif
+using test_support::sanitized;
 
 /// What a rank's body has besides its communicator: a meeting point and flags outside the
 /// transport (the store, or shared memory of threads), and a way to die as a killed process does.
