@@ -2,8 +2,17 @@
 // removal, collectives in the segment, and a stalled rank. The conformance matrix and the
 // behaviours every transport shares run in transport_conformance_test.cpp.
 #include <doctest/doctest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
 
 #include <algorithm>
 #include <chrono>
@@ -44,7 +53,142 @@ namespace {
   return n;
 }
 
+/// Makes process_vm_readv fail with EPERM in this process from now on, as the default seccomp
+/// profile of a container without CAP_SYS_PTRACE does. False where seccomp filters are refused.
+[[nodiscard]] bool refuse_cross_memory_reads() {
+#if defined(__x86_64__)
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+#else
+  return false;
+#endif
+}
+
+/// Rank r's element i of an all_gather input: distinct per rank and position.
+template <class E>
+[[nodiscard]] E gathered(int r, std::size_t i) {
+  return static_cast<E>((static_cast<std::size_t>(r) * 131 + i * 7) % 127);
+}
+
+/// all_gather of `count` elements per rank, out of place and in place: whether every block holds
+/// its rank's input; the first wrong element otherwise.
+template <class E>
+[[nodiscard]] std::string check_all_gather(shm::communicator& comm, std::size_t count) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  const auto un = static_cast<std::size_t>(n);
+  for (bool in_place : {false, true}) {
+    std::vector<E> in(count), out(count * un, E{99});
+    for (std::size_t i = 0; i < count; ++i) in[i] = gathered<E>(r, i);
+    if (in_place) {
+      std::copy(in.begin(), in.end(),
+                out.begin() + static_cast<std::ptrdiff_t>(count * static_cast<std::size_t>(r)));
+      ringzero::all_gather(
+          comm, std::span<const E>(out.data() + count * static_cast<std::size_t>(r), count),
+          std::span<E>(out));
+    } else {
+      ringzero::all_gather(comm, std::span<const E>(in), std::span<E>(out));
+    }
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < count; ++i)
+        if (out[static_cast<std::size_t>(q) * count + i] != gathered<E>(q, i))
+          return fmt::format("{} elements of {} bytes{}: block {} element {} is wrong", count,
+                             sizeof(E), in_place ? " in place" : "", q, i);
+  }
+  return {};
+}
+
 }  // namespace
+
+TEST_CASE("all_gather of large blocks reads each peer's input from its process, bitwise") {
+  // Around the default threshold (16 KiB per block), past the workspace's capacity and past
+  // segment_bytes (where the call went over messages before), odd byte counts included.
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    shm::communicator comm(shm::transport(s, r, n));
+    for (std::size_t count :
+         {std::size_t{4095}, std::size_t{4096}, std::size_t{65537}, (std::size_t{3} << 20) + 1}) {
+      const std::string bad = check_all_gather<float>(comm, count);
+      check.expect(bad.empty(), bad);
+    }
+    for (std::size_t count : {std::size_t{16383}, std::size_t{16385}, std::size_t{1} << 20}) {
+      const std::string bad = check_all_gather<std::int8_t>(comm, count);
+      check.expect(bad.empty(), bad);
+    }
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("all_gather: ranks that disagree on reading across processes raise, naming the path") {
+  // RINGZERO_SHM_CMA=0 on rank 1 only: the large call's descriptors differ, and every rank says
+  // so instead of waiting for phases the others never post; small calls are alike either way.
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    if (r == 1) ::setenv("RINGZERO_SHM_CMA", "0", 1);
+    shm::communicator comm(shm::transport(s, r, n));
+    const std::string small = check_all_gather<float>(comm, 100);
+    check.expect(small.empty(), small);
+    std::string what;
+    try {
+      (void)check_all_gather<float>(comm, 65536);
+    } catch (const ringzero::mismatch_error& e) {
+      what = e.what();
+    }
+    check.expect(contains(what, "inputs read across processes") && contains(what, "rank 1"),
+                 "a mismatch_error naming the cross-process path and rank 1, got '" + what + "'");
+    // Counts that put one rank in the workspace and another over messages were not compared
+    // before (docs/reliability.md); now every large all_gather starts with a compared phase.
+    ::unsetenv("RINGZERO_SHM_CMA");
+    shm::communicator alike(shm::transport(s, r, n, {.timeout = 20s}));
+    const std::size_t count = r == 2 ? std::size_t{2} << 20 : std::size_t{1} << 16;
+    std::vector<float> in(count, 1.0f), gathered_all(count * static_cast<std::size_t>(n));
+    what.clear();
+    try {
+      ringzero::all_gather(alike, std::span<const float>(in), std::span<float>(gathered_all));
+    } catch (const ringzero::mismatch_error& e) {
+      what = e.what();
+    }
+    check.expect(contains(what, "count 65536") && contains(what, "count 2097152"),
+                 "a mismatch_error naming both counts, got '" + what + "'");
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("all_gather where the kernel refuses cross-memory reads: same results, every rank") {
+  // Rank 2 runs under a seccomp filter that fails process_vm_readv with EPERM. Its first large
+  // all_gather finds out, every rank learns it in the call's second phase, and that call and
+  // every later one complete through the segment and messages, on all ranks alike (ranks that
+  // took different paths would fail the next call's descriptor check).
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    bool refused = true;
+    if (r == 2) refused = refuse_cross_memory_reads();
+    s.set_string(fmt::format("refused/{}", r), refused ? "1" : "0");
+    if (s.get_string("refused/2") != "1") {
+      std::fprintf(stderr, "seccomp filters are refused here; skipping\n");
+      return 0;
+    }
+    shm::communicator comm(shm::transport(s, r, n));
+    for (int round = 0; round < 3; ++round) {
+      const std::string bad = check_all_gather<float>(comm, 65537);
+      check.expect(bad.empty(), fmt::format("round {}: {}", round, bad));
+    }
+    return check.code();
+  });
+  require_all_passed(out);
+}
 
 TEST_CASE("the segment's name is gone once every rank mapped it") {
   auto out = multiprocess::run(3, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -76,6 +77,12 @@ struct segment_options {
   /// per peer. Against pairwise over messages, float, 2 and 4 ranks: 1.7-5.3x faster below
   /// 8 KiB, 1.2-2.3x up to 2 MiB but for 2 ranks at 512 KiB (0.89x); docs/performance.md.
   std::size_t all_to_all_segment_bytes = std::size_t{4} << 20;
+  /// all_gather blocks (each rank's input) of at least this many bytes are read from the peers'
+  /// inputs in their own address spaces by cross-memory attach (process_vm_readv), one copy per
+  /// block, instead of through the workspace or over messages (shm/detail/collectives.hpp).
+  /// RINGZERO_SHM_CMA=0 turns it off; where the kernel refuses such reads, the first call finds
+  /// out on every rank alike, warns once and takes the other paths from then on.
+  std::size_t cross_memory_bytes = std::size_t{16} << 10;
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
   /// cache (the output would not stay in it, and reading it for ownership costs a third more
   /// memory traffic).
@@ -128,7 +135,8 @@ class transport {
         timeout_(opt.timeout.count() > 0 ? opt.timeout : ringzero::detail::env_timeout()),
         segment_(opt.segment),
         tuning_(opt.tuning),
-        host_(log::detail::host_name()) {
+        host_(log::detail::host_name()),
+        cross_memory_(cross_memory_from_env()) {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format("shm transport: rank {} is not in [0, {})", rank, size));
     check_options(opt);
@@ -493,8 +501,15 @@ class transport {
         timeout_(timeout),
         segment_(opt.segment),
         tuning_(opt.tuning),
-        host_(log::detail::host_name()) {
+        host_(log::detail::host_name()),
+        cross_memory_(cross_memory_from_env()) {
     attach(std::move(seg), std::chrono::steady_clock::now() + timeout_);
+  }
+
+  /// RINGZERO_SHM_CMA: 0 keeps all_gather off cross-memory attach (segment_options).
+  [[nodiscard]] static bool cross_memory_from_env() {
+    const auto v = ringzero::detail::getenv_int("RINGZERO_SHM_CMA");
+    return !v || *v != 0;
   }
 
   [[nodiscard]] static detail::mapping create_segment(int size, const segment_options& geometry) {
@@ -581,6 +596,26 @@ class transport {
             std::span<E>(out, c.count), c.root, call);
         return true;
       case collective::all_gather:
+        // Ranks that differ here (RINGZERO_SHM_CMA, segment_options) differ in the call's
+        // descriptor, so they fail alike at its first phase instead of waiting on each other.
+        if (cross_memory_ && c.count * sizeof(E) >= segment_.cross_memory_bytes) {
+          call.desc.symmetric = detail::path_cross_memory;
+          detail::cross_memory_failure failed;
+          if (detail::all_gather_cross_memory<E>(workspace(), std::span<const E>(in, c.count),
+                                                 std::span<E>(out, c.count * n), call, failed))
+            return true;
+          cross_memory_ = false;
+          if (failed.error == ESRCH)
+            throw peer_error(fmt::format("shm all_gather: rank {} found no process of rank {} "
+                                         "when it read its input: it exited or was killed",
+                                         failed.rank, failed.peer),
+                             failed.peer);
+          log::warn(
+              "shm: rank {} could not read rank {}'s input across processes ({}); all_gather "
+              "takes the shared segment and messages from now on (RINGZERO_SHM_CMA=0 skips the "
+              "attempt)",
+              failed.rank, failed.peer, std::strerror(failed.error));
+        }
         if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count * n), call);
@@ -624,6 +659,8 @@ class transport {
   std::string host_;
   std::shared_ptr<detail::engine> eng_;
   std::unique_ptr<shm::workspace> ws_;
+  /// Whether all_gather may read peers' inputs across processes (segment_options).
+  bool cross_memory_ = true;
   std::uint64_t allocations_ = 0;
   std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
   unsigned idle_polls_ = 0;

@@ -135,7 +135,9 @@ class workspace {
                        collective_name(static_cast<collective>(d.kind)), d.count,
                        dtype_name(static_cast<dtype>(d.type)),
                        op_name(static_cast<op>(d.reduction)), d.root,
-                       d.symmetric ? ", buffers in symmetric memory" : "");
+                       d.symmetric == detail::path_symmetric      ? ", buffers in symmetric memory"
+                       : d.symmetric == detail::path_cross_memory ? ", inputs read across processes"
+                                                                  : "");
   }
 
   /// Rank r's descriptor slot for the call that starts at phase p: in the counter's cache line,

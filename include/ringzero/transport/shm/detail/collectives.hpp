@@ -10,7 +10,9 @@
 // the workspace's capacity. Broadcast, all_gather, reduce_scatter and barrier follow the same
 // pattern. On buffers that are themselves symmetric memory, all_reduce reads the peers' inputs
 // in place and writes each reduced block into every rank's output, with streaming stores once
-// the output outgrows the cache: about 2 S bytes of memory traffic per rank.
+// the output outgrows the cache: about 2 S bytes of memory traffic per rank. all_gather of
+// large blocks reads the peers' inputs from their address spaces (cross-memory attach), one
+// copy per block.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +23,12 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
@@ -79,13 +87,19 @@ struct call_descriptor {
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
   std::uint8_t reduction = 0;
-  /// 1: all_reduce on symmetric buffers (peers' inputs read in place, outputs written there).
+  /// How the call reads its peers: path_segment (through the workspace), path_symmetric
+  /// (all_reduce on symmetric buffers: peers' inputs read in place, outputs written there) or
+  /// path_cross_memory (all_gather reading peers' inputs from their address spaces).
   std::uint8_t symmetric = 0;
   std::int32_t root = 0;
   std::uint64_t count = 0;
   friend bool operator==(const call_descriptor&, const call_descriptor&) = default;
 };
 static_assert(sizeof(call_descriptor) == 16);
+
+inline constexpr std::uint8_t path_segment = 0;
+inline constexpr std::uint8_t path_symmetric = 1;
+inline constexpr std::uint8_t path_cross_memory = 2;
 
 /// One collective run in the segment, as its waits report it.
 struct segment_call {
@@ -213,6 +227,90 @@ void all_gather(W& ws, std::span<const E> in, std::span<E> out, segment_call& ca
       std::memcpy(out.data() + static_cast<std::size_t>(q) * in.size() + first, ws.buffer(q, p),
                   count * sizeof(E));
   }
+}
+
+/// Reads `bytes` at `remote` in process `pid` into `local` with process_vm_readv (Linux's
+/// cross-memory attach), in as many calls as the kernel needs: 0, or the errno that stopped it.
+[[nodiscard]] inline int read_process_memory(std::int64_t pid, std::uint64_t remote,
+                                             std::byte* local, std::size_t bytes) noexcept {
+  while (bytes > 0) {
+    iovec to{local, bytes};
+    iovec from{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &to, 1, &from, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return errno;
+    if (got == 0) return EFAULT;
+    local += got;
+    remote += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::size_t>(got);
+  }
+  return 0;
+}
+
+/// Why a cross-memory all_gather did not complete: the lowest rank whose reads failed, the
+/// rank it read from and the errno.
+struct cross_memory_failure {
+  int rank = -1;
+  int peer = -1;
+  int error = 0;
+};
+
+/// all_gather by cross-memory attach: each rank publishes where its input lies in its own
+/// address space; every rank then reads each peer's block from there straight into its output
+/// (process_vm_readv), and a second phase tells each rank that its input has been read and may
+/// change. One copy of each block, S bytes read and S written for an output of S, and two
+/// phases whatever the size, where the workspace's path copies every block in and out (about
+/// 2 S + 2 S / n) in one phase per workspace-full and larger calls go over messages. The path
+/// Open MPI's shared-memory transport (vader) takes for large messages.
+/// Returns false, on every rank alike, when some rank's reads failed (a kernel or a container
+/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; or a peer's
+/// process gone: ESRCH): `failed` says which; out is then incomplete.
+template <element E, class W>
+[[nodiscard]] bool all_gather_cross_memory(W& ws, std::span<const E> in, std::span<E> out,
+                                           segment_call& call, cross_memory_failure& failed) {
+  struct published {
+    std::int64_t pid;
+    std::uint64_t address;
+  };
+  struct outcome {
+    std::int32_t error;
+    std::int32_t peer;
+  };
+  // A workspace buffer is at least a cache line (workspace::capacity rounds up to one).
+  static_assert(sizeof(published) <= 64 && sizeof(outcome) <= 64);
+  const int n = ws.size();
+  const int me = ws.rank();
+  const std::size_t bytes = in.size_bytes();
+  const std::uint64_t p = ws.next_phase();
+  const published mine{static_cast<std::int64_t>(::getpid()),
+                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(in.data()))};
+  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
+  ws.phase(call);
+  outcome result{0, -1};
+  for (int k = 1; k < n && result.error == 0; ++k) {
+    // Each rank starts with its next peer, so that the n readers spread over the n inputs.
+    const int q = (me + k) % n;
+    published theirs;
+    std::memcpy(&theirs, ws.buffer(q, p), sizeof theirs);
+    const int e = read_process_memory(
+        theirs.pid, theirs.address,
+        reinterpret_cast<std::byte*>(out.data() + static_cast<std::size_t>(q) * in.size()), bytes);
+    if (e != 0) result = {e, q};
+  }
+  E* own = out.data() + static_cast<std::size_t>(me) * in.size();
+  if (own != in.data()) std::memcpy(own, in.data(), bytes);
+  const std::uint64_t done = ws.next_phase();
+  std::memcpy(ws.buffer(me, done), &result, sizeof result);
+  ws.phase(call);
+  for (int r = 0; r < n; ++r) {
+    outcome theirs;
+    std::memcpy(&theirs, ws.buffer(r, done), sizeof theirs);
+    if (theirs.error != 0) {
+      failed = {r, theirs.peer, theirs.error};
+      return false;
+    }
+  }
+  return true;
 }
 
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
