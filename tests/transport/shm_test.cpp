@@ -108,9 +108,38 @@ template <class E>
   return {};
 }
 
+/// all_to_all of `count` elements per pair of ranks, out of place and in place: whether block q
+/// of every rank's output holds rank q's block for it; the first wrong element otherwise.
+template <class E>
+[[nodiscard]] std::string check_all_to_all(shm::communicator& comm, std::size_t count) {
+  const int r = comm.rank();
+  const int n = comm.size();
+  const auto un = static_cast<std::size_t>(n);
+  // Rank q's element i of its block for rank t.
+  const auto value = [&](int q, int t, std::size_t i) { return gathered<E>(q * 17 + t, i); };
+  for (bool in_place : {false, true}) {
+    std::vector<E> in(count * un), out(count * un, E{99});
+    for (int t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < count; ++i)
+        in[static_cast<std::size_t>(t) * count + i] = value(r, t, i);
+    if (in_place) {
+      out = in;
+      ringzero::all_to_all(comm, std::span<E>(out));
+    } else {
+      ringzero::all_to_all(comm, std::span<const E>(in), std::span<E>(out));
+    }
+    for (int q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < count; ++i)
+        if (out[static_cast<std::size_t>(q) * count + i] != value(q, r, i))
+          return fmt::format("all_to_all, {} elements of {} bytes{}: block {} element {} is wrong",
+                             count, sizeof(E), in_place ? " in place" : "", q, i);
+  }
+  return {};
+}
+
 }  // namespace
 
-TEST_CASE("all_gather of large blocks reads each peer's input from its process, bitwise") {
+TEST_CASE("all_gather and all_to_all of large blocks read each peer's input from its process") {
   // Around the default threshold (16 KiB per block), past the workspace's capacity and past
   // segment_bytes (where the call went over messages before), odd byte counts included.
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
@@ -123,6 +152,12 @@ TEST_CASE("all_gather of large blocks reads each peer's input from its process, 
     }
     for (std::size_t count : {std::size_t{16383}, std::size_t{16385}, std::size_t{1} << 20}) {
       const std::string bad = check_all_gather<std::int8_t>(comm, count);
+      check.expect(bad.empty(), bad);
+    }
+    // all_to_all reads each peer's slice for this rank the same way, in place from a copy.
+    for (std::size_t count :
+         {std::size_t{4095}, std::size_t{4096}, std::size_t{65537}, (std::size_t{1} << 20) + 1}) {
+      const std::string bad = check_all_to_all<float>(comm, count);
       check.expect(bad.empty(), bad);
     }
     return check.code();
@@ -184,6 +219,8 @@ TEST_CASE("all_gather where the kernel refuses cross-memory reads: same results,
     for (int round = 0; round < 3; ++round) {
       const std::string bad = check_all_gather<float>(comm, 65537);
       check.expect(bad.empty(), fmt::format("round {}: {}", round, bad));
+      const std::string bad_a2a = check_all_to_all<float>(comm, 65537);
+      check.expect(bad_a2a.empty(), fmt::format("round {}: {}", round, bad_a2a));
     }
     return check.code();
   });

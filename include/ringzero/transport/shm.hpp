@@ -77,9 +77,10 @@ struct segment_options {
   /// per peer. Against pairwise over messages, float, 2 and 4 ranks: 1.7-5.3x faster below
   /// 8 KiB, 1.2-2.3x up to 2 MiB but for 2 ranks at 512 KiB (0.89x); docs/performance.md.
   std::size_t all_to_all_segment_bytes = std::size_t{4} << 20;
-  /// all_gather blocks (each rank's input) of at least this many bytes are read from the peers'
-  /// inputs in their own address spaces by cross-memory attach (process_vm_readv), one copy per
-  /// block, instead of through the workspace or over messages (shm/detail/collectives.hpp).
+  /// all_gather and all_to_all blocks (each rank's input; the part of it for one peer) of at
+  /// least this many bytes are read from the peers' inputs in their own address spaces by
+  /// cross-memory attach (process_vm_readv), one copy per block, instead of through the
+  /// workspace or over messages (shm/detail/collectives.hpp).
   /// RINGZERO_SHM_CMA=0 turns it off; where the kernel refuses such reads, the first call finds
   /// out on every rank alike, warns once and takes the other paths from then on.
   std::size_t cross_memory_bytes = std::size_t{16} << 10;
@@ -387,7 +388,9 @@ class transport {
   /// segment_options::all_reduce_segment_bytes (unbounded by default), broadcast, all_gather and
   /// reduce_scatter up to segment_options::segment_bytes, all_to_all up to
   /// segment_options::all_to_all_segment_bytes, all_reduce of any size on symmetric
-  /// buffers (read in place from detail::symmetric_min_bytes up), barrier. False leaves the call to
+  /// buffers (read in place from detail::symmetric_min_bytes up), all_gather and all_to_all of
+  /// any size from segment_options::cross_memory_bytes per block (read across processes),
+  /// barrier. False leaves the call to
   /// ringzero's algorithms over messages. The decision depends only on what every rank passes alike
   /// (kind, size, whether the buffers are symmetric), so all ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
@@ -596,26 +599,9 @@ class transport {
             std::span<E>(out, c.count), c.root, call);
         return true;
       case collective::all_gather:
-        // Ranks that differ here (RINGZERO_SHM_CMA, segment_options) differ in the call's
-        // descriptor, so they fail alike at its first phase instead of waiting on each other.
-        if (cross_memory_ && c.count * sizeof(E) >= segment_.cross_memory_bytes) {
-          call.desc.symmetric = detail::path_cross_memory;
-          detail::cross_memory_failure failed;
-          if (detail::all_gather_cross_memory<E>(workspace(), std::span<const E>(in, c.count),
-                                                 std::span<E>(out, c.count * n), call, failed))
-            return true;
-          cross_memory_ = false;
-          if (failed.error == ESRCH)
-            throw peer_error(fmt::format("shm all_gather: rank {} found no process of rank {} "
-                                         "when it read its input: it exited or was killed",
-                                         failed.rank, failed.peer),
-                             failed.peer);
-          log::warn(
-              "shm: rank {} could not read rank {}'s input across processes ({}); all_gather "
-              "takes the shared segment and messages from now on (RINGZERO_SHM_CMA=0 skips the "
-              "attempt)",
-              failed.rank, failed.peer, std::strerror(failed.error));
-        }
+        if (across_processes(reinterpret_cast<const std::byte*>(in), 0, c.count * sizeof(E),
+                             reinterpret_cast<std::byte*>(out), call))
+          return true;
         if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::all_gather<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count * n), call);
@@ -625,14 +611,53 @@ class transport {
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
                                   std::span<E>(out, c.count), c.reduction, call);
         return true;
-      case collective::all_to_all:
+      case collective::all_to_all: {
+        // In place, a peer would read this rank's slices while this rank overwrites them with
+        // its own reads: it publishes a copy instead (the other ranks cannot tell).
+        const std::size_t block = c.count * sizeof(E);
+        const auto* base = reinterpret_cast<const std::byte*>(in);
+        if (cross_memory_ && block >= segment_.cross_memory_bytes &&
+            static_cast<const void*>(in) == static_cast<const void*>(out)) {
+          staged_.assign(base, base + block * n);
+          base = staged_.data();
+        }
+        if (across_processes(base, block, block, reinterpret_cast<std::byte*>(out), call))
+          return true;
         if (c.count * n * sizeof(E) > segment_.all_to_all_segment_bytes) return false;
         detail::all_to_all<E>(workspace(), std::span<const E>(in, c.count * n),
                               std::span<E>(out, c.count * n), call);
         return true;
+      }
       default:
         return false;
     }
+  }
+
+  /// all_gather and all_to_all by cross-memory attach (detail::exchange_across_processes) where
+  /// it is on and the blocks are large enough: true when the call ran so. False leaves it to
+  /// the other paths: below the threshold, or when some rank's reads were refused, in which
+  /// case this call and every later one take them (decided alike on every rank).
+  [[nodiscard]] bool across_processes(const std::byte* base, std::size_t stride, std::size_t block,
+                                      std::byte* out, detail::segment_call& call) {
+    if (!cross_memory_ || block < segment_.cross_memory_bytes) return false;
+    // Ranks that differ here (RINGZERO_SHM_CMA, segment_options) differ in the call's
+    // descriptor, so they fail alike at its first phase instead of waiting on each other.
+    call.desc.symmetric = detail::path_cross_memory;
+    detail::cross_memory_failure failed;
+    if (detail::exchange_across_processes(workspace(), base, stride, block, out, call, failed))
+      return true;
+    cross_memory_ = false;
+    if (failed.error == ESRCH)
+      throw peer_error(fmt::format("shm {}: rank {} found no process of rank {} when it read "
+                                   "its input: it exited or was killed",
+                                   call.what, failed.rank, failed.peer),
+                       failed.peer);
+    log::warn(
+        "shm: rank {} could not read rank {}'s input across processes ({}); all_gather and "
+        "all_to_all take the shared segment and messages from now on (RINGZERO_SHM_CMA=0 "
+        "skips the attempt)",
+        failed.rank, failed.peer, std::strerror(failed.error));
+    return false;
   }
 
   /// The segment collectives' workspace, allocated (collectively) by the first of them.
@@ -659,8 +684,11 @@ class transport {
   std::string host_;
   std::shared_ptr<detail::engine> eng_;
   std::unique_ptr<shm::workspace> ws_;
-  /// Whether all_gather may read peers' inputs across processes (segment_options).
+  /// Whether all_gather and all_to_all may read peers' inputs across processes
+  /// (segment_options::cross_memory_bytes).
   bool cross_memory_ = true;
+  /// An in-place all_to_all's input, published in its place (across_processes).
+  std::vector<std::byte> staged_;
   std::uint64_t allocations_ = 0;
   std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
   unsigned idle_polls_ = 0;

@@ -10,9 +10,9 @@
 // the workspace's capacity. Broadcast, all_gather, reduce_scatter and barrier follow the same
 // pattern. On buffers that are themselves symmetric memory, all_reduce reads the peers' inputs
 // in place and writes each reduced block into every rank's output, with streaming stores once
-// the output outgrows the cache: about 2 S bytes of memory traffic per rank. all_gather of
-// large blocks reads the peers' inputs from their address spaces (cross-memory attach), one
-// copy per block.
+// the output outgrows the cache: about 2 S bytes of memory traffic per rank. all_gather and
+// all_to_all of large blocks read the peers' inputs from their address spaces (cross-memory
+// attach), one copy per block.
 #pragma once
 
 #include <algorithm>
@@ -247,7 +247,7 @@ void all_gather(W& ws, std::span<const E> in, std::span<E> out, segment_call& ca
   return 0;
 }
 
-/// Why a cross-memory all_gather did not complete: the lowest rank whose reads failed, the
+/// Why a cross-memory collective did not complete: the lowest rank whose reads failed, the
 /// rank it read from and the errno.
 struct cross_memory_failure {
   int rank = -1;
@@ -255,19 +255,24 @@ struct cross_memory_failure {
   int error = 0;
 };
 
-/// all_gather by cross-memory attach: each rank publishes where its input lies in its own
-/// address space; every rank then reads each peer's block from there straight into its output
-/// (process_vm_readv), and a second phase tells each rank that its input has been read and may
-/// change. One copy of each block, S bytes read and S written for an output of S, and two
-/// phases whatever the size, where the workspace's path copies every block in and out (about
-/// 2 S + 2 S / n) in one phase per workspace-full and larger calls go over messages. The path
-/// Open MPI's shared-memory transport (vader) takes for large messages.
+/// Block q of `out` (`block` bytes each) receives `block` bytes of rank q's buffer `base`, from
+/// offset rank() * stride: all_gather (stride 0: each rank's whole input) and all_to_all
+/// (stride block: the slice of each peer's input addressed to this rank). Each rank publishes
+/// where its buffer lies in its own address space; every rank reads its peers' parts from there
+/// straight into its output (process_vm_readv, Linux's cross-memory attach: the single copy
+/// Open MPI's vader makes for large messages), and a second phase tells each rank that its
+/// buffer has been read and may change. One copy per block and two phases whatever the size,
+/// where the workspace's paths copy every block in and out (about 2 S + 2 S / n bytes of
+/// traffic for an output of S) in one phase per workspace-full, and larger calls go over
+/// messages. `base` must not be written by this rank before the call returns, nor lie in
+/// `out` where a peer's block lands (the caller copies an in-place all_to_all's input first).
 /// Returns false, on every rank alike, when some rank's reads failed (a kernel or a container
-/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; or a peer's
-/// process gone: ESRCH): `failed` says which; out is then incomplete.
-template <element E, class W>
-[[nodiscard]] bool all_gather_cross_memory(W& ws, std::span<const E> in, std::span<E> out,
-                                           segment_call& call, cross_memory_failure& failed) {
+/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; a peer's process
+/// gone: ESRCH): `failed` says which; out is then incomplete.
+template <class W>
+[[nodiscard]] bool exchange_across_processes(W& ws, const std::byte* base, std::size_t stride,
+                                             std::size_t block, std::byte* out, segment_call& call,
+                                             cross_memory_failure& failed) {
   struct published {
     std::int64_t pid;
     std::uint64_t address;
@@ -280,25 +285,24 @@ template <element E, class W>
   static_assert(sizeof(published) <= 64 && sizeof(outcome) <= 64);
   const int n = ws.size();
   const int me = ws.rank();
-  const std::size_t bytes = in.size_bytes();
+  const std::size_t from = static_cast<std::size_t>(me) * stride;
   const std::uint64_t p = ws.next_phase();
   const published mine{static_cast<std::int64_t>(::getpid()),
-                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(in.data()))};
+                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base))};
   std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
   ws.phase(call);
   outcome result{0, -1};
   for (int k = 1; k < n && result.error == 0; ++k) {
-    // Each rank starts with its next peer, so that the n readers spread over the n inputs.
+    // Each rank starts with its next peer, so that the n readers spread over the n buffers.
     const int q = (me + k) % n;
     published theirs;
     std::memcpy(&theirs, ws.buffer(q, p), sizeof theirs);
-    const int e = read_process_memory(
-        theirs.pid, theirs.address,
-        reinterpret_cast<std::byte*>(out.data() + static_cast<std::size_t>(q) * in.size()), bytes);
+    const int e = read_process_memory(theirs.pid, theirs.address + from,
+                                      out + static_cast<std::size_t>(q) * block, block);
     if (e != 0) result = {e, q};
   }
-  E* own = out.data() + static_cast<std::size_t>(me) * in.size();
-  if (own != in.data()) std::memcpy(own, in.data(), bytes);
+  std::byte* own = out + static_cast<std::size_t>(me) * block;
+  if (own != base + from) std::memcpy(own, base + from, block);
   const std::uint64_t done = ws.next_phase();
   std::memcpy(ws.buffer(me, done), &result, sizeof result);
   ws.phase(call);
