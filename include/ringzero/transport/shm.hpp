@@ -390,9 +390,9 @@ class transport {
   /// segment_options::all_to_all_segment_bytes, all_reduce of any size on symmetric
   /// buffers (read in place from detail::symmetric_min_bytes up), all_gather and all_to_all of
   /// any size from segment_options::cross_memory_bytes per block (read across processes),
-  /// barrier. False leaves the call to
-  /// ringzero's algorithms over messages. The decision depends only on what every rank passes alike
-  /// (kind, size, whether the buffers are symmetric), so all ranks take the same path.
+  /// barrier. False leaves the call to ringzero's algorithms over messages. The decision depends
+  /// only on what every rank passes alike (kind, size, whether the buffers are symmetric), so all
+  /// ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
     // Only what the kind uses: the fields it ignores may differ across ranks harmlessly.
@@ -509,7 +509,8 @@ class transport {
     attach(std::move(seg), std::chrono::steady_clock::now() + timeout_);
   }
 
-  /// RINGZERO_SHM_CMA: 0 keeps all_gather off cross-memory attach (segment_options).
+  /// RINGZERO_SHM_CMA: 0 keeps all_gather and all_to_all off cross-memory attach
+  /// (segment_options::cross_memory_bytes).
   [[nodiscard]] static bool cross_memory_from_env() {
     const auto v = ringzero::detail::getenv_int("RINGZERO_SHM_CMA");
     return !v || *v != 0;
@@ -687,7 +688,8 @@ class transport {
   /// Whether all_gather and all_to_all may read peers' inputs across processes
   /// (segment_options::cross_memory_bytes).
   bool cross_memory_ = true;
-  /// An in-place all_to_all's input, published in its place (across_processes).
+  /// An in-place all_to_all's input, published in its place (across_processes); kept between
+  /// calls, so that its pages are not faulted in again each time.
   std::vector<std::byte> staged_;
   std::uint64_t allocations_ = 0;
   std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
