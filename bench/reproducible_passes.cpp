@@ -131,6 +131,54 @@ void run(const char* name, std::size_t n, int rounds) {
              t_round_int * per, t_add * per, acc_cols, differ);
 }
 
+/// The one pass of a large float call (detail::gathered_float_sums): each rank's block of n
+/// elements with `ranks` terms apiece, summed exactly, on each host path, beside the plain sum
+/// of the same terms (ranks - 1 vector adds). ns per term.
+void gathered(std::size_t n, int rounds) {
+  using ringzero::reduction::simd;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  fmt::print("\n# the gathered float sum: ns of thread CPU time per term, minimum of {} rounds\n",
+             rounds);
+  fmt::print("{:<7} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "ranks", "elements", "scalar", "avx2",
+             "avx512", "plain add");
+  for (const std::size_t ranks : {2u, 4u, 8u}) {
+    const std::size_t elems = n / ranks;
+    std::vector<float> t(elems * ranks), out(elems), sum(elems);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const std::vector<float> part = inputs<float>(elems, 10 + r);
+      std::copy(part.begin(), part.end(), t.begin() + static_cast<std::ptrdiff_t>(r * elems));
+    }
+    const auto timed = [&](auto&& f) {
+      double best = inf;
+      for (int k = 0; k < rounds; ++k) {
+        const double t0 = thread_seconds();
+        f();
+        best = std::min(best, thread_seconds() - t0);
+      }
+      return best * 1e9 / static_cast<double>(elems * ranks);
+    };
+    std::string cols;
+    for (const simd path : ringzero::reduction::all_simd) {
+      if (!ringzero::reduction::simd_supported(path)) {
+        cols += fmt::format(" {:>9}", "-");
+        continue;
+      }
+      cols +=
+          fmt::format(" {:>9.2f}", timed([&] {
+                        rd::gathered_float_sums(path, t.data(), elems, ranks, elems, 1, out.data());
+                      }));
+    }
+    const double add = timed([&] {
+      ringzero::reduction::combine(ringzero::op::sum, t.data(), t.data() + elems, sum.data(),
+                                   elems);
+      for (std::size_t r = 2; r < ranks; ++r)
+        ringzero::reduction::combine(ringzero::op::sum, sum.data(), t.data() + r * elems,
+                                     sum.data(), elems);
+    });
+    fmt::print("{:<7} {:>9}{} {:>9.2f}\n", ranks, elems, cols, add);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,4 +190,5 @@ int main(int argc, char** argv) {
              "acc:scal", "acc:avx2", "acc:avx512", "#differ");
   run<float>("float", n, rounds);
   run<double>("double", n, rounds);
+  gathered(n, rounds);
 }

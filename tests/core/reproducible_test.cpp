@@ -622,3 +622,145 @@ TEST_CASE("the collective's fast paths round as round_words and serial_sum do") 
   gathered_cases<float16>(-20, 14);
   gathered_cases<bfloat16>(-130, 120);
 }
+
+TEST_CASE("gathered float sums: one pass gives serial_sum's bits on every path") {
+  // detail::gathered_float_sums (the all_to_all path of a float reproducible call) adds each
+  // element's terms in double where that is exact and rounds once, 16 elements at a time on
+  // AVX-512. Against serial_sum, element by element, on every path: spans on both sides of the
+  // exact limit (29 - ceil(log2 ranks) binades), subnormals, sums past the largest float, exact
+  // zeros of either sign, averages over every world size (where the quotient rounds twice and
+  // may land on a midpoint), infinities and NaN, and a rounding mode other than to nearest.
+  using ringzero::reduction::simd;
+  std::vector<simd> paths;
+  for (const simd p : ringzero::reduction::all_simd)
+    if (ringzero::reduction::simd_supported(p)) paths.push_back(p);
+  MESSAGE("paths: ", paths.size());
+  std::mt19937_64 rng(0x6a7);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::size_t fast = 0;
+  for (int trial = 0; trial < 240; ++trial) {
+    const std::size_t ranks = 1 + static_cast<std::size_t>(trial % 9);
+    const std::size_t n = 1 + rng() % 70;
+    const std::size_t stride = n + rng() % 5;
+    const int limit = ringzero::detail::gathered_float_span(ranks);
+    // Exponents over a window just under, at or just over the exact limit, placed anywhere from
+    // the subnormals to the top of the range.
+    const int width = limit - 1 + trial % 4;
+    const int lo = trial % 5 == 0 ? -149 : trial % 5 == 1 ? 127 - width : -120 + trial % 200;
+    std::vector<float> t(ranks * stride, 0.0f);
+    for (std::size_t r = 0; r < ranks; ++r)
+      for (std::size_t i = 0; i < n; ++i) {
+        const double m = 1.0 + static_cast<double>(rng() % (1u << 23)) / (1u << 23);
+        const int e = lo + static_cast<int>(rng() % static_cast<std::uint64_t>(width + 1));
+        float v = static_cast<float>(std::ldexp((rng() & 1) != 0 ? -m : m, std::min(e, 127)));
+        if (rng() % 23 == 0) v = (rng() & 1) != 0 ? -0.0f : 0.0f;
+        if (trial % 7 == 3 && rng() % 29 == 0) v = (rng() & 1) != 0 ? inf : -inf;
+        // NaNs with and without a payload, of either sign: the result is one NaN's bits.
+        if (trial % 11 == 5 && rng() % 37 == 0)
+          v = (rng() & 1) != 0 ? std::numeric_limits<float>::quiet_NaN()
+                               : std::bit_cast<float>(0xffc01234u);
+        t[r * stride + i] = v;
+      }
+    // Most elements reach both ends of the window, with odd significands: a sum that needs
+    // every bit of the span, where the double additions stop being exact just past the limit.
+    if (ranks >= 2)
+      for (std::size_t i = 0; i < n; ++i) {
+        if (rng() % 4 == 0) continue;
+        const auto odd = [&] {
+          return 1.0 + static_cast<double>((rng() % (1u << 22)) * 2 + 1) / (1u << 23);
+        };
+        t[i] = static_cast<float>(std::ldexp(odd(), std::min(lo + width, 127)));
+        t[stride + i] = static_cast<float>(std::ldexp((rng() & 1) != 0 ? -odd() : odd(), lo));
+        // The worst case: an all-ones significand on top, the same sign below, so the sum
+        // carries into one more bit.
+        if (i % 4 == 1) {
+          t[i] = static_cast<float>(std::ldexp(2.0 - 0x1p-23, std::min(lo + width, 127)));
+          t[stride + i] = static_cast<float>(std::ldexp(odd(), lo));
+        }
+      }
+    // Three terms just off a float's midpoint: T, half its last bit and a small e of either
+    // sign, with e from within the span to far below it. Where the double additions lose e the
+    // sum lands on the midpoint and rounds to even, the wrong way for half of them. (Two terms
+    // cannot do this: a double holds the sum of two floats closely enough that its conversion
+    // rounds as the exact sum does.)
+    if (ranks >= 3)
+      for (std::size_t i = 2; i < n; i += 3) {
+        const int e0 = std::clamp(lo + width, -100, 100);
+        t[i] = static_cast<float>(
+            std::ldexp(1.0 + static_cast<double>(rng() % (1u << 23)) * 0x1p-23, e0));
+        t[stride + i] = static_cast<float>(std::ldexp(1.0, e0 - 24));
+        t[2 * stride + i] = static_cast<float>(
+            std::ldexp((rng() & 1) != 0 ? -1.0 : 1.0, e0 - 20 - static_cast<int>(rng() % 40)));
+      }
+    // Element 0's terms cancel exactly where they can: an exact zero, +0 whatever the signs.
+    if (ranks % 2 == 0)
+      for (std::size_t r = 0; r < ranks; r += 2) t[(r + 1) * stride] = -t[r * stride];
+    for (std::uint32_t d : {1u, static_cast<std::uint32_t>(ranks)}) {
+      std::vector<float> want(n);
+      std::vector<float> terms(ranks);
+      for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t r = 0; r < ranks; ++r) terms[r] = t[r * stride + i];
+        want[i] = rp::serial_sum(terms.data(), ranks, d);
+        float quick = 0;
+        fast += ringzero::detail::gathered_float_sum(&t[i], stride, ranks, limit, d, quick) ? 1 : 0;
+      }
+      for (const simd p : paths) {
+        for (const int mode : {FE_TONEAREST, FE_UPWARD}) {
+          std::vector<float> got(n, 1.5f);
+          const int saved = std::fegetround();
+          REQUIRE(std::fesetround(mode) == 0);
+          ringzero::detail::gathered_float_sums(p, t.data(), stride, ranks, n, d, got.data());
+          std::fesetround(saved);
+          for (std::size_t i = 0; i < n; ++i) {
+            CAPTURE(trial);
+            CAPTURE(ranks);
+            CAPTURE(d);
+            CAPTURE(i);
+            CAPTURE(ringzero::reduction::simd_name(p));
+            CAPTURE(mode);
+            REQUIRE(rp::bits_of(got[i]) == rp::bits_of(want[i]));
+          }
+        }
+      }
+    }
+  }
+  // Most elements take the double additions, or this tested only the fallback.
+  MESSAGE("elements summed in double: ", fast);
+  CHECK(fast > 4000);
+}
+
+TEST_CASE("gathered float sums: averages that are ties between two floats") {
+  // Three terms whose exact average is the midpoint m between two floats, lo and its successor:
+  // 2 + (1 + 3k 2^-23) + 3 2^-24 = 3 (lo + 2^-24) with lo = 1 + k 2^-23. The quotient in double is
+  // m itself, and the result must be the tie broken to even, as serial_sum breaks it, on every
+  // path and for either sign.
+  using ringzero::reduction::simd;
+  std::mt19937_64 rng(0x3d);
+  int checked = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::uint64_t k = rng() % ((1u << 23) / 3);
+    const float base[3] = {2.0f, static_cast<float>(1.0 + static_cast<double>(3 * k) * 0x1p-23),
+                           3 * 0x1p-24f};
+    for (const float sign : {1.0f, -1.0f}) {
+      // 16 copies of the element, so the AVX-512 loop sees it too.
+      std::vector<float> t(3 * 16);
+      for (std::size_t r = 0; r < 3; ++r)
+        for (std::size_t i = 0; i < 16; ++i) t[r * 16 + i] = sign * base[(r + i) % 3];
+      const float terms[3] = {sign * base[0], sign * base[1], sign * base[2]};
+      const float want = rp::serial_sum(terms, 3, 3);
+      REQUIRE(static_cast<double>(want) !=
+              sign * (1.0 + static_cast<double>(k) * 0x1p-23 + 0x1p-24));  // it is a tie
+      for (const simd p : ringzero::reduction::all_simd) {
+        if (!ringzero::reduction::simd_supported(p)) continue;
+        std::vector<float> got(16);
+        ringzero::detail::gathered_float_sums(p, t.data(), 16, 3, 16, 3, got.data());
+        for (const float g : got) {
+          CAPTURE(trial);
+          REQUIRE(rp::bits_of(g) == rp::bits_of(want));
+        }
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked >= 400);
+}

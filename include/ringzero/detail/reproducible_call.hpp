@@ -24,8 +24,10 @@
 #include <bit>
 #include <cfenv>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -49,6 +51,12 @@ namespace rp = ringzero::reproducible;
 /// term. At 64 KiB that made 1-16 KiB calls on native shm 1.4-4x slower than the two
 /// collectives (docs/performance.md, "Reproducible sums: the cost").
 inline constexpr std::size_t reproducible_gather_bytes = 1024;
+/// float's terms are summed by gathered_float_sums, in about a nanosecond a term: gathering
+/// pays up to 8 KiB of terms, against the all_to_all and all_gather that larger calls take
+/// (measured side by side on native shm, 2 and 4 ranks; docs/performance.md).
+template <class E>
+inline constexpr std::size_t reproducible_gather_bytes_of =
+    std::is_same_v<E, float> ? 8192 : reproducible_gather_bytes;
 
 /// Windows of the blocks of `in`, plus the special flag at the end: 2 * blocks + 1 int32. On a
 /// given path of the host loops (floats have AVX-512 loops, reduce/detail/reproducible_x86.hpp;
@@ -370,6 +378,90 @@ template <class E>
   return rp::serial_sum(copy.data(), n, divisor);
 }
 
+/// Whether this thread's floating-point environment lets the gathered float sums below use the
+/// hardware: rounding to nearest, and subnormals kept when converted (no denormals-are-zero or
+/// flush-to-zero mode, which -ffast-math and some libraries set). Asked once per call; where it
+/// says no, every element takes gathered_sum's integer path, which depends on neither.
+[[nodiscard]] inline bool float_environment_exact() noexcept {
+  if (std::fegetround() != FE_TONEAREST) return false;
+  volatile float tiny = 0x1p-149f;
+  volatile double wide = tiny;
+  volatile double back_in = 0x1p-149;
+  volatile float narrow = static_cast<float>(back_in);
+  return wide == 0x1p-149 && narrow == 0x1p-149f;
+}
+
+/// The exact sum of `ranks` float terms t[r * stride] (divided by `divisor`), rounded once to
+/// the nearest float, where the double additions are exact: every nonzero term is an integer
+/// multiple of its lowest bit, under 2^(24 + span) of it where the exponents lie within `span`
+/// of each other, and `ranks` of them sum under 2^53 while span <= 29 - ceil(log2(ranks)). The
+/// conversion to float then rounds once. A quotient by a divisor that is not a power of two is
+/// rounded to double first, which gives the nearest float unless it lands on a midpoint between
+/// two floats. Infinities and NaN give IEEE addition's answer, as rp::special_result makes it.
+/// False (out untouched) for a wider span, such a midpoint or such a quotient below the normal
+/// range: gathered_sum decides those. Needs
+/// float_environment_exact(). The AVX-512 loop (gathered_sums) is this, 16 elements at a time.
+[[nodiscard]] inline bool gathered_float_sum(const float* t, std::size_t stride, std::size_t ranks,
+                                             int span, std::uint32_t divisor, float& out) noexcept {
+  double s = 0;
+  int top = 0;
+  int bottom = 0xff;
+  std::int64_t special = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const float x = t[r * stride];
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(x);
+    const int e = static_cast<int>((b >> 23) & 0xffu);
+    if (e == 0xff) {
+      special |= rp::special_code(rp::decompose(x));  // one bit per kind is enough here
+      continue;
+    }
+    if ((b & 0x7fffffffu) != 0) {
+      top = std::max(top, std::max(e, 1));
+      bottom = std::min(bottom, std::max(e, 1));
+    }
+    s += static_cast<double>(x);
+  }
+  if (rp::special_result(special, out)) return true;
+  if (top - bottom > span) return false;
+  if (divisor > 1) {
+    s /= static_cast<double>(divisor);
+    if ((divisor & (divisor - 1)) != 0 && s != 0) {
+      const auto b = std::bit_cast<std::uint64_t>(s);
+      if ((b & 0x1fffffffu) == 0x10000000u || std::fabs(s) < 0x1p-126) return false;
+    }
+  }
+  const auto f = static_cast<float>(s);
+  out = f == 0 ? 0.0f : f;
+  return true;
+}
+
+/// The widest exponent span gathered_float_sum adds exactly for `ranks` terms.
+[[nodiscard]] constexpr int gathered_float_span(std::size_t ranks) noexcept {
+  return 29 - static_cast<int>(std::bit_width(ranks > 0 ? ranks - 1 : 0));
+}
+
+/// out[i] for i in [0, n): the reproducible sum of `ranks` terms t[r * stride + i], divided by
+/// `divisor`, on a given path of the host loops (every path gives gathered_sum's bits): one
+/// pass, in double where that is exact, in integers where it is not.
+inline void gathered_float_sums(reduction::simd path, const float* t, std::size_t stride,
+                                std::size_t ranks, std::size_t n, std::uint32_t divisor,
+                                float* out) {
+  const auto general = [&](std::size_t i) { out[i] = gathered_sum(t + i, stride, ranks, divisor); };
+  if (!float_environment_exact()) {
+    for (std::size_t i = 0; i < n; ++i) general(i);
+    return;
+  }
+  const int span = gathered_float_span(ranks);
+  std::size_t i = 0;
+#if RINGZERO_X86_SIMD
+  if (path == reduction::simd::avx512)
+    i = rp::detail::x86::avx512::gathered_sums(t, stride, ranks, n, span, divisor, out, general);
+#endif
+  (void)path;
+  for (; i < n; ++i)
+    if (!gathered_float_sum(t + i, stride, ranks, span, divisor, out[i])) general(i);
+}
+
 /// Digits elements [from, to) take.
 [[nodiscard]] inline std::size_t digits_between(const std::vector<std::int32_t>& win,
                                                 std::size_t from, std::size_t to) {
@@ -426,6 +518,8 @@ struct reproducible_scratch {
   std::vector<std::int64_t> codes;
   std::unique_ptr<std::int64_t[]> digits;
   std::size_t digits_cap = 0;
+  std::unique_ptr<float[]> terms;
+  std::size_t terms_cap = 0;
 
   /// n words, uninitialized.
   [[nodiscard]] std::int64_t* words(std::size_t n) {
@@ -435,6 +529,16 @@ struct reproducible_scratch {
       digits_cap = n;
     }
     return digits.get();
+  }
+
+  /// n floats, uninitialized.
+  [[nodiscard]] float* floats(std::size_t n) {
+    if (n > terms_cap) {
+      terms.reset();
+      terms = std::make_unique_for_overwrite<float[]>(n);
+      terms_cap = n;
+    }
+    return terms.get();
   }
 };
 
@@ -447,6 +551,49 @@ template <class E>
 [[nodiscard]] std::vector<E>& gathered_here() {
   thread_local std::vector<E> v;
   return v;
+}
+
+/// A float all_reduce or reduce_scatter with no algorithm forced and more than
+/// reproducible_gather_bytes_of<float> of gathered terms sends each rank the terms of its block as
+/// they are (one all_to_all), sums them there in one pass (gathered_float_sums) and, for
+/// all_reduce, gathers the sums (one all_gather): the plain call's bytes (a ring all_reduce moves
+/// the same), where the digits would move twice as many and add a window pass before and a rounding
+/// pass after. The exact sum rounded once is one value, so both give the same bits
+/// (docs/performance.md, "Reproducible sums: the cost").
+template <class Comm>
+void run_reproducible_gathered(Comm& comm, const algorithms::call<float>& c, const options& aux,
+                               std::uint32_t divisor) {
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  const auto me = static_cast<std::size_t>(comm.rank());
+  reproducible_scratch& s = scratch_here();
+  if (c.kind == collective::reduce_scatter) {
+    const std::size_t count = c.out.size();
+    float* t = s.floats(ranks * count);
+    all_to_all(comm, c.in, std::span<float>(t, ranks * count), aux);
+    // In place, out is in's block rank(): the terms have left it.
+    gathered_float_sums(reduction::active_simd(), t, count, ranks, count, divisor, c.out.data());
+    return;
+  }
+  // all_reduce: block r of ceil(count / ranks) elements is rank r's to sum; a count that does
+  // not divide goes through a copy padded with zeros, which add nothing.
+  const std::size_t count = c.in.size();
+  const std::size_t block = (count + ranks - 1) / ranks;
+  const bool even = block * ranks == count;
+  float* t = s.floats(ranks * block * (even ? 1 : 2));
+  float* padded = even ? nullptr : t + ranks * block;
+  if (!even) {
+    std::copy(c.in.begin(), c.in.end(), padded);
+    std::fill(padded + count, padded + ranks * block, 0.0f);
+  }
+  const std::span<const float> send = even ? c.in : std::span<const float>(padded, ranks * block);
+  all_to_all(comm, send, std::span<float>(t, ranks * block), aux);
+  // The sums go where all_gather takes them in place: c.out's block (in place too, since the
+  // terms have left c.in), or the padded copy's.
+  float* sums = even ? c.out.data() : padded;
+  gathered_float_sums(reduction::active_simd(), t, block, ranks, block, divisor, sums + me * block);
+  all_gather(comm, std::span<float>(sums + me * block, block),
+             std::span<float>(sums, ranks * block), aux);
+  if (!even) std::copy(padded, padded + count, c.out.begin());
 }
 
 template <class Comm, class E>
@@ -470,14 +617,25 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
 
   // Small all_reduce: gather the terms, sum them here.
   if (c.kind == collective::all_reduce && n > 1 && opt.algorithm == algorithm::automatic &&
-      c.in.size() * ranks * sizeof(E) <= reproducible_gather_bytes) {
+      c.in.size() * ranks * sizeof(E) <= reproducible_gather_bytes_of<E>) {
     const std::size_t count = c.in.size();
     std::vector<E>& all = gathered_here<E>();
     all.resize(count * ranks);
     all_gather(comm, c.in, std::span<E>(all.data(), count * ranks), aux);
-    for (std::size_t i = 0; i < count; ++i)
-      c.out[i] = gathered_sum(all.data() + i, count, ranks, divisor);
+    if constexpr (std::is_same_v<E, float>) {
+      gathered_float_sums(reduction::active_simd(), all.data(), count, ranks, count, divisor,
+                          c.out.data());
+    } else {
+      for (std::size_t i = 0; i < count; ++i)
+        c.out[i] = gathered_sum(all.data() + i, count, ranks, divisor);
+    }
     return;
+  }
+
+  if constexpr (std::is_same_v<E, float>) {
+    if ((c.kind == collective::all_reduce || c.kind == collective::reduce_scatter) && n > 1 &&
+        opt.algorithm == algorithm::automatic)
+      return run_reproducible_gathered(comm, c, aux, divisor);
   }
 
   reproducible_scratch& s = scratch_here();

@@ -266,6 +266,18 @@ RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmas
   return i;
 }
 
+/// Calls fallback(i + lane) for each lane set in `lanes`, after leaving the vector state: the
+/// fallback is the caller's scalar code.
+template <class Fallback>
+[[RINGZERO_RP_AVX2_TARGET]] inline void fallback_lanes(std::size_t i, unsigned lanes,
+                                                       Fallback& fallback) {
+  if (lanes != 0) _mm256_zeroupper();
+  while (lanes != 0) {
+    fallback(i + static_cast<std::size_t>(__builtin_ctz(lanes)));
+    lanes &= lanes - 1;
+  }
+}
+
 /// out[i] = q[i] * 2^low rounded to the nearest float through the hardware's conversion, as
 /// detail::round_int64_nearest does, 8 at a time over q[0, n); the caller rounds to nearest.
 /// Lanes whose result would not be a normal number are left to `fallback(i)` (the general
@@ -287,13 +299,99 @@ template <class Fallback>
                             _mm256_cmple_epi32_mask(biased, _mm256_set1_epi32(254));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
                         _mm256_maskz_add_epi32(nonzero, b, scale));
-    auto rest = static_cast<unsigned>(nonzero & static_cast<__mmask8>(~normal));
-    if (rest != 0) _mm256_zeroupper();  // the fallback is the caller's scalar code
-    while (rest != 0) {
-      const auto lane = static_cast<std::size_t>(__builtin_ctz(rest));
-      fallback(i + lane);
-      rest &= rest - 1;
+    fallback_lanes(i, static_cast<unsigned>(nonzero & static_cast<__mmask8>(~normal)), fallback);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+/// The lanes of 8 quotients, rounded to double, whose conversion to float could round a second
+/// time the wrong way: a double on a midpoint between two normal floats (29 bits below a normal
+/// float's last: 1 then 28 zeros), or a nonzero one below the normal range, whose floats have
+/// other midpoints.
+RINGZERO_RP_AVX512_INLINE __mmask8 twice_rounded(__m512d q) noexcept {
+  const __m512i b = _mm512_castpd_si512(q);
+  const __m512d a = _mm512_and_pd(q, _mm512_castsi512_pd(_mm512_set1_epi64(0x7fffffffffffffff)));
+  return static_cast<__mmask8>(
+      _mm512_cmpeq_epi64_mask(_mm512_and_si512(b, _mm512_set1_epi64(0x1fffffff)),
+                              _mm512_set1_epi64(0x10000000)) |
+      (_mm512_cmp_pd_mask(a, _mm512_set1_pd(0x1p-126), _CMP_LT_OQ) &
+       _mm512_cmp_pd_mask(a, _mm512_setzero_pd(), _CMP_NEQ_OQ)));
+}
+
+/// out[i] = the nearest float to the sum of `ranks` terms t[r * stride + i] (divided by
+/// `divisor`), 16 elements at a time over [0, n), as detail::gathered_float_sum does: the terms
+/// added in double, which is exact where their exponents lie within `span` of each other, then
+/// rounded once by the conversion; the caller has checked that the thread rounds to nearest and
+/// keeps subnormals. Infinities and NaN give IEEE addition's answer. Lanes that need more (a
+/// wider span, an average that lands on a float's midpoint or below the normal range) are left
+/// to `fallback(i)`, called after the vector's store.
+template <class Fallback>
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t gathered_sums(const float* t, std::size_t stride,
+                                                               std::size_t ranks, std::size_t n,
+                                                               int span, std::uint32_t divisor,
+                                                               float* out, Fallback&& fallback) {
+  const bool divide = divisor > 1;
+  // Dividing an exact double by a power of two is exact: only other divisors round twice.
+  const bool twice = divide && (divisor & (divisor - 1)) != 0;
+  const __m512d div = _mm512_set1_pd(static_cast<double>(divisor));
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    __m512i top = _mm512_setzero_si512(), bottom = _mm512_set1_epi32(0xff);
+    __mmask16 nan = 0, pos_inf = 0, neg_inf = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const float* p = t + r * stride + i;
+      const __m512i bits = _mm512_loadu_si512(p);
+      const __m512i e =
+          _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 23), _mm512_set1_epi32(0xff));
+      const __mmask16 special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff));
+      const __mmask16 fraction = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffff));
+      const __mmask16 negative = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(INT_MIN));
+      nan |= special & fraction;
+      pos_inf |= special & static_cast<__mmask16>(~fraction & ~negative);
+      neg_inf |= special & static_cast<__mmask16>(~fraction & negative);
+      // Zeros have no bits to place; a subnormal's are placed as exponent field 1's.
+      const __mmask16 live = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffffff));
+      const __m512i e1 = _mm512_maskz_max_epi32(all16, e, _mm512_set1_epi32(1));
+      top = _mm512_mask_max_epi32(top, live, top, e1);
+      bottom = _mm512_mask_min_epi32(bottom, live, bottom, e1);
+      lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(p)));
+      hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(p + 8)));
     }
+    // An element without a live term has top 0 and bottom 255: within any span, sum 0.
+    const auto special = static_cast<__mmask16>(nan | pos_inf | neg_inf);
+    __mmask16 ok = static_cast<__mmask16>(
+        ~special & _mm512_cmple_epi32_mask(_mm512_sub_epi32(top, bottom), _mm512_set1_epi32(span)));
+    if (divide) {
+      lo = _mm512_div_pd(lo, div);
+      hi = _mm512_div_pd(hi, div);
+      if (twice) {
+        // The quotient was rounded to double: converting it rounds again, which gives the
+        // nearest float unless the double landed on a midpoint.
+        const auto bad16 = static_cast<__mmask16>(twice_rounded(lo) |
+                                                  (static_cast<unsigned>(twice_rounded(hi)) << 8));
+        ok = static_cast<__mmask16>(ok & ~bad16);
+      }
+    }
+    // An exact zero is +0 (x + -x is +0 in double too, but -0 + -0 is not).
+    const __m256 flo = _mm512_maskz_cvtpd_ps(all8, lo), fhi = _mm512_maskz_cvtpd_ps(all8, hi);
+    const __mmask8 ok_lo = static_cast<__mmask8>(ok), ok_hi = static_cast<__mmask8>(ok >> 8);
+    const __mmask8 nz_lo = _mm256_cmp_ps_mask(flo, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    const __mmask8 nz_hi = _mm256_cmp_ps_mask(fhi, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    _mm256_mask_storeu_ps(out + i, ok_lo, _mm256_maskz_mov_ps(nz_lo, flo));
+    _mm256_mask_storeu_ps(out + i + 8, ok_hi, _mm256_maskz_mov_ps(nz_hi, fhi));
+    // IEEE addition's answer where a term was an infinity or NaN: NaN for any NaN or for
+    // infinities of both signs (reproducible::quiet_nan's bits, whatever the NaNs held), else
+    // the infinity.
+    if (special != 0) {
+      const auto make_nan = static_cast<__mmask16>(nan | (pos_inf & neg_inf));
+      __m512i v = _mm512_mask_mov_epi32(_mm512_set1_epi32(0x7f800000), neg_inf,
+                                        _mm512_set1_epi32(static_cast<int>(0xff800000u)));
+      v = _mm512_mask_mov_epi32(v, make_nan, _mm512_set1_epi32(0x7fc00000));
+      _mm512_mask_storeu_epi32(out + i, special, v);
+    }
+    fallback_lanes(i, static_cast<unsigned>(static_cast<__mmask16>(~ok)), fallback);
   }
   _mm256_zeroupper();
   return i;
