@@ -51,7 +51,7 @@ namespace rp = ringzero::reproducible;
 /// term. At 64 KiB that made 1-16 KiB calls on native shm 1.4-4x slower than the two
 /// collectives (docs/performance.md, "Reproducible sums: the cost").
 inline constexpr std::size_t reproducible_gather_bytes = 1024;
-/// float's terms are summed by gathered_float_sums, in about a nanosecond a term: gathering
+/// float's terms are summed by gathered_float_sums, in under a nanosecond a term: gathering
 /// pays up to 8 KiB of terms, against the all_to_all and all_gather that larger calls take
 /// (measured side by side on native shm, 2 and 4 ranks; docs/performance.md).
 template <class E>
@@ -393,14 +393,15 @@ template <class E>
 
 /// The exact sum of `ranks` float terms t[r * stride] (divided by `divisor`), rounded once to
 /// the nearest float, where the double additions are exact: every nonzero term is an integer
-/// multiple of its lowest bit, under 2^(24 + span) of it where the exponents lie within `span`
-/// of each other, and `ranks` of them sum under 2^53 while span <= 29 - ceil(log2(ranks)). The
+/// multiple of the last bit of the smallest exponent among them, under 2^(24 + span) of those
+/// where the exponents lie within `span` of each other, and `ranks` of them sum under 2^53 (what
+/// a double holds exactly) while span <= 29 - ceil(log2(ranks)). The
 /// conversion to float then rounds once. A quotient by a divisor that is not a power of two is
 /// rounded to double first, which gives the nearest float unless it lands on a midpoint between
 /// two floats. Infinities and NaN give IEEE addition's answer, as rp::special_result makes it.
 /// False (out untouched) for a wider span, such a midpoint or such a quotient below the normal
-/// range: gathered_sum decides those. Needs
-/// float_environment_exact(). The AVX-512 loop (gathered_sums) is this, 16 elements at a time.
+/// range: gathered_sum decides those. Needs float_environment_exact(). The AVX-512 and AVX2
+/// loops (gathered_sums) are this, 16 and 8 elements at a time.
 [[nodiscard]] inline bool gathered_float_sum(const float* t, std::size_t stride, std::size_t ranks,
                                              int span, std::uint32_t divisor, float& out) noexcept {
   double s = 0;
@@ -456,6 +457,8 @@ inline void gathered_float_sums(reduction::simd path, const float* t, std::size_
 #if RINGZERO_X86_SIMD
   if (path == reduction::simd::avx512)
     i = rp::detail::x86::avx512::gathered_sums(t, stride, ranks, n, span, divisor, out, general);
+  else if (path == reduction::simd::avx2)
+    i = rp::detail::x86::avx2::gathered_sums(t, stride, ranks, n, span, divisor, out, general);
 #endif
   (void)path;
   for (; i < n; ++i)

@@ -70,6 +70,18 @@ RINGZERO_RP_AVX2_INLINE int reduce_max(__m256i v) noexcept {
   return _mm_cvtsi128_si32(m);
 }
 
+/// Calls fallback(i + lane) for each lane set in `lanes`, after leaving the vector state: the
+/// fallback is the caller's scalar code.
+template <class Fallback>
+[[RINGZERO_RP_AVX2_TARGET]] inline void fallback_lanes(std::size_t i, unsigned lanes,
+                                                       Fallback& fallback) {
+  if (lanes != 0) _mm256_zeroupper();
+  while (lanes != 0) {
+    fallback(i + static_cast<std::size_t>(__builtin_ctz(lanes)));
+    lanes &= lanes - 1;
+  }
+}
+
 namespace avx512 {
 
 // Every lane selected, for the zero-masked forms of the intrinsics whose plain forms GCC 12
@@ -264,18 +276,6 @@ RINGZERO_RP_AVX512_INLINE __m512i one_digit8(__m256i mant, __m256i shift, __mmas
   }
   _mm256_zeroupper();
   return i;
-}
-
-/// Calls fallback(i + lane) for each lane set in `lanes`, after leaving the vector state: the
-/// fallback is the caller's scalar code.
-template <class Fallback>
-[[RINGZERO_RP_AVX2_TARGET]] inline void fallback_lanes(std::size_t i, unsigned lanes,
-                                                       Fallback& fallback) {
-  if (lanes != 0) _mm256_zeroupper();
-  while (lanes != 0) {
-    fallback(i + static_cast<std::size_t>(__builtin_ctz(lanes)));
-    lanes &= lanes - 1;
-  }
 }
 
 /// out[i] = q[i] * 2^low rounded to the nearest float through the hardware's conversion, as
@@ -481,6 +481,86 @@ RINGZERO_RP_AVX2_INLINE void add4(__m256i d, __m256i lo_part, __m256i hi_part, s
           _mm256_extracti128_si256(sign, 1), lo_part, hi_part);
     add4(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(d, 1)), lo_part, hi_part, words + i + 4,
          len, k);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+/// avx512::twice_rounded for 4 quotients, as the low 4 bits of an int.
+RINGZERO_RP_AVX2_INLINE int twice_rounded(__m256d q) noexcept {
+  const __m256i b = _mm256_castpd_si256(q);
+  const __m256d a = _mm256_and_pd(q, _mm256_castsi256_pd(_mm256_set1_epi64x(INT64_MAX)));
+  const __m256i mid = _mm256_cmpeq_epi64(_mm256_and_si256(b, _mm256_set1_epi64x(0x1fffffff)),
+                                         _mm256_set1_epi64x(0x10000000));
+  const __m256d small = _mm256_and_pd(_mm256_cmp_pd(a, _mm256_set1_pd(0x1p-126), _CMP_LT_OQ),
+                                      _mm256_cmp_pd(a, _mm256_setzero_pd(), _CMP_NEQ_OQ));
+  return _mm256_movemask_pd(_mm256_or_pd(_mm256_castsi256_pd(mid), small));
+}
+
+/// avx512::gathered_sums, 8 elements at a time: the same test of each lane, the same fallback,
+/// the same bits.
+template <class Fallback>
+[[RINGZERO_RP_AVX2_TARGET]] inline std::size_t gathered_sums(const float* t, std::size_t stride,
+                                                             std::size_t ranks, std::size_t n,
+                                                             int span, std::uint32_t divisor,
+                                                             float* out, Fallback&& fallback) {
+  const bool divide = divisor > 1;
+  const bool twice = divide && (divisor & (divisor - 1)) != 0;
+  const __m256d div = _mm256_set1_pd(static_cast<double>(divisor));
+  const __m256i ones = _mm256_set1_epi32(-1);
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256i top = _mm256_setzero_si256(), bottom = _mm256_set1_epi32(0xff);
+    __m256i nan = _mm256_setzero_si256(), pos_inf = nan, neg_inf = nan;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const float* p = t + r * stride + i;
+      const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i e = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff));
+      const __m256i special = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0xff));
+      const __m256i fraction =
+          _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff)),
+                                              _mm256_setzero_si256()),
+                           ones);
+      const __m256i negative = _mm256_srai_epi32(bits, 31);
+      nan = _mm256_or_si256(nan, _mm256_and_si256(special, fraction));
+      const __m256i inf = _mm256_andnot_si256(fraction, special);
+      pos_inf = _mm256_or_si256(pos_inf, _mm256_andnot_si256(negative, inf));
+      neg_inf = _mm256_or_si256(neg_inf, _mm256_and_si256(negative, inf));
+      const __m256i live =
+          _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                              _mm256_setzero_si256()),
+                           ones);
+      const __m256i e1 = _mm256_max_epi32(e, _mm256_set1_epi32(1));
+      top = _mm256_max_epi32(top, _mm256_and_si256(e1, live));
+      bottom = _mm256_min_epi32(bottom, _mm256_blendv_epi8(_mm256_set1_epi32(0xff), e1, live));
+      const __m256 x = _mm256_castsi256_ps(bits);
+      lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+      hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+    const __m256i special = _mm256_or_si256(nan, _mm256_or_si256(pos_inf, neg_inf));
+    const int special_bits = _mm256_movemask_ps(_mm256_castsi256_ps(special));
+    int ok_bits = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                      _mm256_set1_epi32(span + 1), _mm256_sub_epi32(top, bottom)))) &
+                  ~special_bits;
+    if (divide) {
+      lo = _mm256_div_pd(lo, div);
+      hi = _mm256_div_pd(hi, div);
+      if (twice) ok_bits &= ~(twice_rounded(lo) | (twice_rounded(hi) << 4));
+    }
+    __m256 f =
+        _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
+    f = _mm256_and_ps(f, _mm256_cmp_ps(f, _mm256_setzero_ps(), _CMP_NEQ_UQ));  // +0 for zero
+    const __m256i make_nan = _mm256_or_si256(nan, _mm256_and_si256(pos_inf, neg_inf));
+    __m256i v = _mm256_blendv_epi8(_mm256_set1_epi32(0x7f800000),
+                                   _mm256_set1_epi32(static_cast<int>(0xff800000u)), neg_inf);
+    v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7fc00000), make_nan);
+    f = _mm256_blendv_ps(f, _mm256_castsi256_ps(v), _mm256_castsi256_ps(special));
+    const __m256i store = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(ok_bits | special_bits), lane_bits), lane_bits);
+    _mm256_maskstore_ps(out + i, store, f);
+    fallback_lanes(i, static_cast<unsigned>(~(ok_bits | special_bits)) & 0xffu, fallback);
   }
   _mm256_zeroupper();
   return i;
