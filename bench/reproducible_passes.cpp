@@ -131,9 +131,10 @@ void run(const char* name, std::size_t n, int rounds) {
              t_round_int * per, t_add * per, acc_cols, differ);
 }
 
-/// The one pass of a large float call (detail::gathered_float_sums): each rank's block of n
-/// elements with `ranks` terms apiece, summed exactly, on each host path, beside the plain sum
-/// of the same terms (ranks - 1 vector adds). ns per term.
+/// The one pass of a large float call and of the shm segment's reproducible sums
+/// (detail::gathered_float_sums): each rank's block of n elements with `ranks` terms apiece,
+/// summed exactly, on each host path, beside the plain sum of the same terms (ranks - 1 vector
+/// adds). Two ranks take the pair loop, with no exponent test. ns per term.
 void gathered(std::size_t n, int rounds) {
   using ringzero::reduction::simd;
   constexpr double inf = std::numeric_limits<double>::infinity();

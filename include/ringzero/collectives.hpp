@@ -419,6 +419,43 @@ void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const ca
   x.finish();
 }
 
+/// options::reproducible's float sum offered to a transport that sums exactly itself (shm: in
+/// the segment, at the plain call's phases and bytes); true if it ran it. As the plain native
+/// path: the world communicator, the algorithm automatic and no RINGZERO_ALGO. The transport says
+/// first whether it will run the call, so that one it leaves is counted only as the
+/// reproducible path's collectives.
+template <class Table, class T>
+[[nodiscard]] bool try_reproducible_native(communicator<T>& comm, const algorithms::call<float>& c,
+                                           const options& opt) {
+  if constexpr (reproducible_native_collectives<T>) {
+    if (comm.size() == 1 || comm.comm_id() != 0 || opt.algorithm != algorithm::automatic ||
+        (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter))
+      return false;
+    const call_env env = call_env::read();
+    if (env_algorithm<Table>(env.algo)) return false;
+    const call_size<float> sz = size_of(c, comm.size());
+    native_call nc = native_call_of(c, sz.count, comm.state().collective_seq);
+    nc.reproducible = true;
+    if (!comm.transport().runs_reproducible(nc)) return false;
+    maybe_check<T, float>(comm, c.kind, sz.count, c.reduction, c.root, opt, env.check_on());
+    collective_scope<communicator<T>> scope(comm, c.kind, algorithm::automatic, sz.model_bytes,
+                                            dtype::float32, c.reduction, opt,
+                                            algorithms::describe(c).name);
+    if (sz.empty) return true;
+    options resolved = opt;
+    if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
+    if (!comm.transport().try_native(nc, resolved))
+      throw transport_error(
+          fmt::format("{}: the transport said it would sum this call exactly, "
+                      "then declined it",
+                      algorithms::describe(c).name));
+    ++comm.state().collective_seq;
+    return true;
+  } else {
+    return false;
+  }
+}
+
 /// Runs a validated call: the transport's own collective, or the chosen algorithm from Table.
 template <class Table = algorithms::builtin, class T, element E>
 void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
@@ -436,6 +473,9 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
         if (rt == nullptr)  // registered with k by the same header: only a test can split them
           throw unsupported(fmt::format("{}: no CUDA runtime table", what));
         return run_reproducible_device(comm, c, opt, *rt, k);
+      }
+      if constexpr (std::is_same_v<E, float>) {
+        if (try_reproducible_native<Table>(comm, c, opt)) return;
       }
       return run_reproducible(comm, c, opt);
     }

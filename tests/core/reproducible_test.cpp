@@ -764,3 +764,61 @@ TEST_CASE("gathered float sums: averages that are ties between two floats") {
   }
   CHECK(checked >= 400);
 }
+
+TEST_CASE("gathered float sums of two terms: any two floats, no exponent test") {
+  // Two ranks take gathered_pair_sums: the sum rounded to double and then to float, with no
+  // lane left to the integer path, on the argument that the second rounding cannot go the wrong
+  // way for two terms. Against serial_sum: random bit patterns (every exponent, subnormals,
+  // infinities, NaNs with payloads), and pairs built to land next to a float's midpoint, where
+  // a double rounding would show: b within a few of its last bits of half a's last bit, of
+  // either sign, at spans far past the exact limit. Sum and average, every path.
+  using ringzero::reduction::simd;
+  std::mt19937_64 rng(0x2a1);
+  constexpr std::size_t n = 4099;  // the vector loops and a tail
+  std::vector<float> t(2 * n);
+  std::size_t checked = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (trial % 2 == 0) {
+        t[i] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+        t[n + i] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()));
+        if (i % 3 == 0)  // exponents near each other too, where the sums are exact
+          t[n + i] = std::bit_cast<float>((std::bit_cast<std::uint32_t>(t[i]) & 0xff800000u) ^
+                                          static_cast<std::uint32_t>(rng() & 0x807fffffu));
+        continue;
+      }
+      // a with a random significand; b = +-(half a's last bit) * (1 + small), 2^-k apart.
+      const int e = -100 + static_cast<int>(rng() % 200);
+      const double a = std::ldexp(1.0 + static_cast<double>(rng() % (1u << 23)) * 0x1p-23, e);
+      const int k = static_cast<int>(rng() % 40);
+      const double off = std::ldexp(static_cast<double>(static_cast<int>(rng() % 7) - 3), -k);
+      const double b = std::ldexp(1.0 + off * 0x1p-20, e - 24);
+      t[i] = static_cast<float>((rng() & 1) != 0 ? -a : a);
+      t[n + i] = static_cast<float>((rng() & 1) != 0 ? -b : b);
+      if (i % 5 == 0) std::swap(t[i], t[n + i]);
+    }
+    for (const std::uint32_t d : {1u, 2u}) {
+      std::vector<float> want(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float terms[2] = {t[i], t[n + i]};
+        want[i] = rp::serial_sum(terms, 2, d);
+      }
+      for (const simd p : ringzero::reduction::all_simd) {
+        if (!ringzero::reduction::simd_supported(p)) continue;
+        std::vector<float> got(n, 1.5f);
+        ringzero::detail::gathered_float_sums(p, t.data(), n, 2, n, d, got.data());
+        for (std::size_t i = 0; i < n; ++i) {
+          CAPTURE(trial);
+          CAPTURE(d);
+          CAPTURE(i);
+          CAPTURE(ringzero::reduction::simd_name(p));
+          CAPTURE(t[i]);
+          CAPTURE(t[n + i]);
+          REQUIRE(rp::bits_of(got[i]) == rp::bits_of(want[i]));
+        }
+        checked += n;
+      }
+    }
+  }
+  CHECK(checked >= 24 * 2 * n);
+}

@@ -15,12 +15,16 @@
 #include <cstdint>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -467,6 +471,168 @@ TEST_CASE("a stalled rank (SIGSTOP): the others time out naming collective, sequ
       s.barrier("survivors done", 2);
       if (r == 0) ::kill(std::stoi(s.get_string("pid/1")), SIGCONT);
       return check.code();
+    });
+    require_all_passed(out);
+  }
+}
+
+namespace {
+
+/// Rank r's term of element i for the reproducible sums below: ordinary values of every scale,
+/// pairs 2^200 apart (wider than the pass adds in double), cancellation, subnormals and now and
+/// then an infinity or a NaN, so that the segment's exact sums take every path of the pass.
+[[nodiscard]] float exact_term(int r, std::size_t i) {
+  std::uint64_t h =
+      (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(r) + 1) * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  h *= 0x94D049BB133111EBull;
+  h ^= h >> 32;
+  const auto unit = static_cast<float>(static_cast<std::int64_t>(h % 2000001) - 1000000) * 1e-6f;
+  switch (i % 16) {
+    case 11:  // 2^100 and -2^100 with small terms between: heavy cancellation, a wide span
+      return r == 0 ? 0x1p100f : r == 1 ? -0x1p100f : std::ldexp(unit, -100);
+    case 12:  // subnormal
+      return std::ldexp(static_cast<float>(h % 4096), -149);
+    case 13:  // ties of averages: small integers
+      return static_cast<float>(h % 7);
+    case 14:
+      if (i % 64 == 14 && r == 1) return std::numeric_limits<float>::infinity();
+      if (i % 128 == 30 && r == 0) return std::numeric_limits<float>::quiet_NaN();
+      return unit;
+    default:
+      return std::ldexp(unit, static_cast<int>(h >> 40) % 24 - 12);
+  }
+}
+
+/// Whether `got` holds, bit for bit, the exact sum (avg: divided by the ranks) of exact_term over
+/// the ranks for elements first .. first + got.size(); the first wrong element otherwise.
+[[nodiscard]] std::string check_exact(std::span<const float> got, std::size_t first, int n, op o,
+                                      const std::string& what) {
+  std::vector<float> terms(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    for (int q = 0; q < n; ++q) terms[static_cast<std::size_t>(q)] = exact_term(q, first + i);
+    const float want = ringzero::reproducible::serial_sum(
+        terms.data(), terms.size(), static_cast<std::uint32_t>(o == op::avg ? n : 1));
+    if (std::bit_cast<std::uint32_t>(want) != std::bit_cast<std::uint32_t>(got[i]))
+      return fmt::format("{}: element {} is {:a}, the exact sum is {:a}", what, first + i, got[i],
+                         want);
+  }
+  return {};
+}
+
+/// all_gather and all_to_all calls on comm so far: the reproducible path over messages makes
+/// them; the segment's exact sums do not.
+[[nodiscard]] std::uint64_t message_path_calls(shm::communicator& comm) {
+  std::uint64_t calls = 0;
+  for (const auto& k : ringzero::trace::counters(comm))
+    if (k.kind == ringzero::collective::all_gather || k.kind == ringzero::collective::all_to_all)
+      calls += k.calls;
+  return calls;
+}
+
+/// Reproducible float all_reduce and reduce_scatter (sum and avg, in place and out of place,
+/// counts across the one-shot and block-per-rank modes) and all_reduce on symmetric buffers:
+/// every element bitwise serial_sum's, every call in the segment.
+[[nodiscard]] int check_exact_segment(int r, int n, ringzero::bootstrap::store& s,
+                                      std::size_t workspace_bytes) {
+  ::unsetenv("RINGZERO_ALGO");
+  rank_checks check{r};
+  shm::segment_options seg;
+  if (workspace_bytes > 0) seg.workspace_bytes = workspace_bytes;
+  shm::communicator comm(shm::transport(s, r, n, {.segment = seg}));
+  ringzero::options opt;
+  opt.reproducible = true;
+  const auto un = static_cast<std::size_t>(n);
+  const std::uint64_t before = message_path_calls(comm);
+  for (const op o : {op::sum, op::avg}) {
+    for (const std::size_t count :
+         std::initializer_list<std::size_t>{0, 1, 7, 100, 1000, 1031, 4099, 70001}) {
+      for (const bool in_place : {false, true}) {
+        const std::string what = fmt::format("all_reduce {} of {} floats{}", ringzero::op_name(o),
+                                             count, in_place ? " in place" : "");
+        std::vector<float> in(count), out(count, -1.0f);
+        for (std::size_t i = 0; i < count; ++i) in[i] = exact_term(r, i);
+        if (in_place) {
+          ringzero::all_reduce(comm, std::span<float>(in), o, opt);
+          out = in;
+        } else {
+          ringzero::all_reduce(comm, std::span<const float>(in), std::span<float>(out), o, opt);
+        }
+        const std::string bad = check_exact(out, 0, n, o, what);
+        check.expect(bad.empty(), bad);
+      }
+    }
+    for (const std::size_t block : std::initializer_list<std::size_t>{0, 1, 7, 333, 4099}) {
+      for (const bool in_place : {false, true}) {
+        const std::string what =
+            fmt::format("reduce_scatter {} of {} floats a rank{}", ringzero::op_name(o), block,
+                        in_place ? " in place" : "");
+        std::vector<float> in(block * un), out(block, -1.0f);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = exact_term(r, i);
+        const std::size_t mine = static_cast<std::size_t>(r) * block;
+        if (in_place) {
+          ringzero::reduce_scatter(comm, std::span<const float>(in),
+                                   std::span<float>(in.data() + mine, block), o, opt);
+          std::copy(in.begin() + static_cast<std::ptrdiff_t>(mine),
+                    in.begin() + static_cast<std::ptrdiff_t>(mine + block), out.begin());
+        } else {
+          ringzero::reduce_scatter(comm, std::span<const float>(in), std::span<float>(out), o, opt);
+        }
+        const std::string bad = check_exact(out, mine, n, o, what);
+        check.expect(bad.empty(), bad);
+      }
+    }
+  }
+  // Symmetric buffers: the peers' inputs are read in place, one mapping's stride apart.
+  for (const std::size_t count : std::initializer_list<std::size_t>{1000, 70001}) {
+    auto in = comm.allocate<float>(count);
+    auto res = comm.allocate<float>(count);
+    for (const bool in_place : {false, true}) {
+      for (std::size_t i = 0; i < count; ++i) in.local()[i] = exact_term(r, i);
+      const std::span<float> dst = in_place ? in.local() : res.local();
+      ringzero::all_reduce(comm, std::span<const float>(in.local()), dst, op::sum, opt);
+      const std::string bad = check_exact(
+          dst, 0, n, op::sum,
+          fmt::format("all_reduce of {} symmetric floats{}", count, in_place ? " in place" : ""));
+      check.expect(bad.empty(), bad);
+      ringzero::barrier(comm);
+    }
+  }
+  check.expect(message_path_calls(comm) == before,
+               "every reproducible call ran in the segment, none over messages");
+  // A rank that asks for the plain sum meets the others' exact one in the segment: every rank
+  // raises, naming the difference.
+  std::vector<float> v(1000, 1.0f);
+  ringzero::options odd = opt;
+  odd.reproducible = r != 1;
+  odd.timeout = 20s;
+  std::string what;
+  try {
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum, odd);
+  } catch (const ringzero::mismatch_error& e) {
+    what = e.what();
+  }
+  check.expect(contains(what, "reproducible"),
+               fmt::format("a mismatch_error naming the reproducible sum, got '{}'", what));
+  return check.code();
+}
+
+}  // namespace
+
+TEST_CASE("reproducible float sums in the segment: serial_sum's bits, no message") {
+  // 2, 3 and 4 ranks with the default workspace; 3 with 256-byte buffers, so that every call
+  // takes several pieces.
+  struct setup {
+    int ranks;
+    std::size_t workspace;
+  };
+  for (const setup& t : {setup{2, 0}, setup{3, 0}, setup{4, 0}, setup{3, 256}}) {
+    const int ranks = t.ranks;
+    const std::size_t workspace = t.workspace;
+    CAPTURE(ranks);
+    CAPTURE(workspace);
+    auto out = multiprocess::run(ranks, 300s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      return check_exact_segment(r, n, s, workspace);
     });
     require_all_passed(out);
   }

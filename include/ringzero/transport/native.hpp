@@ -30,6 +30,10 @@ struct native_call {
   int peer = -1;  ///< send_recv: destination of `in` (-1: nothing to send)
   int from = -1;  ///< send_recv: source of `out` (-1: nothing to receive)
   std::size_t recv_count = 0;
+  /// options::reproducible on a float all_reduce or reduce_scatter with sum or avg: the result
+  /// must be each element's exact sum rounded once (reduce/detail/gathered.hpp), the same bits
+  /// at any world size. Only a transport with reproducible_native_collectives gets such a call.
+  bool reproducible = false;
   /// The communicator's collective sequence number, for the transport's diagnostics.
   std::uint32_t sequence = 0;
   /// all_to_allv: per-rank counts and displacements in elements (send_* index `in`, recv_*
@@ -85,6 +89,17 @@ template <class T>
 concept some_native_collectives = transport<T> &&
     requires(T& t, const native_call& c, const options& o) {
   { t.try_native(c, o) } -> std::convertible_to<bool>;
+};
+
+/// A transport that can run options::reproducible's float sums itself (shm: in the segment,
+/// where every rank's terms meet). runs_reproducible(c) says, before anything is sent and alike
+/// on every rank, whether try_native(c, o) will run the call `c` (reproducible set); the
+/// communicator asks first, so that a call the transport leaves to ringzero's reproducible path
+/// is counted and traced only as that path's collectives.
+template <class T>
+concept reproducible_native_collectives = some_native_collectives<T> &&
+    requires(const T& t, const native_call& c) {
+  { t.runs_reproducible(c) } -> std::convertible_to<bool>;
 };
 
 }  // namespace ringzero

@@ -395,6 +395,7 @@ class transport {
   /// ranks take the same path.
   [[nodiscard]] bool try_native(const native_call& c, const ringzero::options& opt) {
     if (size_ == 1) return false;
+    if (c.reproducible && !runs_reproducible(c)) return false;
     // Only what the kind uses: the fields it ignores may differ across ranks harmlessly.
     const collective_descriptor* d = builtin_collectives::find(c.kind);
     if (d == nullptr) return false;  // a collective of the caller's own: never a segment's
@@ -406,6 +407,7 @@ class transport {
                  .type = barrier ? std::uint8_t{0} : static_cast<std::uint8_t>(c.type),
                  .reduction = reduces ? static_cast<std::uint8_t>(c.reduction) : std::uint8_t{0},
                  .symmetric = 0,
+                 .exact = static_cast<std::uint8_t>(c.reproducible ? 1 : 0),
                  .root = d->rooted ? c.root : 0,
                  .count = barrier ? 0 : c.count},
         .sequence = c.sequence,
@@ -414,7 +416,29 @@ class transport {
       detail::barrier(workspace(), call);
       return true;
     }
-    return visit_dtype(c.type, [&]<class E>(E) { return run_segment<E>(c, call); });
+    if (c.reproducible) {
+      const auto divisor = static_cast<std::uint32_t>(c.reduction == op::avg ? size_ : 1);
+      return run_segment<float>(c, call, detail::exact_float_sum{divisor});
+    }
+    return visit_dtype(c.type, [&]<class E>(E) {
+      return run_segment<E>(c, call, detail::in_rank_order<E>{c.reduction});
+    });
+  }
+
+  /// Whether try_native runs `c`, a call with options::reproducible: a float sum or average,
+  /// all_reduce up to segment_options::all_reduce_segment_bytes (or on symmetric buffers) and
+  /// reduce_scatter up to segment_options::segment_bytes, as the plain calls; the segment then
+  /// sums each element's terms exactly where they meet (detail::exact_float_sum).
+  [[nodiscard]] bool runs_reproducible(const native_call& c) const {
+    if (size_ == 1 || c.type != dtype::float32 ||
+        (c.reduction != op::sum && c.reduction != op::avg))
+      return false;
+    const std::size_t bytes = c.count * sizeof(float);
+    if (c.kind == collective::all_reduce)
+      return bytes <= segment_.all_reduce_segment_bytes || symmetric_call<float>(c);
+    if (c.kind == collective::reduce_scatter)
+      return bytes * static_cast<std::size_t>(size_) <= segment_.segment_bytes;
+    return false;
   }
 
  private:
@@ -571,26 +595,37 @@ class transport {
               eng_->geometry().slots, eng_->geometry().slot_bytes);
   }
 
+  /// Whether an all_reduce's buffers are both symmetric memory, read and written in place.
   template <element E>
-  [[nodiscard]] bool run_segment(const native_call& c, detail::segment_call& call) {
+  [[nodiscard]] bool symmetric_call(const native_call& c) const {
+    const auto* in = static_cast<const E*>(c.in);
+    const auto* out = static_cast<const E*>(c.out);
+    return c.count * sizeof(E) >= detail::symmetric_min_bytes && peer_address(in, 0) &&
+           peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
+           peer_address(out + c.count - 1, 0);
+  }
+
+  /// `combine`: how the ranks' contributions to an all_reduce or reduce_scatter combine
+  /// (detail::in_rank_order or detail::exact_float_sum).
+  template <element E, class Combine>
+  [[nodiscard]] bool run_segment(const native_call& c, detail::segment_call& call,
+                                 const Combine& combine) {
     const auto n = static_cast<std::size_t>(size_);
     const auto* in = static_cast<const E*>(c.in);
     auto* out = static_cast<E*>(c.out);
     switch (c.kind) {
       case collective::all_reduce:
-        if (c.count * sizeof(E) >= detail::symmetric_min_bytes && peer_address(in, 0) &&
-            peer_address(out, 0) && peer_address(in + c.count - 1, 0) &&
-            peer_address(out + c.count - 1, 0)) {
+        if (symmetric_call<E>(c)) {
           call.desc.symmetric = 1;
           detail::all_reduce_symmetric<E>(
               workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
-              [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count,
-              c.reduction, call);
+              [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count, combine,
+              call);
           return true;
         }
         if (c.count * sizeof(E) > segment_.all_reduce_segment_bytes) return false;
         detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
-                              std::span<E>(out, c.count), c.reduction, call);
+                              std::span<E>(out, c.count), combine, call);
         return true;
       case collective::broadcast:
         if (c.count * sizeof(E) > segment_.segment_bytes) return false;
@@ -610,7 +645,7 @@ class transport {
       case collective::reduce_scatter:
         if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
-                                  std::span<E>(out, c.count), c.reduction, call);
+                                  std::span<E>(out, c.count), combine, call);
         return true;
       case collective::all_to_all: {
         // In place, a peer would read this rank's slices while this rank overwrites them with

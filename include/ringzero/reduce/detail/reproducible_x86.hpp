@@ -336,33 +336,47 @@ template <class Fallback>
   const bool twice = divide && (divisor & (divisor - 1)) != 0;
   const __m512d div = _mm512_set1_pd(static_cast<double>(divisor));
   std::size_t i = 0;
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   for (; i + 16 <= n; i += 16) {
     __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-    __m512i top = _mm512_setzero_si512(), bottom = _mm512_set1_epi32(0xff);
-    __mmask16 nan = 0, pos_inf = 0, neg_inf = 0;
+    // The largest and the smallest nonzero magnitude among each element's terms, as bits: for
+    // floats of one sign the integer order is the numbers' order, and infinities and NaNs come
+    // above every finite one. Their exponents, worked out once after the loop, give the span.
+    __m512i top = _mm512_setzero_si512(), bottom = magnitude;
     for (std::size_t r = 0; r < ranks; ++r) {
       const float* p = t + r * stride + i;
       const __m512i bits = _mm512_loadu_si512(p);
-      const __m512i e =
-          _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 23), _mm512_set1_epi32(0xff));
-      const __mmask16 special = _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(0xff));
-      const __mmask16 fraction = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffff));
-      const __mmask16 negative = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(INT_MIN));
-      nan |= special & fraction;
-      pos_inf |= special & static_cast<__mmask16>(~fraction & ~negative);
-      neg_inf |= special & static_cast<__mmask16>(~fraction & negative);
-      // Zeros have no bits to place; a subnormal's are placed as exponent field 1's.
-      const __mmask16 live = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffffff));
-      const __m512i e1 = _mm512_maskz_max_epi32(all16, e, _mm512_set1_epi32(1));
-      top = _mm512_mask_max_epi32(top, live, top, e1);
-      bottom = _mm512_mask_min_epi32(bottom, live, bottom, e1);
+      const __m512i m = _mm512_and_si512(bits, magnitude);
+      top = _mm512_maskz_max_epu32(all16, top, m);
+      bottom = _mm512_mask_min_epu32(bottom, _mm512_test_epi32_mask(m, m), bottom, m);
       lo = _mm512_add_pd(lo, _mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(p)));
       hi = _mm512_add_pd(hi, _mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(p + 8)));
     }
-    // An element without a live term has top 0 and bottom 255: within any span, sum 0.
-    const auto special = static_cast<__mmask16>(nan | pos_inf | neg_inf);
-    __mmask16 ok = static_cast<__mmask16>(
-        ~special & _mm512_cmple_epi32_mask(_mm512_sub_epi32(top, bottom), _mm512_set1_epi32(span)));
+    // Exponent fields, a subnormal's as 1 (its bits are placed as exponent field 1's).
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i e_top =
+        _mm512_maskz_max_epi32(all16, _mm512_maskz_srli_epi32(all16, top, 23), one);
+    const __m512i e_bottom =
+        _mm512_maskz_max_epi32(all16, _mm512_maskz_srli_epi32(all16, bottom, 23), one);
+    // Infinities and NaN, rare: each rank's terms are looked at again only where one occurs.
+    const __mmask16 special = _mm512_cmpeq_epi32_mask(e_top, _mm512_set1_epi32(0xff));
+    __mmask16 nan = 0, pos_inf = 0, neg_inf = 0;
+    if (special != 0) {
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const __m512i bits = _mm512_loadu_si512(t + r * stride + i);
+        const __mmask16 e_special = _mm512_cmpeq_epi32_mask(
+            _mm512_and_si512(bits, _mm512_set1_epi32(0x7f800000)), _mm512_set1_epi32(0x7f800000));
+        const __mmask16 fraction = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffff));
+        const __mmask16 negative = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(INT_MIN));
+        nan |= e_special & fraction;
+        pos_inf |= e_special & static_cast<__mmask16>(~fraction & ~negative);
+        neg_inf |= e_special & static_cast<__mmask16>(~fraction & negative);
+      }
+    }
+    // An element without a nonzero term has exponents 1 and 255: within any span, sum +0.
+    __mmask16 ok =
+        static_cast<__mmask16>(~special & _mm512_cmple_epi32_mask(_mm512_sub_epi32(e_top, e_bottom),
+                                                                  _mm512_set1_epi32(span)));
     if (divide) {
       lo = _mm512_div_pd(lo, div);
       hi = _mm512_div_pd(hi, div);
@@ -392,6 +406,34 @@ template <class Fallback>
       _mm512_mask_storeu_epi32(out + i, special, v);
     }
     fallback_lanes(i, static_cast<unsigned>(static_cast<__mmask16>(~ok)), fallback);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+/// out[i] = the nearest float to (a[i] + b[i]) / (halve ? 2 : 1), 8 elements at a time over
+/// [0, n): gathered_sums for two terms, without its exponent test. The sum of two floats rounded
+/// to double, then to float, is their sum rounded once (a double's 53 bits are more than twice
+/// a float's 24 plus one, which makes the second rounding innocuous), halving in double is exact,
+/// and a sum that lands below the normal range was exact in double already: every lane is
+/// right, so none falls back. Infinities come out of the addition as IEEE gives them; a NaN
+/// takes reproducible::quiet_nan's bits and a zero is +0, as in gathered_sums. The caller has
+/// checked that the thread rounds to nearest and keeps subnormals.
+[[RINGZERO_RP_AVX512_TARGET]] inline std::size_t gathered_pair_sums(const float* a, const float* b,
+                                                                    std::size_t n, bool halve,
+                                                                    float* out) noexcept {
+  const __m512d scale = _mm512_set1_pd(halve ? 0.5 : 1.0);
+  const __m256 quiet_nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512d s =
+        _mm512_mul_pd(_mm512_add_pd(_mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(a + i)),
+                                    _mm512_maskz_cvtps_pd(all8, _mm256_loadu_ps(b + i))),
+                      scale);
+    const __m256 f = _mm512_maskz_cvtpd_ps(all8, s);
+    const __mmask8 nonzero = _mm256_cmp_ps_mask(f, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    const __mmask8 nan = _mm256_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    _mm256_storeu_ps(out + i, _mm256_mask_mov_ps(_mm256_maskz_mov_ps(nonzero, f), nan, quiet_nan));
   }
   _mm256_zeroupper();
   return i;
@@ -561,6 +603,25 @@ template <class Fallback>
         _mm256_and_si256(_mm256_set1_epi32(ok_bits | special_bits), lane_bits), lane_bits);
     _mm256_maskstore_ps(out + i, store, f);
     fallback_lanes(i, static_cast<unsigned>(~(ok_bits | special_bits)) & 0xffu, fallback);
+  }
+  _mm256_zeroupper();
+  return i;
+}
+
+/// avx512::gathered_pair_sums, 4 elements at a time: the same bits.
+[[RINGZERO_RP_AVX2_TARGET]] inline std::size_t gathered_pair_sums(const float* a, const float* b,
+                                                                  std::size_t n, bool halve,
+                                                                  float* out) noexcept {
+  const __m256d scale = _mm256_set1_pd(halve ? 0.5 : 1.0);
+  const __m128 quiet_nan = _mm_castsi128_ps(_mm_set1_epi32(0x7fc00000));
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256d s = _mm256_mul_pd(
+        _mm256_add_pd(_mm256_cvtps_pd(_mm_loadu_ps(a + i)), _mm256_cvtps_pd(_mm_loadu_ps(b + i))),
+        scale);
+    __m128 f = _mm256_cvtpd_ps(s);
+    f = _mm_and_ps(f, _mm_cmpneq_ps(f, _mm_setzero_ps()));  // +0 for zero; NaN stays
+    _mm_storeu_ps(out + i, _mm_blendv_ps(f, quiet_nan, _mm_cmpunord_ps(f, f)));
   }
   _mm256_zeroupper();
   return i;

@@ -7,12 +7,12 @@
 // could hold. Two buffers alternate by phase parity: a rank writes buffer p % 2 in phase p only
 // after every rank posted phase p - 1, which each did after it finished reading phase p - 2.
 //
-// A call's first phase also carries the call's descriptor (kind, type, op, root, count), written
-// next to the counter before the post; once every rank posted, each compares the others' with
-// its own. All see the same descriptors, so all raise alike, and before any reads a peer's
-// buffer. The descriptor of the call that starts at phase p sits in slot p % 2, by the same
-// argument as the buffers: a rank rewrites it only after every rank posted p + 1, that is, after
-// every rank compared.
+// A call's first phase also carries the call's descriptor (kind, type, op, whether the sum is
+// reproducible, root, count), written next to the counter before the post; once every rank
+// posted, each compares the others' with its own. All see the same descriptors, so all raise
+// alike, and before any reads a peer's buffer. The descriptor of the call that starts at phase p
+// sits in slot p % 2, by the same argument as the buffers: a rank rewrites it only after every
+// rank posted p + 1, that is, after every rank compared.
 #pragma once
 
 #include <fmt/core.h>
@@ -131,10 +131,11 @@ class workspace {
   }
 
   [[nodiscard]] static std::string describe(const detail::call_descriptor& d) {
-    return fmt::format("{} (count {}, type {}, op {}, root {}{})",
+    return fmt::format("{} (count {}, type {}, op {}{}, root {}{})",
                        collective_name(static_cast<collective>(d.kind)), d.count,
                        dtype_name(static_cast<dtype>(d.type)),
-                       op_name(static_cast<op>(d.reduction)), d.root,
+                       op_name(static_cast<op>(d.reduction)), d.exact != 0 ? ", reproducible" : "",
+                       d.root,
                        d.symmetric == detail::path_symmetric      ? ", buffers in symmetric memory"
                        : d.symmetric == detail::path_cross_memory ? ", inputs read across processes"
                                                                   : "");

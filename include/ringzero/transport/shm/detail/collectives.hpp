@@ -13,6 +13,11 @@
 // the output outgrows the cache: about 2 S bytes of memory traffic per rank. all_gather and
 // all_to_all of large blocks read the peers' inputs from their address spaces (cross-memory
 // attach), one copy per block.
+//
+// How the ranks' contributions combine is the collectives' parameter: in rank order with the op
+// (in_rank_order), or, for options::reproducible's float sums, exactly (exact_float_sum): each
+// element's terms already lie side by side in the ranks' buffers, one stride apart, which is
+// what the exact pass reads, so the reproducible call costs the plain call's phases and bytes.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -36,6 +42,8 @@
 
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/reduce/detail/gathered.hpp"
+#include "ringzero/reduce/simd.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::shm::detail {
@@ -91,11 +99,14 @@ struct call_descriptor {
   /// (all_reduce on symmetric buffers: peers' inputs read in place, outputs written there) or
   /// path_cross_memory (all_gather reading peers' inputs from their address spaces).
   std::uint8_t symmetric = 0;
+  /// 1: the sum is options::reproducible's (exact_float_sum); a rank that asked for the plain
+  /// sum would combine other bits.
+  std::uint8_t exact = 0;
   std::int32_t root = 0;
   std::uint64_t count = 0;
   friend bool operator==(const call_descriptor&, const call_descriptor&) = default;
 };
-static_assert(sizeof(call_descriptor) == 16);
+static_assert(sizeof(call_descriptor) == 24);
 
 inline constexpr std::uint8_t path_segment = 0;
 inline constexpr std::uint8_t path_symmetric = 1;
@@ -126,13 +137,66 @@ void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
   if (o == op::avg) reduction::finish_avg(out, n, ranks);
 }
 
+/// Combines the ranks' contributions with the op, in rank order: every rank gets the same bits,
+/// which depend on the number of ranks.
+template <element E>
+struct in_rank_order {
+  op o = op::sum;
+  /// out[i] = in(0)[i] (op) in(1)[i] (op) ..., i < n; out may be in(0) only.
+  template <class In>
+  void operator()(int ranks, In in, E* out, std::size_t n) const {
+    reduce_in_order<E>(o, ranks, in, out, n);
+  }
+  [[nodiscard]] std::size_t one_shot(int ranks) const noexcept { return one_shot_bytes(ranks); }
+};
+
+/// options::reproducible's float sum (or average: divisor = ranks): each element's terms summed
+/// exactly and rounded once (ringzero::detail::gathered_float_sums), so the bits depend on the
+/// terms alone, not on how many ranks held them.
+struct exact_float_sum {
+  std::uint32_t divisor = 1;
+
+  /// out[i] = the exact sum of in(0)[i], in(1)[i], ... rounded once, i < n; out may be in(0).
+  /// The ranks' buffers lie one stride apart in the segment's mapping, so the pass reads the
+  /// terms in place; anything else is copied side by side first.
+  template <class In>
+  void operator()(int ranks, In in, float* out, std::size_t n) const {
+    const auto at = [&](int q) { return reinterpret_cast<std::uintptr_t>(in(q)); };
+    const std::uintptr_t stride = ranks > 1 ? at(1) - at(0) : 0;
+    bool regular = ranks == 1 || (at(1) > at(0) && stride % sizeof(float) == 0);
+    for (int q = 2; q < ranks && regular; ++q)
+      regular = at(q) == at(0) + static_cast<std::uintptr_t>(q) * stride;
+    const auto ur = static_cast<std::size_t>(ranks);
+    if (regular) {
+      ringzero::detail::gathered_float_sums(reduction::active_simd(), in(0),
+                                            ranks > 1 ? stride / sizeof(float) : n, ur, n, divisor,
+                                            out);
+      return;
+    }
+    thread_local std::vector<float> side_by_side;
+    side_by_side.resize(ur * n);
+    for (int q = 0; q < ranks; ++q)
+      std::memcpy(side_by_side.data() + static_cast<std::size_t>(q) * n, in(q), n * sizeof(float));
+    ringzero::detail::gathered_float_sums(reduction::active_simd(), side_by_side.data(), n, ur, n,
+                                          divisor, out);
+  }
+  /// The pass costs more per term than a plain add, and in one phase every rank sums every
+  /// rank's terms: one phase pays only while the second would cost more. Measured side by side,
+  /// µs per call (2 ranks: 0.29 against 0.33 at 1 KiB, 0.56-0.58 against 0.74-0.81 at 4 KiB; 4
+  /// ranks: 3.1 against 5.0 at 1 KiB, 7.5 against 10.7-13.3 at 16 KiB; docs/performance.md).
+  [[nodiscard]] std::size_t one_shot(int ranks) const noexcept {
+    return ranks == 2 ? std::size_t{1} << 10 : std::size_t{4} << 10;
+  }
+};
+
 /// all_reduce through the workspace; in may equal out.
-template <element E, class W>
-void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_call& call) {
+template <element E, class W, class Combine>
+void all_reduce(W& ws, std::span<const E> in, std::span<E> out, const Combine& combine,
+                segment_call& call) {
   const int n = ws.size();
   const int me = ws.rank();
   const std::size_t piece = ws.capacity() / sizeof(E);
-  const bool one_shot = in.size_bytes() <= one_shot_bytes(n);
+  const bool one_shot = in.size_bytes() <= combine.one_shot(n);
   for (std::size_t first = 0; first < in.size(); first += piece) {
     const std::size_t count = std::min(piece, in.size() - first);
     const std::uint64_t p = ws.next_phase();
@@ -140,7 +204,7 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_ca
     ws.phase(call);
     auto input = [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)); };
     if (one_shot) {
-      reduce_in_order<E>(o, n, input, out.data() + first, count);
+      combine(n, input, out.data() + first, count);
       continue;
     }
     // Rank r reduces block r into the next phase's buffer; everyone then copies every block.
@@ -155,8 +219,8 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_ca
     const std::size_t lo = mine_block[0];
     const std::size_t hi = mine_block[1];
     E* mine = reinterpret_cast<E*>(ws.buffer(me, p + 1)) + lo;
-    reduce_in_order<E>(
-        o, n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
+    combine(
+        n, [&](int q) { return input(q) + lo; }, mine, hi - lo);
     ws.phase(call);
     for (int q = 0; q < n; ++q) {
       const auto [a, b] = block(q);
@@ -168,8 +232,8 @@ void all_reduce(W& ws, std::span<const E> in, std::span<E> out, op o, segment_ca
 
 /// all_reduce on symmetric buffers: in_of(q) and out_of(q) are rank q's input and output as this
 /// process addresses them (equal for in place).
-template <element E, class W, class In, class Out>
-void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
+template <element E, class W, class In, class Out, class Combine>
+void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, const Combine& combine,
                           segment_call& call) {
   const int n = ws.size();
   const int me = ws.rank();
@@ -184,8 +248,8 @@ void all_reduce_symmetric(W& ws, In in_of, Out out_of, std::size_t count, op o,
   for (std::size_t first = lo; first < hi; first += piece) {
     const std::size_t len = std::min(piece, hi - first);
     E* t = reinterpret_cast<E*>(tmp);
-    reduce_in_order<E>(
-        o, n, [&](int q) { return in_of(q) + first; }, t, len);
+    combine(
+        n, [&](int q) { return in_of(q) + first; }, t, len);
     for (int k = 0; k < n; ++k) {
       const int q = (me + k) % n;  // ranks write each output in a different order
       auto* dst = reinterpret_cast<std::byte*>(out_of(q) + first);
@@ -319,8 +383,9 @@ template <class W>
 
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
 /// order.
-template <element E, class W>
-void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o, segment_call& call) {
+template <element E, class W, class Combine>
+void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, const Combine& combine,
+                    segment_call& call) {
   const int n = ws.size();
   const std::size_t block = out.size();
   // Each piece holds the same slice of every block: n slices of `piece` elements.
@@ -336,8 +401,8 @@ void reduce_scatter(W& ws, std::span<const E> in, std::span<E> out, op o, segmen
     const std::size_t at = static_cast<std::size_t>(ws.rank()) * count;
     E* dst = out.data() + first;
     // In place, dst is this rank's block of in, already copied to the workspace.
-    reduce_in_order<E>(
-        o, n, [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)) + at; }, dst, count);
+    combine(
+        n, [&](int q) { return reinterpret_cast<const E*>(ws.buffer(q, p)) + at; }, dst, count);
   }
 }
 
