@@ -405,7 +405,8 @@ template <class Fallback>
       v = _mm512_mask_mov_epi32(v, make_nan, _mm512_set1_epi32(0x7fc00000));
       _mm512_mask_storeu_epi32(out + i, special, v);
     }
-    fallback_lanes(i, static_cast<unsigned>(static_cast<__mmask16>(~ok)), fallback);
+    // The special lanes are done: only the others that failed the test fall back.
+    fallback_lanes(i, static_cast<unsigned>(static_cast<__mmask16>(~(ok | special))), fallback);
   }
   _mm256_zeroupper();
   return i;
