@@ -637,3 +637,42 @@ TEST_CASE("reproducible float sums in the segment: serial_sum's bits, no message
     require_all_passed(out);
   }
 }
+
+TEST_CASE("the segment's exact sum: terms one stride apart, or anywhere") {
+  // exact_float_sum reads the ranks' terms in place where they lie one stride apart (the
+  // segment's buffers and symmetric memory always do) and copies them side by side otherwise.
+  // Both ways, and for one rank, in place too: serial_sum's bits.
+  constexpr std::size_t n = 1031;
+  for (const int ranks : {1, 2, 3, 5}) {
+    const auto ur = static_cast<std::size_t>(ranks);
+    for (const op o : {op::sum, op::avg}) {
+      CAPTURE(ranks);
+      CAPTURE(ringzero::op_name(o));
+      const shm::detail::exact_float_sum exact{
+          static_cast<std::uint32_t>(o == op::avg ? ranks : 1)};
+      // One stride apart (n + 3 floats), and each rank's terms in a vector of its own.
+      std::vector<float> laid(ur * (n + 3));
+      std::vector<std::vector<float>> apart(ur, std::vector<float>(n));
+      for (std::size_t r = 0; r < ur; ++r)
+        for (std::size_t i = 0; i < n; ++i)
+          laid[r * (n + 3) + i] = apart[r][i] = exact_term(static_cast<int>(r), i);
+      std::vector<float> from_laid(n), from_apart(n);
+      exact(
+          ranks, [&](int q) { return laid.data() + static_cast<std::size_t>(q) * (n + 3); },
+          from_laid.data(), n);
+      exact(
+          ranks, [&](int q) { return apart[static_cast<std::size_t>(q)].data(); },
+          from_apart.data(), n);
+      std::string bad = check_exact(from_laid, 0, ranks, o, "one stride apart");
+      CHECK_MESSAGE(bad.empty(), bad);
+      bad = check_exact(from_apart, 0, ranks, o, "apart");
+      CHECK_MESSAGE(bad.empty(), bad);
+      // In place: the output is rank 0's terms.
+      exact(
+          ranks, [&](int q) { return laid.data() + static_cast<std::size_t>(q) * (n + 3); },
+          laid.data(), n);
+      bad = check_exact(std::span<const float>(laid.data(), n), 0, ranks, o, "in place");
+      CHECK_MESSAGE(bad.empty(), bad);
+    }
+  }
+}

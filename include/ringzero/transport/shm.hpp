@@ -430,15 +430,8 @@ class transport {
   /// reduce_scatter up to segment_options::segment_bytes, as the plain calls; the segment then
   /// sums each element's terms exactly where they meet (detail::exact_float_sum).
   [[nodiscard]] bool runs_reproducible(const native_call& c) const {
-    if (size_ == 1 || c.type != dtype::float32 ||
-        (c.reduction != op::sum && c.reduction != op::avg))
-      return false;
-    const std::size_t bytes = c.count * sizeof(float);
-    if (c.kind == collective::all_reduce)
-      return bytes <= segment_.all_reduce_segment_bytes || symmetric_call<float>(c);
-    if (c.kind == collective::reduce_scatter)
-      return bytes * static_cast<std::size_t>(size_) <= segment_.segment_bytes;
-    return false;
+    return size_ > 1 && c.type == dtype::float32 &&
+           (c.reduction == op::sum || c.reduction == op::avg) && segment_reduces<float>(c);
   }
 
  private:
@@ -595,6 +588,19 @@ class transport {
               eng_->geometry().slots, eng_->geometry().slot_bytes);
   }
 
+  /// Whether run_segment runs `c`, an all_reduce (on symmetric buffers, or up to
+  /// segment_options::all_reduce_segment_bytes) or a reduce_scatter (up to
+  /// segment_options::segment_bytes); false for the other kinds. runs_reproducible asks it ahead.
+  template <element E>
+  [[nodiscard]] bool segment_reduces(const native_call& c) const {
+    if (c.kind == collective::all_reduce)
+      // The size first: it is unbounded by default, and the symmetric test scans allocations.
+      return c.count * sizeof(E) <= segment_.all_reduce_segment_bytes || symmetric_call<E>(c);
+    if (c.kind == collective::reduce_scatter)
+      return c.count * static_cast<std::size_t>(size_) * sizeof(E) <= segment_.segment_bytes;
+    return false;
+  }
+
   /// Whether an all_reduce's buffers are both symmetric memory, read and written in place.
   template <element E>
   [[nodiscard]] bool symmetric_call(const native_call& c) const {
@@ -623,7 +629,7 @@ class transport {
               call);
           return true;
         }
-        if (c.count * sizeof(E) > segment_.all_reduce_segment_bytes) return false;
+        if (!segment_reduces<E>(c)) return false;
         detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count), combine, call);
         return true;
@@ -643,7 +649,7 @@ class transport {
                               std::span<E>(out, c.count * n), call);
         return true;
       case collective::reduce_scatter:
-        if (c.count * n * sizeof(E) > segment_.segment_bytes) return false;
+        if (!segment_reduces<E>(c)) return false;
         detail::reduce_scatter<E>(workspace(), std::span<const E>(in, c.count * n),
                                   std::span<E>(out, c.count), combine, call);
         return true;

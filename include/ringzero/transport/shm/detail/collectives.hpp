@@ -182,8 +182,9 @@ struct exact_float_sum {
   }
   /// The pass costs more per term than a plain add, and in one phase every rank sums every
   /// rank's terms: one phase pays only while the second would cost more. Measured side by side,
-  /// µs per call (2 ranks: 0.29 against 0.33 at 1 KiB, 0.56-0.58 against 0.74-0.81 at 4 KiB; 4
-  /// ranks: 3.1 against 5.0 at 1 KiB, 7.5 against 10.7-13.3 at 16 KiB; docs/performance.md).
+  /// µs per call in one phase and in two: 2 ranks 0.29 and 0.33 at 1 KiB, 0.71-0.81 and
+  /// 0.56-0.58 at 4 KiB; 4 ranks 3.1 and 5.0 at 1 KiB, 10.7-13.3 and 7.5 at 16 KiB
+  /// (docs/performance.md, "The sums in the segment").
   [[nodiscard]] std::size_t one_shot(int ranks) const noexcept {
     return ranks == 2 ? std::size_t{1} << 10 : std::size_t{4} << 10;
   }
