@@ -1,4 +1,0 @@
-// detail::run over the shm transport, integer element types (instances.hpp says why).
-#include "instances.hpp"
-
-RINGZERO_TEST_INTEGER_ELEMENTS(RINGZERO_TEST_INSTANTIATE_RUN, ringzero::shm::transport)
