@@ -236,18 +236,36 @@ template <element E>
   }
 }
 
-/// A 64-bit digest of a buffer's bytes, for comparing outputs across ranks cheaply.
+/// A 64-bit digest of a buffer's bytes, for comparing outputs across ranks cheaply. Each word
+/// goes through one multiply and a rotation in one of four independent chains, and the chains
+/// meet in mix() at the end: every step is a bijection of its chain's state, so one changed word
+/// changes the digest. The conformance suites digest every output of every call: with
+/// mix() on every word, in one chain (12 cycles a word), this was a third of their CPU time.
 [[nodiscard]] inline std::uint64_t digest(std::span<const std::byte> bytes) noexcept {
-  std::uint64_t h = 0x243f6a8885a308d3ull ^ bytes.size();
+  constexpr std::uint64_t k = 0x9e3779b97f4a7c15ull;
+  const auto step = [](std::uint64_t h, std::uint64_t w) {
+    const std::uint64_t x = (h ^ w) * k;
+    return (x << 31) | (x >> 33);
+  };
+  std::uint64_t h[4] = {0x243f6a8885a308d3ull ^ bytes.size(), 0x13198a2e03707344ull,
+                        0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
+  const std::byte* p = bytes.data();
   std::size_t i = 0;
+  for (; i + 32 <= bytes.size(); i += 32) {
+    for (std::size_t l = 0; l < 4; ++l) {
+      std::uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = step(h[l], w);
+    }
+  }
   for (; i + 8 <= bytes.size(); i += 8) {
     std::uint64_t w;
-    std::memcpy(&w, bytes.data() + i, 8);
-    h = mix(h ^ w);
+    std::memcpy(&w, p + i, 8);
+    h[0] = step(h[0], w);
   }
   std::uint64_t tail = 0;
-  if (i < bytes.size()) std::memcpy(&tail, bytes.data() + i, bytes.size() - i);
-  return mix(h ^ tail);
+  if (i < bytes.size()) std::memcpy(&tail, p + i, bytes.size() - i);
+  return mix(mix(mix(mix(h[0] ^ tail) ^ h[1]) ^ h[2]) ^ h[3]);
 }
 
 }  // namespace ringzero::testing
