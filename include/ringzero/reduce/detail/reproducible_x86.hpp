@@ -550,42 +550,55 @@ template <class Fallback>
   const bool divide = divisor > 1;
   const bool twice = divide && (divisor & (divisor - 1)) != 0;
   const __m256d div = _mm256_set1_pd(static_cast<double>(divisor));
-  const __m256i ones = _mm256_set1_epi32(-1);
   const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-    __m256i top = _mm256_setzero_si256(), bottom = _mm256_set1_epi32(0xff);
-    __m256i nan = _mm256_setzero_si256(), pos_inf = nan, neg_inf = nan;
+    // As avx512::gathered_sums: the largest and the smallest nonzero magnitude as bits, their
+    // exponents worked out once after the loop (a zero term becomes the largest magnitude, so
+    // the minimum passes over it).
+    __m256i top = _mm256_setzero_si256(), bottom = magnitude;
     for (std::size_t r = 0; r < ranks; ++r) {
       const float* p = t + r * stride + i;
       const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m256i e = _mm256_and_si256(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(0xff));
-      const __m256i special = _mm256_cmpeq_epi32(e, _mm256_set1_epi32(0xff));
-      const __m256i fraction =
-          _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff)),
-                                              _mm256_setzero_si256()),
-                           ones);
-      const __m256i negative = _mm256_srai_epi32(bits, 31);
-      nan = _mm256_or_si256(nan, _mm256_and_si256(special, fraction));
-      const __m256i inf = _mm256_andnot_si256(fraction, special);
-      pos_inf = _mm256_or_si256(pos_inf, _mm256_andnot_si256(negative, inf));
-      neg_inf = _mm256_or_si256(neg_inf, _mm256_and_si256(negative, inf));
-      const __m256i live =
-          _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                              _mm256_setzero_si256()),
-                           ones);
-      const __m256i e1 = _mm256_max_epi32(e, _mm256_set1_epi32(1));
-      top = _mm256_max_epi32(top, _mm256_and_si256(e1, live));
-      bottom = _mm256_min_epi32(bottom, _mm256_blendv_epi8(_mm256_set1_epi32(0xff), e1, live));
+      const __m256i m = _mm256_and_si256(bits, magnitude);
+      top = _mm256_max_epu32(top, m);
+      const __m256i zero = _mm256_cmpeq_epi32(m, _mm256_setzero_si256());
+      bottom = _mm256_min_epu32(bottom, _mm256_or_si256(m, _mm256_and_si256(zero, magnitude)));
       const __m256 x = _mm256_castsi256_ps(bits);
       lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
       hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
     }
+    // Exponent fields, a subnormal's as 1.
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i e_top = _mm256_max_epi32(_mm256_srli_epi32(top, 23), one);
+    const __m256i e_bottom = _mm256_max_epi32(_mm256_srli_epi32(bottom, 23), one);
+    // Infinities and NaN, rare: each rank's terms are looked at again only where one occurs.
+    __m256i nan = _mm256_setzero_si256(), pos_inf = nan, neg_inf = nan;
+    if (_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(e_top, _mm256_set1_epi32(0xff)))) != 0) {
+      const __m256i ones = _mm256_set1_epi32(-1);
+      for (std::size_t r = 0; r < ranks; ++r) {
+        const __m256i bits =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + r * stride + i));
+        const __m256i special = _mm256_cmpeq_epi32(
+            _mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000)), _mm256_set1_epi32(0x7f800000));
+        const __m256i fraction =
+            _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffff)),
+                                                _mm256_setzero_si256()),
+                             ones);
+        const __m256i negative = _mm256_srai_epi32(bits, 31);
+        nan = _mm256_or_si256(nan, _mm256_and_si256(special, fraction));
+        const __m256i inf = _mm256_andnot_si256(fraction, special);
+        pos_inf = _mm256_or_si256(pos_inf, _mm256_andnot_si256(negative, inf));
+        neg_inf = _mm256_or_si256(neg_inf, _mm256_and_si256(negative, inf));
+      }
+    }
     const __m256i special = _mm256_or_si256(nan, _mm256_or_si256(pos_inf, neg_inf));
     const int special_bits = _mm256_movemask_ps(_mm256_castsi256_ps(special));
     int ok_bits = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                      _mm256_set1_epi32(span + 1), _mm256_sub_epi32(top, bottom)))) &
+                      _mm256_set1_epi32(span + 1), _mm256_sub_epi32(e_top, e_bottom)))) &
                   ~special_bits;
     if (divide) {
       lo = _mm256_div_pd(lo, div);
