@@ -690,11 +690,11 @@ class transport {
       return true;
     cross_memory_ = false;
     if (failed.error == ESRCH)
-      // Worded as every other dead-peer error ("rank N has died"), so that whoever reads it,
-      // a user or a launcher's log, finds the culprit where the other transports put it.
-      throw peer_error(fmt::format("shm {}: rank {} has died: rank {} found no process of it when "
-                                   "it read its input (it exited or was killed)",
-                                   call.what, failed.peer, failed.rank),
+      // The engine's words for a dead peer, as every other wait of this transport says them,
+      // and where this rank found out.
+      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read its "
+                                   "input across processes)",
+                                   eng_->dead_message(failed.peer), call.what, failed.rank),
                        failed.peer);
     log::warn(
         "shm: rank {} could not read rank {}'s input across processes ({}); all_gather and "
