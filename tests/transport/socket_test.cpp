@@ -223,6 +223,75 @@ TEST_CASE(
   require_all_passed(out);
 }
 
+TEST_CASE(
+    "small sends complete once written, before the receiver reads; their copies go again when "
+    "their rail fails") {
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    sock::communicator comm(sock::transport(s, r, n, three_rails));
+    // Under three_rails' stripe size: each message goes whole over one rail, spread over all
+    // three by the bytes each has queued.
+    constexpr int messages = 30;
+    constexpr std::size_t bytes = 512;
+    const auto value = [](int m, std::size_t i) {
+      return static_cast<std::uint8_t>(m * 7 + i * 13);
+    };
+    if (r == 0) {
+      std::vector<std::vector<std::uint8_t>> src(static_cast<std::size_t>(messages));
+      std::vector<sock::transport::request> sends;
+      for (int m = 0; m < messages; ++m) {
+        auto& v = src[static_cast<std::size_t>(m)];
+        for (std::size_t i = 0; i < bytes; ++i) v.push_back(value(m, i));
+        sends.push_back(comm.isend(1, 100 + static_cast<ringzero::tag_t>(m),
+                                   std::as_bytes(std::span<const std::uint8_t>(v))));
+      }
+      // Rank 1 posts nothing and reads nothing until "sent": these complete on this side alone.
+      for (auto& q : sends) drive(comm, q, 1);
+      // What goes again after the rail fails must be the transport's copies, not these.
+      for (auto& v : src) std::fill(v.begin(), v.end(), std::uint8_t{0xEE});
+      std::uint8_t word = 0;
+      const std::string log = multiprocess::capture_info_log("socket-eager", [&] {
+        comm.transport().break_rail(1, 1);
+        s.set("sent", std::as_bytes(std::span<const char>("1", 1)));
+        auto q = comm.irecv(1, 99, std::as_writable_bytes(std::span<std::uint8_t>(&word, 1)));
+        drive(comm, q, 1);
+      });
+      check.expect(word == 1, "rank 1's word that it read every message");
+      // Nothing was acknowledged: rank 1 had read nothing when the rail broke.
+      check.expect(contains(log, "unacknowledged piece") && !contains(log, " 0 unacknowledged"),
+                   fmt::format("the failed rail's pieces sent again, got '{}'", log));
+    } else {
+      const std::string sent = "sent";
+      s.wait(std::span<const std::string>(&sent, 1));
+      std::vector<std::uint8_t> in(bytes);
+      int right = 0;
+      for (int m = 0; m < messages; ++m) {
+        auto q = comm.irecv(0, 100 + static_cast<ringzero::tag_t>(m),
+                            std::as_writable_bytes(std::span<std::uint8_t>(in)));
+        drive(comm, q, 0);
+        bool same = true;
+        for (std::size_t i = 0; i < bytes; ++i) same = same && in[i] == value(m, i);
+        right += same ? 1 : 0;
+      }
+      check.expect(right == messages, fmt::format("{} of {} messages as sent", right, messages));
+      const std::uint8_t word = 1;
+      auto q = comm.isend(0, 99, std::as_bytes(std::span<const std::uint8_t>(&word, 1)));
+      drive(comm, q, 0);
+    }
+    // Both ends see the broken rail once they read it; neither leaves before the other has
+    // looked (a rank that leaves closes the other rails too).
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (comm.transport().live_rails(1 - r) == 3 && std::chrono::steady_clock::now() < until)
+      comm.progress();
+    check.expect(comm.transport().live_rails(1 - r) == 2, "two rails left");
+    s.add("looked", 1);
+    while (std::chrono::steady_clock::now() < until + 10s && s.add("looked", 0) < 2)
+      std::this_thread::sleep_for(10ms);
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
 TEST_CASE("hierarchical over two nodes of one host: shm inside the node, bitwise as sockets") {
   auto out = multiprocess::run(4, 120s, [](int r, int n, ringzero::bootstrap::store& s) {
     if (!multiprocess::become_host(fmt::format("ringzero-node-{}", r / 2)))

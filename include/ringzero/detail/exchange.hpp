@@ -98,7 +98,8 @@ class exchange {
         p2p_(p2p),
         seq_(p2p ? sequence : comm.state().collective_seq++),
         timeout_(timeout.count() > 0 ? timeout : std::chrono::nanoseconds(comm.timeout())),
-        deadline_(clock::now() + timeout_) {}
+        deadline_(clock::now() + timeout_),
+        spins_(spins_for(comm)) {}
 
   [[nodiscard]] T& comm() noexcept { return comm_; }
   [[nodiscard]] int rank() const { return comm_.rank(); }
@@ -127,7 +128,7 @@ class exchange {
   /// completed for `timeout`.
   void wait(pending& p) {
     if (p.done) return;
-    backoff b;
+    backoff b(spins_);
     while (!comm_.test(p.req)) {
       b.pause();
       if (expired()) throw timed_out(p);
@@ -173,6 +174,15 @@ class exchange {
     trace_receive(comm_.state().trace, p.is_send);
   }
 
+  // Where the communicator's ranks on this node outnumber its CPUs, a wait yields at once: the
+  // rank it waits for may need this CPU (backoff's comment). A communicator that cannot say
+  // where its ranks are spins first, as before.
+  [[nodiscard]] static unsigned spins_for(T& comm) {
+    if constexpr (requires { comm.topo().local_size; })
+      return oversubscribed(comm.topo().local_size) ? 0 : backoff::default_spins;
+    return backoff::default_spins;
+  }
+
   [[nodiscard]] bool expired() noexcept {
     if ((++polls_ & 63u) != 0) return false;
     const clock::time_point now = clock::now();
@@ -214,6 +224,7 @@ class exchange {
   std::uint32_t seq_;
   std::chrono::nanoseconds timeout_;
   clock::time_point deadline_;
+  unsigned spins_ = backoff::default_spins;
   unsigned polls_ = 0;
   bool moved_ = false;  ///< a message completed since the deadline was last set
 };

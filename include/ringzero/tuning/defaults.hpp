@@ -118,9 +118,14 @@ inline constexpr sourced_policy libfabric_other{"libfabric",
 /// The socket transport: per message, and the price of each of its rails (over_rails()).
 inline constexpr sourced_policy socket{
     "socket",
-    policy{.alpha = 25e-6, .beta = 1.0 / 1.25e9, .gamma = 1.0 / 10e9, .chunk_bytes = 1024 * KiB},
+    policy{.alpha = 25e-6,
+           .beta = 1.0 / 1.25e9,
+           .gamma = 1.0 / 10e9,
+           .chunk_bytes = 1024 * KiB,
+           .min_chunk_bytes = 128 * KiB},
     "nominal: one 10 Gb/s Ethernet rail, kernel TCP both ends; beta is replaced by the rails' "
-    "sum (socket_rail)"};
+    "sum (socket_rail). The smallest chunk sits above the sends that complete when written "
+    "(socket::detail::engine_limits::eager_bytes, 64 KiB)"};
 
 inline constexpr sourced_rail socket_rail{
     "socket rail", rail_price{.alpha = 25e-6, .beta = 1.0 / 1.25e9},

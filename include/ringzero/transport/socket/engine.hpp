@@ -11,7 +11,10 @@
 // The receiver acknowledges the pieces it read, per connection (a count); a send completes
 // once every piece of it was acknowledged, and a piece is kept until then, so that when a
 // rail fails, the pieces it had not delivered go again over the rails that are left (the
-// receiver drops pieces it already has).
+// receiver drops pieces it already has). A small send (up to engine_limits::eager_bytes) is
+// copied and completes once the kernel has taken all of it: waiting for its acknowledgement
+// doubled the latency of a small message (a frame there and one back); the copy is what goes
+// again if its rail fails before the acknowledgement comes.
 #pragma once
 
 #include <fmt/core.h>
@@ -73,6 +76,15 @@ struct engine_limits {
   /// How long a rank that has seen another die lets completions already on their way arrive
   /// before its other waits fail too.
   static constexpr std::chrono::milliseconds settle{200};
+  /// Sends up to this size complete when written (above, when acknowledged). Below the socket
+  /// policy's smallest pipeline chunk (tuning::defaults::socket), so that a pipeline's chunks
+  /// still complete only once received and cannot run ahead of the receiver.
+  static constexpr std::size_t eager_bytes = std::size_t{64} << 10;
+  /// Pieces of eager sends a connection reads before it acknowledges them in a frame of its
+  /// own; until then an acknowledgement rides on the next data it writes. Nothing waits on
+  /// those acknowledgements but the sender's copies, so sending each alone only cost a
+  /// sendmsg() here and a read there per small message.
+  static constexpr std::uint64_t lazy_ack_pieces = 16;
 };
 
 /// One posted send or receive.
@@ -88,6 +100,8 @@ struct op {
   int error_peer = -1;
   bool peer_loss = false;       ///< fails with peer_error (else transport_error)
   std::size_t pieces_left = 0;  ///< sends: pieces not yet acknowledged
+  bool eager = false;           ///< a small send, done once written whole (from `copy`)
+  std::size_t unwritten = 0;    ///< eager sends: pieces not yet written whole
   bool orphaned = false;        ///< its request is gone; a send finishes from `copy`
   std::vector<std::byte> copy;
   struct incoming* attached = nullptr;  ///< receives: the message being read into it
@@ -149,6 +163,8 @@ struct connection {
   std::size_t cur_got = 0;
   std::shared_ptr<incoming> cur_msg;
   std::uint64_t received = 0;  ///< data frames read whole
+  bool ack_due = false;  ///< a frame read since the last acknowledgement belongs to a send that
+                         ///< completes only when acknowledged (over eager_bytes)
   std::uint64_t ack_sent = 0;  ///< the count last acknowledged
   bool got_bye = false;
   std::uint64_t bytes_out = 0;  ///< payload bytes acknowledged (for statistics)
@@ -332,6 +348,11 @@ class engine {
     o->tag = tag;
     o->data = const_cast<std::byte*>(data.data());  // only read
     o->size = data.size();
+    if (data.size() <= engine_limits::eager_bytes) {
+      o->copy.assign(data.begin(), data.end());
+      o->data = o->copy.data();
+      o->eager = true;
+    }
     auto& ps = peers_[static_cast<std::size_t>(peer)];
     if (ps.gone) {
       fail_gone(*o, ps);
@@ -364,6 +385,7 @@ class engine {
       connection& c = pick(ps, pieces > 1, len);
       c.enqueue(std::move(p), len);
       ++o->pieces_left;
+      ++o->unwritten;
       if (std::find(touched.begin(), touched.end(), &c) == touched.end()) touched.push_back(&c);
       offset += len;
     } while (offset < data.size());
@@ -577,10 +599,12 @@ class engine {
     if (o->state != op::status::pending) return;
     auto& ps = peers_[static_cast<std::size_t>(o->peer)];
     if (o->is_send) {
-      // Its pieces may be on the wire already: the rest go from a copy.
+      // Its pieces may be on the wire already: the rest go from a copy (an eager send has one).
       try {
-        o->copy.assign(o->data, o->data + o->size);
-        o->data = o->copy.data();
+        if (!o->eager) {
+          o->copy.assign(o->data, o->data + o->size);
+          o->data = o->copy.data();
+        }
       } catch (...) {
         // Out of memory: the pieces not yet written are withdrawn instead below.
       }
@@ -622,10 +646,11 @@ class engine {
       if (c.alive && (re & (POLLIN | POLLHUP | POLLERR))) read(p, c);
       if (c.alive && (re & POLLOUT)) write(p, c);
     }
-    // Acknowledge what was read.
+    // Acknowledge what a sender waits on (eager pieces wait for data going back, or for
+    // lazy_ack_pieces of them).
     for (std::size_t p = 0; p < peers_.size(); ++p)
       for (auto& c : peers_[p].conns)
-        if (c.alive && c.received != c.ack_sent) write(static_cast<int>(p), c);
+        if (c.alive && ack_wanted(c)) write(static_cast<int>(p), c);
   }
 
   /// Waits until some connection with output can take more, or `until`.
@@ -638,8 +663,13 @@ class engine {
     ::poll(pfds_.data(), pfds_.size(), std::min(bootstrap::detail::poll_ms_until(until), 10));
   }
 
+  [[nodiscard]] static bool ack_wanted(const connection& c) noexcept {
+    return c.received != c.ack_sent &&
+           (c.ack_due || c.received - c.ack_sent >= engine_limits::lazy_ack_pieces);
+  }
+
   [[nodiscard]] static bool has_output(const connection& c) noexcept {
-    return c.written < c.out.size() || c.ctrl_len > 0 || c.received != c.ack_sent ||
+    return c.written < c.out.size() || c.ctrl_len > 0 || ack_wanted(c) ||
            (c.bye_due && !c.bye_sent);
   }
 
@@ -660,6 +690,7 @@ class engine {
           c.ctrl = frame_header::ack(c.received, c.rx_rate_field());
           c.ctrl_len = sizeof(frame_header);
           c.ack_sent = c.received;
+          c.ack_due = false;
         } else if (c.bye_due && !c.bye_sent && c.written == c.out.size()) {
           c.ctrl = frame_header::bye(failed_rank_);
           c.ctrl_len = sizeof(frame_header);
@@ -711,6 +742,11 @@ class engine {
         }
         c.partial += take;
         if (c.partial == c.out[c.written].frame_bytes()) {
+          // An eager send is done once its last piece is written whole (a piece written
+          // again after a rail failed counts once).
+          op& o = *c.out[c.written].o;
+          if (o.eager && o.unwritten > 0 && --o.unwritten == 0 && o.state == op::status::pending)
+            o.state = op::status::done;
           ++c.written;
           c.partial = 0;
         }
@@ -846,6 +882,7 @@ class engine {
   void end_piece(peer_state& ps, connection& c) {
     c.in_payload = false;
     ++c.received;
+    if (c.cur.total > engine_limits::eager_bytes) c.ack_due = true;
     std::shared_ptr<incoming> e = std::move(c.cur_msg);
     if (!e) return;
     if (std::find(e->done_offsets.begin(), e->done_offsets.end(), c.cur.offset) !=
