@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""A rank SIGKILLed in the middle of a collective: randomized trials over libfabric and shm.
+"""A rank SIGKILLed in the middle of a collective: randomized trials over libfabric, shm and
+sockets.
 
 Each trial starts WORLD ranks of ringzero-perf running one collective in a long loop (over
-libfabric's shm or tcp;ofi_rxm provider, or the native shm transport, one picked at random, so
+libfabric's shm or tcp;ofi_rxm provider, the native shm transport or ringzero's socket
+transport, one picked at random, so
 the fixed budget is split across them), either
 as a cluster user would (torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, nobody to
 stop the others) or under ringzero-run, waits until the timed loop runs, sleeps a random
@@ -36,8 +38,8 @@ import tempfile
 import time
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
-# libfabric providers by name; "native shm" is ringzero-perf -T shm.
-TRANSPORTS = ["shm", "tcp;ofi_rxm", "native shm"]
+# libfabric providers by name; "native shm" is ringzero-perf -T shm, "socket" -T socket.
+TRANSPORTS = ["shm", "tcp;ofi_rxm", "native shm", "socket"]
 TIMEOUT_S = 10  # RINGZERO_TIMEOUT for the ranks
 MARGIN_S = 8  # beyond the timeout: the watchdog's grace and process teardown
 
@@ -101,14 +103,19 @@ def culprit_named(text, victim):
         rf"(to|from) rank {v} failed",
         rf"rank {v} \(pid \d+\) was killed by signal 9",
         rf"rank {v} \(pid \d+\) is gone",
+        # The socket transport: the victim's own connections, or a survivor that closed its
+        # transport after it (the error's culprit is the victim either way).
+        rf"rank {v} is gone: its (connection|last rail)",
+        rf"closed its transport after rank {v} failed",
     ]
     return any(re.search(p, text) for p in pats)
 
 
 def wait_started(paths, world, deadline, transport):
-    # Each rank logs "libfabric: rank R of N" or "shm: rank R of N" (RINGZERO_DEBUG=INFO,
-    # unbuffered stderr) once its communicator is up; the collective loop starts right after.
-    what = "shm" if transport == "native shm" else "libfabric"
+    # Each rank logs "libfabric: rank R of N", "shm: rank R of N" or "socket: rank R of N"
+    # (RINGZERO_DEBUG=INFO, unbuffered stderr) once its communicator is up; the collective loop
+    # starts right after.
+    what = {"native shm": "shm", "socket": "socket"}.get(transport, "libfabric")
     want = [re.compile(rf"{what}: rank {r} of {world}\b") for r in range(world)]
     while time.monotonic() < deadline:
         text = ""
@@ -137,7 +144,10 @@ def trial(perf, run, rng, tmp, idx):
     env = dict(os.environ)
     env.update(RINGZERO_TIMEOUT=str(TIMEOUT_S), RINGZERO_DEBUG="INFO")
     args = [perf, coll, "-b", size, "-e", size, "-n", "100000000", "-w", "0", "-c", "0"]
-    args += ["-T", "shm"] if provider == "native shm" else ["-p", provider, "-T", "libfabric"]
+    if provider in ("native shm", "socket"):
+        args += ["-T", "shm" if provider == "native shm" else "socket"]
+    else:
+        args += ["-p", provider, "-T", "libfabric"]
     logs = [os.path.join(tmp, f"t{idx}_r{r}.txt") for r in range(world)]
     procs = []
     launcher_proc = None

@@ -727,7 +727,12 @@ class engine {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        rail_failed(peer, c, fmt::format("send failed: {}", std::strerror(errno)));
+        // A peer that closed its transport said goodbye first, naming the rank it saw fail;
+        // the goodbye may wait unread behind the reset that failed this write. Read it before
+        // calling the connection failed, or this rank blames a survivor for another's death.
+        const std::string why = fmt::format("send failed: {}", std::strerror(errno));
+        read(peer, c);
+        if (c.alive && !c.got_bye) rail_failed(peer, c, why);
         return;
       }
       // Account for what went, segment by segment.
