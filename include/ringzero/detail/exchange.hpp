@@ -99,7 +99,7 @@ class exchange {
         seq_(p2p ? sequence : comm.state().collective_seq++),
         timeout_(timeout.count() > 0 ? timeout : std::chrono::nanoseconds(comm.timeout())),
         deadline_(clock::now() + timeout_),
-        spins_(spins_for(comm)) {}
+        waiting_(backoff_for(ranks_here(comm))) {}
 
   [[nodiscard]] T& comm() noexcept { return comm_; }
   [[nodiscard]] int rank() const { return comm_.rank(); }
@@ -128,7 +128,7 @@ class exchange {
   /// completed for `timeout`.
   void wait(pending& p) {
     if (p.done) return;
-    backoff b(spins_);
+    backoff b = waiting_;
     while (!comm_.test(p.req)) {
       b.pause();
       if (expired()) throw timed_out(p);
@@ -174,13 +174,12 @@ class exchange {
     trace_receive(comm_.state().trace, p.is_send);
   }
 
-  // Where the communicator's ranks on this node outnumber its CPUs, a wait yields at once: the
-  // rank it waits for may need this CPU (backoff's comment). A communicator that cannot say
-  // where its ranks are spins first, as before.
-  [[nodiscard]] static unsigned spins_for(T& comm) {
-    if constexpr (requires { comm.topo().local_size; })
-      return oversubscribed(comm.topo().local_size) ? 0 : backoff::default_spins;
-    return backoff::default_spins;
+  // The communicator's ranks on this node, for backoff_for: where they outnumber its CPUs a
+  // wait yields at once, since the rank it waits for may need this CPU. One that cannot say
+  // where its ranks are counts as alone (it spins first).
+  [[nodiscard]] static int ranks_here(T& comm) {
+    if constexpr (requires { comm.topo().local_size; }) return comm.topo().local_size;
+    return 1;
   }
 
   [[nodiscard]] bool expired() noexcept {
@@ -224,7 +223,7 @@ class exchange {
   std::uint32_t seq_;
   std::chrono::nanoseconds timeout_;
   clock::time_point deadline_;
-  unsigned spins_ = backoff::default_spins;
+  backoff waiting_;  ///< how this call's waits back off, fresh for each wait
   unsigned polls_ = 0;
   bool moved_ = false;  ///< a message completed since the deadline was last set
 };

@@ -100,11 +100,15 @@ struct op {
   int error_peer = -1;
   bool peer_loss = false;       ///< fails with peer_error (else transport_error)
   std::size_t pieces_left = 0;  ///< sends: pieces not yet acknowledged
-  bool eager = false;           ///< a small send, done once written whole (from `copy`)
   std::size_t unwritten = 0;    ///< eager sends: pieces not yet written whole
   bool orphaned = false;        ///< its request is gone; a send finishes from `copy`
   std::vector<std::byte> copy;
   struct incoming* attached = nullptr;  ///< receives: the message being read into it
+
+  /// A small send: sent from `copy`, done once written whole (engine_limits::eager_bytes).
+  [[nodiscard]] bool eager() const noexcept {
+    return is_send && size <= engine_limits::eager_bytes;
+  }
 };
 
 /// A message from a peer, from its first piece's arrival until it is read whole and matched.
@@ -348,10 +352,9 @@ class engine {
     o->tag = tag;
     o->data = const_cast<std::byte*>(data.data());  // only read
     o->size = data.size();
-    if (data.size() <= engine_limits::eager_bytes) {
+    if (o->eager()) {
       o->copy.assign(data.begin(), data.end());
       o->data = o->copy.data();
-      o->eager = true;
     }
     auto& ps = peers_[static_cast<std::size_t>(peer)];
     if (ps.gone) {
@@ -601,7 +604,7 @@ class engine {
     if (o->is_send) {
       // Its pieces may be on the wire already: the rest go from a copy (an eager send has one).
       try {
-        if (!o->eager) {
+        if (!o->eager()) {
           o->copy.assign(o->data, o->data + o->size);
           o->data = o->copy.data();
         }
@@ -750,7 +753,7 @@ class engine {
           // An eager send is done once its last piece is written whole (a piece written
           // again after a rail failed counts once).
           op& o = *c.out[c.written].o;
-          if (o.eager && o.unwritten > 0 && --o.unwritten == 0 && o.state == op::status::pending)
+          if (o.eager() && o.unwritten > 0 && --o.unwritten == 0 && o.state == op::status::pending)
             o.state = op::status::done;
           ++c.written;
           c.partial = 0;
