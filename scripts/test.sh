@@ -81,10 +81,12 @@ fi
 # deadlines, sockets and timers), so stage 1 runs about as fast as alone, and stages 2 and 3
 # start with part of their build done. The builds' output goes to build/<name>.log; a stage
 # prints it when its build failed.
-#   Sanitizer builds: line tables only (-g1) are enough for the reports' stack traces and
-# compile in two thirds of the time; ASan at -O0 compiles three times faster than at -O1 and the
-# suite still runs in minutes; TSan keeps -O1: unoptimized, its instrumented programs run several
-# times slower. NCCL is left to stage 1: without a GPU its tests only check arguments, and
+#   Sanitizer builds: ASan at -O0 compiles three times faster than at -O1 and the suite still runs
+# in minutes, and without debug information (-g0): at -O0 nothing is inlined, so a report's stack
+# still has every frame, each named from the symbol table, only without file and line (the build
+# took 410 s of CPU against 491 with line tables; docs/testing.md). TSan keeps -O1 (unoptimized,
+# its instrumented programs run several times slower) and line tables (-g1), which name the
+# frames inlined into a report's stack. NCCL is left to stage 1: without a GPU its tests only check arguments, and
 # instrumenting them against the CUDA runtime adds nothing.
 #   ASan + UBSan compile with Clang 14 (installed for the fuzzers): side by side, the same tree,
 # built from scratch, Clang took 1,054 s of CPU against GCC 12's 2,008, and its tests 733 s
@@ -101,7 +103,7 @@ sanitizer_builds() {
   local build name cxx flags sanitize rc start
   # <name> <compiler> <CMAKE_CXX_FLAGS_DEBUG> <RINGZERO_SANITIZE>, in the order the stages need
   # them.
-  for build in "asan|clang++-14|-O0 -g1|address,undefined" "tsan|clang++-14|-O1 -g1|thread"; do
+  for build in "asan|clang++-14|-O0 -g0|address,undefined" "tsan|clang++-14|-O1 -g1|thread"; do
     IFS='|' read -r name cxx flags sanitize <<<"$build"
     cxx=$(command -v "$cxx" || command -v g++)
     # A build directory configured with another compiler starts again (CMake would refuse it).
@@ -174,11 +176,20 @@ stage "1/3 warnings as errors (-Wall -Wextra -Wpedantic -Werror)"
 # this build. Stage 1 keeps what an optimized plain build checks best: the conformance suites at
 # full size, the transports' multi-process tests, the tools, examples and their tests, and the
 # packaging. The conformance suites and the collectives they link (RINGZERO_CONFORMANCE_FLAGS)
-# build at -O2: at -O1 GCC inlines little, and they ran up to twice as long.
+# build at -O2: at -O1 GCC inlines little, and they ran up to twice as long. The other test
+# programs build at -Og (RINGZERO_TEST_FLAGS): a fifth to a third less CPU than -O1 for each
+# source, and their time goes to waiting on other processes, not to their own code (their
+# collectives come from the -O2 libraries); GCC's flow-based warnings (-Wmaybe-uninitialized and
+# the rest) still run at -Og. The CUDA sources' host code builds at -Og too (nvcc takes no -Og of
+# its own; without -O it passes the host compiler's): without a GPU they are only compiled, and
+# on one their host code waits on the device. Without a GPU the CUDA sharder test is built once,
+# per-thread (RINGZERO_CUDA_STREAM_VARIANTS, tests/zero/CMakeLists.txt says why).
+cuda_variants=OFF
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && cuda_variants=ON
 configure_build build/ci -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" \
-  -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O1 -DNDEBUG" -DCMAKE_CUDA_ARCHITECTURES=80 \
-  -DRINGZERO_PLAIN_UNIT_TESTS=OFF -DRINGZERO_CONFORMANCE_FLAGS=-O2 \
-  -- all all_verify_interface_header_sets
+  -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-Xcompiler=-Og -DNDEBUG" -DCMAKE_CUDA_ARCHITECTURES=80 \
+  -DRINGZERO_PLAIN_UNIT_TESTS=OFF -DRINGZERO_TEST_FLAGS=-Og -DRINGZERO_CONFORMANCE_FLAGS=-O2 \
+  -DRINGZERO_CUDA_STREAM_VARIANTS=$cuda_variants -- all all_verify_interface_header_sets
 echo "every public header compiles on its own"
 lap "1 build, -Werror (header checks too)"
 if command -v clang-format >/dev/null; then
