@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <limits>
@@ -142,6 +143,25 @@ TEST_CASE("table: select() picks the first cheapest of candidates() for every qu
 TEST_CASE("backoff: waits among more ranks than CPUs do not spin") {
   CHECK_FALSE(detail::oversubscribed(1));
   CHECK(detail::oversubscribed(1 << 20));
+}
+
+TEST_CASE("backoff: RINGZERO_WAIT_MODE is poll or sleep, and sleep sleeps after a few yields") {
+  CHECK(detail::parse_wait_mode("") == detail::wait_mode::poll);
+  CHECK(detail::parse_wait_mode("poll") == detail::wait_mode::poll);
+  CHECK(detail::parse_wait_mode("sleep") == detail::wait_mode::sleep);
+  try {
+    (void)detail::parse_wait_mode("spin");
+    FAIL("RINGZERO_WAIT_MODE=spin was accepted");
+  } catch (const invalid_argument& e) {
+    CHECK(std::string(e.what()).find("RINGZERO_WAIT_MODE='spin'") != std::string::npos);
+  }
+  // Under sleep, even a waiter asked to spin sleeps once its few yields are spent: ten pauses
+  // past them take at least ten 50 us sleeps (sleep_for never returns early).
+  detail::backoff b(detail::backoff::default_spins, detail::wait_mode::sleep);
+  for (unsigned i = 0; i < detail::backoff::sleep_yields; ++i) b.pause();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) b.pause();
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::microseconds(500));
 }
 
 TEST_CASE(

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,21 +39,50 @@ template <class T>
   return std::as_writable_bytes(s);
 }
 
+/// How a waiting rank spends its time (RINGZERO_WAIT_MODE, read once per process).
+///   poll  (default): spin, then yield, then sleep — the lowest latency when every rank has a CPU
+///          of its own, as on a training node.
+///   sleep: a few yields, then short sleeps — for a node shared with other work (CI runners,
+///          several jobs on one host, more ranks than CPUs): a rank that yields in a loop keeps
+///          its CPU from the other programs as surely as one that spins, since the scheduler
+///          hands the CPU straight back to it. Intel MPI's I_MPI_WAIT_MODE makes the same trade.
+enum class wait_mode { poll, sleep };
+
+[[nodiscard]] inline wait_mode parse_wait_mode(std::string_view v) {
+  if (v.empty() || v == "poll") return wait_mode::poll;
+  if (v == "sleep") return wait_mode::sleep;
+  throw invalid_argument("RINGZERO_WAIT_MODE='" + std::string(v) + "' is not poll or sleep");
+}
+
+[[nodiscard]] inline wait_mode env_wait_mode() {
+  static const wait_mode mode = [] {
+    const char* v = std::getenv("RINGZERO_WAIT_MODE");
+    return parse_wait_mode(v == nullptr ? std::string_view{} : std::string_view{v});
+  }();
+  return mode;
+}
+
 /// Spin first (a peer on the same node answers in well under a microsecond), then yield, then
 /// sleep briefly: a blocking sleep/wake costs tens of microseconds, so sleeping is the last
 /// resort for long waits, not the first. Where ranks outnumber CPUs, spinning only keeps the
-/// rank being waited for off a CPU: construct with spins = 0 (see oversubscribed()).
+/// rank being waited for off a CPU: construct with spins = 0 (see oversubscribed()). Under
+/// wait_mode::sleep nothing spins and the yields are few.
 class backoff {
  public:
   static constexpr unsigned default_spins = 255;
+  static constexpr unsigned poll_yields = 3840;
+  static constexpr unsigned sleep_yields = 16;
 
-  backoff() = default;
-  explicit backoff(unsigned spins) noexcept : spins_(spins) {}
+  backoff() : backoff(default_spins) {}
+  explicit backoff(unsigned spins) : backoff(spins, env_wait_mode()) {}
+  backoff(unsigned spins, wait_mode mode) noexcept
+      : spins_(mode == wait_mode::sleep ? 0 : spins),
+        yields_(mode == wait_mode::sleep ? sleep_yields : poll_yields) {}
 
   void pause() {
     ++n_;
     if (n_ <= spins_) return;
-    if (n_ <= spins_ + 3840) {
+    if (n_ <= spins_ + yields_) {
       std::this_thread::yield();
       return;
     }
@@ -62,6 +92,7 @@ class backoff {
 
  private:
   unsigned spins_ = default_spins;
+  unsigned yields_ = poll_yields;
   unsigned n_ = 0;
 };
 
