@@ -57,6 +57,7 @@
 #include "ringzero/reduce/cpu.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/native.hpp"
+#include "ringzero/tuning/policy.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero {
@@ -271,7 +272,8 @@ template <class T, element E>
                               std::size_t count, const options& opt, bool algo_env) {
   if constexpr (some_native_collectives<T>) {
     if (comm.comm_id() != 0 || opt.algorithm != algorithm::automatic || algo_env) return false;
-    const native_call nc = native_call_of(c, count, comm.state().collective_seq);
+    native_call nc = native_call_of(c, count, comm.state().collective_seq);
+    nc.one_phase_bytes = tuning::one_phase_limit(comm.tuning(), comm.size());
     options resolved = opt;
     if (resolved.timeout.count() <= 0) resolved.timeout = comm.timeout();
     // A call the transport ran takes a sequence number, as one over messages does.

@@ -290,6 +290,14 @@ class communicator {
   [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
   /// The tuning policy the cost model and the algorithms' flow control use.
   [[nodiscard]] const tuning::policy& tuning() const noexcept { return tuning_; }
+  /// Replaces the tuning policy, as a RINGZERO_TUNING file does when the communicator is made
+  /// (`ringzero-perf --tune` tries settings this way). Every rank must pass the same policy
+  /// before its next collective: ranks that price differently pick different algorithms. Throws
+  /// invalid_argument, and keeps the old policy, when `p` cannot price anything (tuning::check).
+  void set_tuning(const tuning::policy& p) {
+    tuning::check(p, "communicator::set_tuning");
+    tuning_ = p;
+  }
   /// The deadline of every blocking call that does not set options::timeout.
   [[nodiscard]] std::chrono::nanoseconds timeout() const noexcept { return timeout_; }
   [[nodiscard]] topology topo() const noexcept { return topo_; }

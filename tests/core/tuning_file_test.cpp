@@ -69,6 +69,8 @@ TEST_CASE("tuning file: what format_tuning writes, parse_tuning reads back bit f
                                       .alpha = 4.123456789012345e-7,
                                       .beta = 1.0 / 7.3e9,
                                       .gamma = 1.0 / 11.1e9,
+                                      .one_phase_bytes = 16384,
+                                      .one_phase_ranks = 2,
                                       .measured = "2 ranks on host-a, 2026-11-25"});
   f.sections.push_back(tuning_section{.name = "libfabric:tcp;ofi_rxm", .alpha = 9.5e-6});
   f.sections.push_back(tuning_section{.name = "loopback", .chunk_bytes = 65536});
@@ -83,6 +85,8 @@ TEST_CASE("tuning file: what format_tuning writes, parse_tuning reads back bit f
     CHECK(a.beta.has_value() == b.beta.has_value());
     CHECK(a.gamma.has_value() == b.gamma.has_value());
     CHECK(a.chunk_bytes == b.chunk_bytes);
+    CHECK(a.one_phase_bytes == b.one_phase_bytes);
+    CHECK(a.one_phase_ranks == b.one_phase_ranks);
     if (a.alpha) CHECK(same_bits(*a.alpha, *b.alpha));
     if (a.beta) CHECK(same_bits(*a.beta, *b.beta));
     if (a.gamma) CHECK(same_bits(*a.gamma, *b.gamma));
@@ -128,9 +132,19 @@ TEST_CASE("tuning file: a malformed file names the file, the line and what is wr
       {"version = 1\n[shm]\nchunk_bytes = 0\n", "line 3: chunk_bytes = '0' is not a positive"},
       {"version = 1\n[shm]\nchunk_bytes = 1.5\n", "line 3: chunk_bytes = '1.5' is not a positive"},
       {"version = 1\n[shm]\ndelta = 1\n", "line 3: unknown key 'delta'"},
+      {"version = 1\n[shm]\none_phase_bytes = 8192\n",
+       "line 2: section [shm] sets one of one_phase_bytes and one_phase_ranks"},
+      {"version = 1\n[shm]\nalpha = 1e-6\none_phase_ranks = 2\n",
+       "line 2: section [shm] sets one of one_phase_bytes and one_phase_ranks"},
+      {"version = 1\n[shm]\none_phase_bytes = -4\n",
+       "line 3: one_phase_bytes = '-4' is not a positive integer"},
+      {"version = 1\n[shm]\none_phase_bytes = 8192\none_phase_ranks = 0\n",
+       "line 4: one_phase_ranks = '0' is not a positive integer"},
+      {"version = 1\n[shm]\none_phase_bytes = 8192\none_phase_ranks = 4294967296\n",
+       "line 4: one_phase_ranks = '4294967296' is not a positive integer"},
       {"version = 1\n[shm]\njust words\n", "line 3: 'just words' is neither"},
       {"version = 1\n\n# a comment\n[shm]\nmeasured = today\n[tcp]\nalpha = 1e-5\n",
-       "line 4: section [shm] sets none of alpha, beta, gamma, chunk_bytes"},
+       "line 4: section [shm] sets none of alpha, beta, gamma, chunk_bytes, one_phase_bytes"},
       {"version = 1\n[shm]\n", "line 2: section [shm] sets none"},
   };
   for (const auto& c : cases) {
@@ -164,6 +178,17 @@ TEST_CASE("tuning file: a section replaces only the constants it sets, for its t
   CHECK(p.burst == defaults.burst);
   CHECK(p.inflight == defaults.inflight);
   CHECK(f.find("shm")->apply(defaults).alpha == 3e-7);
+  CHECK(p.one_phase_bytes == 0);  // not set: the transport's rule stays
+
+  // The segment's one-phase limit holds at the world size it was measured at.
+  const tuning::policy q =
+      tuning::parse_tuning("version = 1\n[shm]\none_phase_bytes = 8192\none_phase_ranks = 2\n", "g")
+          .find("shm")
+          ->apply(defaults);
+  CHECK(q.alpha == defaults.alpha);
+  CHECK(tuning::one_phase_limit(q, 2) == 8192);
+  CHECK(tuning::one_phase_limit(q, 4) == 0);
+  CHECK(tuning::one_phase_limit(defaults, 2) == 0);
 
   temp_file t("version = 1\n[shm]\nalpha = 3e-7\n");
   const auto none = tuning::load_tuning(t.path, "loopback", defaults);
@@ -256,6 +281,21 @@ TEST_CASE("agree_tuning: ranks that read differently all stop, naming the rank")
       } catch (const mismatch_error& e) {
         const std::string m = e.what();
         CHECK(m.find("RINGZERO_TUNING=shared.tuning: rank 2 read [loopback]") != std::string::npos);
+        ++mismatches;
+      }
+    });
+    CHECK(mismatches == n);
+  }
+  SUBCASE("one rank measured another one-phase limit") {
+    std::atomic<int> mismatches{0};
+    loopback::world(n).run([&](loopback::communicator& comm) {
+      auto mine = good;
+      mine.values.one_phase_bytes = comm.rank() == 1 ? 8192 : 16384;
+      mine.values.one_phase_ranks = 2;
+      try {
+        (void)tuning::agree_tuning(comm, "f", "loopback", mine);
+      } catch (const mismatch_error& e) {
+        CHECK(std::string(e.what()).find("one_phase_bytes 8192 at 2 ranks") != std::string::npos);
         ++mismatches;
       }
     });

@@ -457,6 +457,25 @@ TEST_CASE("--tune fits alpha and beta by relative error") {
   CHECK_THROWS_AS((void)perf::fit_alpha_beta(m, flat), ringzero::invalid_argument);
 }
 
+TEST_CASE("--tune: one phase up to the last size where it is no more than 2 % slower") {
+  const std::vector<std::size_t> sizes{1024, 2048, 4096, 8192};
+  // One phase wins, ties within the margin, then loses: the limit is the tie's size.
+  CHECK(perf::choose_one_phase_limit(sizes, std::vector<double>{1.0, 2.0, 3.05, 5.0},
+                                     std::vector<double>{1.5, 2.5, 3.0, 4.0}) == 4096);
+  // Losing once ends it, even where one phase would win again further on (noise, or a size
+  // whose blocks stop fitting the cache, is not a reason to go back to one phase).
+  CHECK(perf::choose_one_phase_limit(sizes, std::vector<double>{1.0, 3.0, 3.0, 3.0},
+                                     std::vector<double>{1.5, 2.5, 4.0, 4.0}) == 1024);
+  // One phase at every size, and at none (half the smallest size: nothing measured runs in it).
+  CHECK(perf::choose_one_phase_limit(sizes, std::vector<double>(4, 1.0),
+                                     std::vector<double>(4, 2.0)) == 8192);
+  CHECK(perf::choose_one_phase_limit(sizes, std::vector<double>(4, 2.0),
+                                     std::vector<double>(4, 1.0)) == 512);
+  CHECK_THROWS_AS((void)perf::choose_one_phase_limit(sizes, std::vector<double>(3, 1.0),
+                                                     std::vector<double>(4, 1.0)),
+                  ringzero::invalid_argument);
+}
+
 TEST_CASE("--tune writes the transport's section of a tuning file, keeping the others") {
   std::string pattern = (std::filesystem::temp_directory_path() / "ringzero-tune-XXXXXX").string();
   const int fd = ::mkstemp(pattern.data());

@@ -323,6 +323,55 @@ TEST_CASE("segment collectives in pieces: a workspace far smaller than the messa
   require_all_passed(out);
 }
 
+TEST_CASE("the segment's one-phase limit is the communicator's tuning; either way the same bits") {
+  auto out = multiprocess::run(2, 300s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    ::unsetenv("RINGZERO_ALGO");
+    ::unsetenv("RINGZERO_TUNING");
+    rank_checks check{r};
+    shm::communicator comm(shm::transport(s, r, n));
+    // The phases a float all_reduce of `bytes` posted (one piece at these sizes).
+    const auto phases_at = [&](std::size_t bytes) {
+      std::vector<float> v(bytes / sizeof(float), static_cast<float>(r + 1));
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      check.expect(std::all_of(v.begin(), v.end(), [](float x) { return x == 3.0f; }),
+                   fmt::format("the sum at {} bytes", bytes));
+      return comm.transport().segment_phases();
+    };
+    check.expect(phases_at(16 << 10) == 1, "the built-in rule: 16 KiB on 2 ranks in one phase");
+    ringzero::tuning::policy p = comm.tuning();
+    p.one_phase_bytes = 4096;
+    p.one_phase_ranks = 2;
+    comm.set_tuning(p);
+    check.expect(phases_at(4096) == 1, "a tuned limit of 4 KiB: 4 KiB in one phase");
+    check.expect(phases_at(8192) == 2, "a tuned limit of 4 KiB: 8 KiB in two");
+    p.one_phase_ranks = 3;
+    comm.set_tuning(p);
+    check.expect(phases_at(8192) == 1, "a limit measured on 3 ranks leaves 2 ranks to the rule");
+    p.one_phase_ranks = -1;
+    bool refused = false;
+    try {
+      comm.set_tuning(p);
+    } catch (const ringzero::invalid_argument& e) {
+      refused = std::string(e.what()).find("one_phase_ranks = -1") != std::string::npos;
+    }
+    check.expect(refused, "set_tuning refuses a negative world size, naming the field");
+    // The conformance matrix's automatic calls, every size in two phases, then in one.
+    using phase_types = conformance::types<float, std::int8_t>;
+    std::vector<conformance::test_case> cases;
+    for (const auto& tc : conformance::matrix(n, false, phase_types::dtypes))
+      if (tc.algo == ringzero::algorithm::automatic) cases.push_back(tc);
+    for (std::size_t limit : {std::size_t{1}, std::size_t{1} << 40}) {
+      p.one_phase_bytes = limit;
+      p.one_phase_ranks = 0;
+      comm.set_tuning(p);
+      for (const auto& f : conformance::run_all<phase_types>(comm, cases))
+        check.expect(false, fmt::format("one_phase_bytes {}: {}", limit, f));
+    }
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
 TEST_CASE("segment collectives whose ranks disagree on count, op or kind raise on every rank") {
   auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
     ::unsetenv("RINGZERO_ALGO");

@@ -246,7 +246,8 @@ ringzero flags:
                             all_gather only (-T nccl always uses the GPU; default host)
      --timeout <seconds>    deadline for one collective (default RINGZERO_TIMEOUT or 300)
      --tune <file>          measure alpha, beta, gamma of the transport (-T, -p) instead of
-                            benchmarking, and write its section of <file> (RINGZERO_TUNING)
+                            benchmarking (-T shm: also the segment's one-phase limit), and
+                            write its section of <file> (RINGZERO_TUNING)
      --reproducible         options::reproducible on the measured calls (all_reduce,
                             reduce_scatter, reduce; sum, avg, min, max): floating sums are
                             exact, rounded once; inputs get random exponents and signs, and

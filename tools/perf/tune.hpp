@@ -18,6 +18,12 @@
 //     extra steps too cheaply: on 2 ranks over libfabric's shm provider it took the ring from
 //     16 to 64 KiB, where recursive doubling was 1.5 to 1.8 times faster.
 //
+//   one_phase_bytes (the native shm transport): its all_reduce is timed at 1 KiB .. 1 MiB with
+//     every size in one phase and then every size in two (communicator::set_tuning), and the
+//     limit is the largest size up to which one phase is never more than 2 % slower. Where one
+//     phase stops paying is a property of the caches: two machines of this project's measurements
+//     put it at 256 KiB and at 8 KiB on 2 ranks (docs/performance.md).
+//
 // Rank 0 prints each point's time, the fit and its residuals, then writes the file: the section
 // of this transport (its tuning_name()) replaces the one already there, others are kept.
 #pragma once
@@ -25,6 +31,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -112,36 +119,77 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Seconds per all_reduce call on this rank of each (size, algorithm), at [size * algos.size()
-/// + algorithm]: the median over rounds of the mean over a round's calls. Each round visits
-/// every point, so a stretch of time when other work holds the cores slows every point a little
-/// rather than a few a lot. Every rank makes the same calls.
-template <class Comm>
-std::vector<double> all_reduce_seconds(Comm& comm, std::span<const std::size_t> sizes,
-                                       std::span<const algorithm> algos, int rounds) {
+/// Seconds per all_reduce call on this rank of each (size, setting), at [size * settings +
+/// setting]: the median over rounds of the mean over a round's calls. `setting(j)` prepares the
+/// j-th setting and returns the call's options; `calls(bytes)` is how many calls a point times.
+/// Each round visits every point, so a stretch of time when other work holds the cores slows
+/// every point a little rather than a few a lot. Every rank makes the same calls.
+template <class Comm, class Setting, class Calls>
+std::vector<double> all_reduce_seconds_each(Comm& comm, std::span<const std::size_t> sizes,
+                                            std::size_t settings, Setting setting, Calls calls,
+                                            int rounds) {
   const std::size_t most = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
   std::vector<float> in(most / sizeof(float), 1.0f), out(in.size());
-  std::vector<std::vector<double>> per_round(sizes.size() * algos.size());
+  std::vector<std::vector<double>> per_round(sizes.size() * settings);
   for (int round = -1; round < rounds; ++round) {  // one round of warm-up
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       const std::size_t count = sizes[i] / sizeof(float);
-      // Enough calls that a round takes a measurable time, few enough that 2 MiB stays quick.
-      const int calls = static_cast<int>(std::clamp<std::size_t>(
-          (std::size_t{1} << 20) / std::max<std::size_t>(sizes[i], 1), 3, 50));
-      for (std::size_t j = 0; j < algos.size(); ++j) {
-        ringzero::options opt;
-        opt.algorithm = algos[j];
+      const int n = calls(sizes[i]);
+      for (std::size_t j = 0; j < settings; ++j) {
+        const ringzero::options opt = setting(j);
         const auto t0 = std::chrono::steady_clock::now();
-        for (int c = 0; c < calls; ++c)
+        for (int c = 0; c < n; ++c)
           ringzero::all_reduce(comm, std::span<const float>(in.data(), count),
                                std::span<float>(out.data(), count), op::sum, opt);
         const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-        if (round >= 0) per_round[i * algos.size() + j].push_back(dt.count() / calls);
+        if (round >= 0) per_round[i * settings + j].push_back(dt.count() / n);
       }
     }
   }
   std::vector<double> t;
   for (auto& r : per_round) t.push_back(median(r));
+  return t;
+}
+
+/// all_reduce_seconds_each over forced algorithms: enough calls that a round takes a
+/// measurable time, few enough that 2 MiB stays quick.
+template <class Comm>
+std::vector<double> all_reduce_seconds(Comm& comm, std::span<const std::size_t> sizes,
+                                       std::span<const algorithm> algos, int rounds) {
+  return all_reduce_seconds_each(
+      comm, sizes, algos.size(),
+      [&](std::size_t j) {
+        ringzero::options opt;
+        opt.algorithm = algos[j];
+        return opt;
+      },
+      [](std::size_t bytes) {
+        return static_cast<int>(std::clamp<std::size_t>(
+            (std::size_t{1} << 20) / std::max<std::size_t>(bytes, 1), 3, 50));
+      },
+      rounds);
+}
+
+/// all_reduce_seconds_each over tuning policies (communicator::set_tuning), the algorithm left
+/// automatic so that a transport with a segment runs the calls there; about a millisecond a
+/// point, since a 1 KiB call in a segment takes well under a microsecond. The communicator's
+/// own policy is restored afterwards.
+template <class Comm>
+std::vector<double> all_reduce_seconds_under(Comm& comm, std::span<const std::size_t> sizes,
+                                             std::span<const tuning::policy> policies, int rounds) {
+  const tuning::policy own = comm.tuning();
+  std::vector<double> t = all_reduce_seconds_each(
+      comm, sizes, policies.size(),
+      [&](std::size_t j) {
+        comm.set_tuning(policies[j]);
+        return ringzero::options{};
+      },
+      [](std::size_t bytes) {
+        return static_cast<int>(std::clamp<std::size_t>(
+            (std::size_t{8} << 20) / std::max<std::size_t>(bytes, 1), 20, 2000));
+      },
+      rounds);
+  comm.set_tuning(own);
   return t;
 }
 
@@ -177,6 +225,22 @@ inline double combine_seconds_per_byte(std::size_t bytes, int reps) {
 
 }  // namespace detail
 
+/// The one-phase limit from all_reduce times in one phase and in two at ascending `sizes`: the
+/// largest size up to which one phase is at most 2 % slower than two at every size (the margin
+/// keeps noise from ending the run early), half the smallest size where it already loses there.
+[[nodiscard]] inline std::size_t choose_one_phase_limit(std::span<const std::size_t> sizes,
+                                                        std::span<const double> one,
+                                                        std::span<const double> two) {
+  if (sizes.empty() || one.size() != sizes.size() || two.size() != sizes.size())
+    throw invalid_argument("--tune: one-phase and two-phase times for every size are needed");
+  std::size_t limit = std::max<std::size_t>(sizes[0] / 2, 1);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (one[i] > two[i] * 1.02) break;
+    limit = sizes[i];
+  }
+  return limit;
+}
+
 /// The whole of --tune on one rank of `comm`; rank 0 prints to `out` and writes `file`.
 /// Returns the exit status.
 template <class Comm>
@@ -199,6 +263,26 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   std::vector<std::size_t> sizes;
   for (std::size_t b = 8; b <= (std::size_t{2} << 20); b *= 4) sizes.push_back(b);
   const std::vector<double> t = detail::all_reduce_seconds(comm, sizes, algos, 5);
+
+  // The segment's one-phase limit, where the transport reduces in a shared segment.
+  std::vector<std::size_t> phase_sizes;
+  std::vector<double> one, two;
+  std::size_t one_phase = 0;
+  if (section == "shm") {
+    for (std::size_t b = 1024; b <= (std::size_t{1} << 20); b *= 2) phase_sizes.push_back(b);
+    tuning::policy in_one = comm.tuning(), in_two = comm.tuning();
+    in_one.one_phase_bytes = std::size_t{1} << 40;  // every size in one phase
+    in_two.one_phase_bytes = 1;                     // every size in two
+    in_one.one_phase_ranks = in_two.one_phase_ranks = 0;
+    const std::array<tuning::policy, 2> both{in_one, in_two};
+    detail::align(comm);
+    const std::vector<double> tp = detail::all_reduce_seconds_under(comm, phase_sizes, both, 7);
+    for (std::size_t i = 0; i < phase_sizes.size(); ++i) {
+      one.push_back(tp[2 * i]);
+      two.push_back(tp[2 * i + 1]);
+    }
+    one_phase = choose_one_phase_limit(phase_sizes, one, two);
+  }
   if (!prints) return 0;
 
   // Each point's prediction is ca*alpha + cb*beta + cg*gamma: the coefficients are the
@@ -245,6 +329,15 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
              detail::size_text(small_bytes), gamma_small, 1e-9 / gamma_small,
              detail::size_text(large_bytes), gamma_large, 1e-9 / gamma_large, gamma_small);
 
+  if (one_phase != 0) {
+    fmt::print(out, "# segment all_reduce, float sum: us per call in one phase / in two\n");
+    for (std::size_t i = 0; i < phase_sizes.size(); ++i)
+      fmt::print(out, "   {:>9}  {:>8.2f} /{:>8.2f}\n", detail::size_text(phase_sizes[i]),
+                 one[i] * 1e6, two[i] * 1e6);
+    fmt::print(out, "# one phase up to {} on {} ranks (one_phase_bytes = {})\n",
+               detail::size_text(one_phase), n, one_phase);
+  }
+
   tuning::tuning_file tf;
   if (std::filesystem::exists(file)) tf = tuning::read_tuning(file);
   const std::time_t now = std::time(nullptr);
@@ -255,6 +348,10 @@ int run_tune(Comm& comm, const std::string& file, const std::string& what, std::
   s.alpha = f.alpha;
   s.beta = f.beta;
   s.gamma = gamma_small;
+  if (one_phase != 0) {
+    s.one_phase_bytes = one_phase;
+    s.one_phase_ranks = n;
+  }
   s.measured = fmt::format("{} ranks on {}, {}, ringzero {}, ringzero-perf --tune", n,
                            log::detail::host_name(), when, version_string);
   tf.put(s);

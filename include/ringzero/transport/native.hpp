@@ -36,6 +36,10 @@ struct native_call {
   bool reproducible = false;
   /// The communicator's collective sequence number, for the transport's diagnostics.
   std::uint32_t sequence = 0;
+  /// The communicator's tuning::one_phase_limit for its size: a transport that reduces in a
+  /// shared segment runs all_reduce up to this many bytes in one phase. 0: its own rule. Alike on
+  /// every rank, since the ranks agreed on their tuning (tuning::agree_tuning).
+  std::size_t one_phase_bytes = 0;
   /// all_to_allv: per-rank counts and displacements in elements (send_* index `in`, recv_*
   /// `out`); all_to_all, gather and scatter use `count` as the block each rank sends or receives.
   std::span<const std::size_t> send_counts{};

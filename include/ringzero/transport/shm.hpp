@@ -207,6 +207,9 @@ class transport {
   [[nodiscard]] const segment_options& segment() const noexcept { return segment_; }
   /// Whether a collective ran in the segment yet (the first one allocates its workspace).
   [[nodiscard]] bool segment_used() const noexcept { return ws_ != nullptr; }
+  /// The phases the last collective run in the segment posted: for an all_reduce through the
+  /// workspace one per piece in one phase, two per piece in two (tuning::policy::one_phase_bytes).
+  [[nodiscard]] int segment_phases() const noexcept { return segment_phases_; }
 
   [[nodiscard]] request isend(int peer, std::uint64_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
@@ -416,13 +419,15 @@ class transport {
       detail::barrier(workspace(), call);
       return true;
     }
-    if (c.reproducible) {
-      const auto divisor = static_cast<std::uint32_t>(c.reduction == op::avg ? size_ : 1);
-      return run_segment<float>(c, call, detail::exact_float_sum{divisor});
-    }
-    return visit_dtype(c.type, [&]<class E>(E) {
-      return run_segment<E>(c, call, detail::in_rank_order<E>{c.reduction});
-    });
+    const auto divisor = static_cast<std::uint32_t>(c.reduction == op::avg ? size_ : 1);
+    const bool ran = c.reproducible
+                         ? run_segment<float>(c, call, detail::exact_float_sum{divisor})
+                         : visit_dtype(c.type, [&]<class E>(E) {
+                             return run_segment<E>(
+                                 c, call, detail::in_rank_order<E>{c.reduction, c.one_phase_bytes});
+                           });
+    if (ran) segment_phases_ = call.step;
+    return ran;
   }
 
   /// Whether try_native runs `c`, a call with options::reproducible: a float sum or average,
@@ -737,6 +742,7 @@ class transport {
   std::uint64_t allocations_ = 0;
   std::vector<std::weak_ptr<detail::mapping>> allocations_live_;
   unsigned idle_polls_ = 0;
+  int segment_phases_ = 0;
   std::chrono::steady_clock::time_point last_liveness_{};
 };
 

@@ -37,9 +37,22 @@ struct policy {
   /// Chunks a tree pipeline keeps in flight per direction and per child, whatever the size
   /// (the same provider limit, for pipelines that stream instead of posting a whole message).
   std::size_t inflight = 8;
+  /// Shared-memory segments (the native shm transport): all_reduce up to this many bytes runs in
+  /// one phase (every rank reduces the whole message from every rank's copy), above it in two
+  /// (each rank reduces a block, then copies the others'). Where one stops paying depends on the
+  /// machine's caches, so `ringzero-perf --tune` measures it. 0: the transport's own rule.
+  std::size_t one_phase_bytes = 0;
+  /// The world size one_phase_bytes was measured at and applies to; 0: every world size.
+  int one_phase_ranks = 0;
 
   friend constexpr bool operator==(const policy&, const policy&) = default;
 };
+
+/// The one-phase limit `p` sets for a segment of `ranks` ranks, 0 where it leaves the
+/// transport's rule.
+[[nodiscard]] constexpr std::size_t one_phase_limit(const policy& p, int ranks) noexcept {
+  return p.one_phase_ranks == 0 || p.one_phase_ranks == ranks ? p.one_phase_bytes : 0;
+}
 
 /// What one rail (one NIC, one interface, one connection set) costs on its own. A transport
 /// that drives several rails at once prices itself with over_rails(); a rail's measured figure
@@ -84,6 +97,9 @@ inline void check(const policy& p, std::string_view who) {
   if (p.chunk_bytes == 0) throw fail("chunk_bytes = 0: a pipeline needs chunks of at least a byte");
   if (p.burst == 0) throw fail("burst = 0: an algorithm must post at least one chunk");
   if (p.inflight == 0) throw fail("inflight = 0: a pipeline must keep at least one chunk moving");
+  if (p.one_phase_ranks < 0)
+    throw fail(fmt::format("one_phase_ranks = {} is not a world size (or 0, every size)",
+                           p.one_phase_ranks));
 }
 
 }  // namespace ringzero::tuning

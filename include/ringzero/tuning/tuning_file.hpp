@@ -10,6 +10,8 @@
 //   alpha = 4.12e-07
 //   beta = 1.31e-10
 //   gamma = 9.1e-11
+//   one_phase_bytes = 16384
+//   one_phase_ranks = 2
 //
 // Sections are named by the transport's tuning_name(): "loopback", "shm", "libfabric:<provider>"
 // ("libfabric:shm", "libfabric:tcp;ofi_rxm"). Whole-line comments start with '#'.
@@ -55,6 +57,10 @@ struct tuning_section {
   std::optional<double> beta{};
   std::optional<double> gamma{};
   std::optional<std::size_t> chunk_bytes{};
+  /// policy::one_phase_bytes and the world size it was measured at (policy::one_phase_ranks);
+  /// a file sets both or neither.
+  std::optional<std::size_t> one_phase_bytes{};
+  std::optional<int> one_phase_ranks{};
   /// Free text: the ranks, host and date the values were measured with.
   std::string measured{};
 
@@ -64,6 +70,8 @@ struct tuning_section {
     if (beta) p.beta = *beta;
     if (gamma) p.gamma = *gamma;
     if (chunk_bytes) p.chunk_bytes = *chunk_bytes;
+    if (one_phase_bytes) p.one_phase_bytes = *one_phase_bytes;
+    if (one_phase_ranks) p.one_phase_ranks = *one_phase_ranks;
     return p;
   }
 };
@@ -119,10 +127,18 @@ namespace detail {
     return invalid_argument(fmt::format("tuning file {}: line {}: {}", file, line, what));
   };
   const auto close_section = [&] {
-    if (current && !current->alpha && !current->beta && !current->gamma && !current->chunk_bytes)
-      throw fail(
-          current_line,
-          fmt::format("section [{}] sets none of alpha, beta, gamma, chunk_bytes", current->name));
+    if (!current) return;
+    if (!current->alpha && !current->beta && !current->gamma && !current->chunk_bytes &&
+        !current->one_phase_bytes)
+      throw fail(current_line,
+                 fmt::format("section [{}] sets none of alpha, beta, gamma, chunk_bytes, "
+                             "one_phase_bytes",
+                             current->name));
+    if (current->one_phase_bytes.has_value() != current->one_phase_ranks.has_value())
+      throw fail(current_line,
+                 fmt::format("section [{}] sets one of one_phase_bytes and one_phase_ranks; the "
+                             "limit holds at the world size it was measured at, so both or neither",
+                             current->name));
   };
   std::size_t pos = 0;
   while (pos <= text.size()) {
@@ -189,16 +205,25 @@ namespace detail {
                *x);
       continue;
     }
-    if (key == "chunk_bytes") {
+    if (key == "chunk_bytes" || key == "one_phase_bytes" || key == "one_phase_ranks") {
       std::size_t n = 0;
       const auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-      if (ec != std::errc{} || p != value.data() + value.size() || value.empty() || n == 0)
-        throw fail(line_no, fmt::format("chunk_bytes = '{}' is not a positive integer", value));
-      set_once(current->chunk_bytes, n);
+      // A world size fits an int; a byte count of 2^62 is already absurd.
+      const std::size_t most =
+          key == "one_phase_ranks" ? std::size_t{1} << 30 : std::size_t{1} << 62;
+      if (ec != std::errc{} || p != value.data() + value.size() || value.empty() || n == 0 ||
+          n > most)
+        throw fail(line_no, fmt::format("{} = '{}' is not a positive integer", key, value));
+      if (key == "chunk_bytes")
+        set_once(current->chunk_bytes, n);
+      else if (key == "one_phase_bytes")
+        set_once(current->one_phase_bytes, n);
+      else
+        set_once(current->one_phase_ranks, static_cast<int>(n));
       continue;
     }
-    throw fail(line_no, fmt::format("unknown key '{}' (expected alpha, beta, gamma, chunk_bytes "
-                                    "or measured)",
+    throw fail(line_no, fmt::format("unknown key '{}' (expected alpha, beta, gamma, chunk_bytes, "
+                                    "one_phase_bytes, one_phase_ranks or measured)",
                                     key));
   }
   close_section();
@@ -221,6 +246,8 @@ namespace detail {
     if (sec.beta) s += fmt::format("beta = {:.17g}\n", *sec.beta);
     if (sec.gamma) s += fmt::format("gamma = {:.17g}\n", *sec.gamma);
     if (sec.chunk_bytes) s += fmt::format("chunk_bytes = {}\n", *sec.chunk_bytes);
+    if (sec.one_phase_bytes) s += fmt::format("one_phase_bytes = {}\n", *sec.one_phase_bytes);
+    if (sec.one_phase_ranks) s += fmt::format("one_phase_ranks = {}\n", *sec.one_phase_ranks);
   }
   return s;
 }
@@ -297,7 +324,9 @@ struct tuning_record {
   double beta = 0;
   double gamma = 0;
   std::uint64_t chunk_bytes = 0;
-  std::array<char, 480> error{};
+  std::uint64_t one_phase_bytes = 0;
+  std::int64_t one_phase_ranks = 0;
+  std::array<char, 464> error{};
 };
 
 [[nodiscard]] inline tuning_record record_of(const tuning_outcome& o) {
@@ -307,6 +336,8 @@ struct tuning_record {
   r.beta = o.values.beta;
   r.gamma = o.values.gamma;
   r.chunk_bytes = o.values.chunk_bytes;
+  r.one_phase_bytes = o.values.one_phase_bytes;
+  r.one_phase_ranks = o.values.one_phase_ranks;
   std::memcpy(r.error.data(), o.error.data(), std::min(o.error.size(), r.error.size() - 1));
   return r;
 }
@@ -314,14 +345,16 @@ struct tuning_record {
 [[nodiscard]] inline bool same_values(const tuning_record& a, const tuning_record& b) {
   return a.what == b.what && std::memcmp(&a.alpha, &b.alpha, sizeof a.alpha) == 0 &&
          std::memcmp(&a.beta, &b.beta, sizeof a.beta) == 0 &&
-         std::memcmp(&a.gamma, &b.gamma, sizeof a.gamma) == 0 && a.chunk_bytes == b.chunk_bytes;
+         std::memcmp(&a.gamma, &b.gamma, sizeof a.gamma) == 0 && a.chunk_bytes == b.chunk_bytes &&
+         a.one_phase_bytes == b.one_phase_bytes && a.one_phase_ranks == b.one_phase_ranks;
 }
 
 [[nodiscard]] inline std::string describe(const tuning_record& r) {
   switch (static_cast<tuning_outcome::kind>(r.what)) {
     case tuning_outcome::kind::applied:
-      return fmt::format("alpha {:.6g}, beta {:.6g}, gamma {:.6g}, chunk_bytes {}", r.alpha, r.beta,
-                         r.gamma, r.chunk_bytes);
+      return fmt::format(
+          "alpha {:.6g}, beta {:.6g}, gamma {:.6g}, chunk_bytes {}, one_phase_bytes {} at {} ranks",
+          r.alpha, r.beta, r.gamma, r.chunk_bytes, r.one_phase_bytes, r.one_phase_ranks);
     case tuning_outcome::kind::no_section:
       return "no section for this transport (defaults)";
     case tuning_outcome::kind::failed:

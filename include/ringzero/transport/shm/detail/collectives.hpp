@@ -52,7 +52,9 @@ namespace ringzero::shm::detail {
 /// above, each reduces a block and copies the others' (two phases, about 3 S). With two ranks one
 /// phase wins far longer: a rank reads its one peer's buffer once and copies nothing back
 /// (measured, 2 ranks: 7.0 against 4.4 GB/s busbw at 64 KiB, 8.4 against 7.4 at 256 KiB, 5.4
-/// against 5.7 at 1 MiB).
+/// against 5.7 at 1 MiB). Another machine of the same kind had two phases ahead from 4 KiB: this
+/// is the rule where the communicator's tuning sets no limit (tuning::policy::one_phase_bytes,
+/// which `ringzero-perf --tune` measures).
 [[nodiscard]] constexpr std::size_t one_shot_bytes(int ranks) noexcept {
   return ranks == 2 ? std::size_t{256} << 10 : std::size_t{16} << 10;
 }
@@ -142,12 +144,18 @@ void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
 template <element E>
 struct in_rank_order {
   op o = op::sum;
+  /// The one-phase limit the communicator's tuning sets (tuning::one_phase_limit), 0 for
+  /// one_shot_bytes' rule. Either way every rank gets the same bits: a block reduced by one rank
+  /// in rank order is what every rank computes in one phase.
+  std::size_t one_phase = 0;
   /// out[i] = in(0)[i] (op) in(1)[i] (op) ..., i < n; out may be in(0) only.
   template <class In>
   void operator()(int ranks, In in, E* out, std::size_t n) const {
     reduce_in_order<E>(o, ranks, in, out, n);
   }
-  [[nodiscard]] std::size_t one_shot(int ranks) const noexcept { return one_shot_bytes(ranks); }
+  [[nodiscard]] std::size_t one_shot(int ranks) const noexcept {
+    return one_phase != 0 ? one_phase : one_shot_bytes(ranks);
+  }
 };
 
 /// options::reproducible's float sum (or average: divisor = ranks): each element's terms summed
