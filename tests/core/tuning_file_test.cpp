@@ -141,7 +141,7 @@ TEST_CASE("tuning file: a malformed file names the file, the line and what is wr
       {"version = 1\n[shm]\none_phase_bytes = 8192\none_phase_ranks = 0\n",
        "line 4: one_phase_ranks = '0' is not a positive integer"},
       {"version = 1\n[shm]\none_phase_bytes = 8192\none_phase_ranks = 4294967296\n",
-       "line 4: one_phase_ranks = '4294967296' is not a positive integer"},
+       "line 4: one_phase_ranks = 4294967296 is more than 1073741824"},
       {"version = 1\n[shm]\njust words\n", "line 3: 'just words' is neither"},
       {"version = 1\n\n# a comment\n[shm]\nmeasured = today\n[tcp]\nalpha = 1e-5\n",
        "line 4: section [shm] sets none of alpha, beta, gamma, chunk_bytes, one_phase_bytes"},

@@ -211,9 +211,9 @@ namespace detail {
       // A world size fits an int; a byte count of 2^62 is already absurd.
       const std::size_t most =
           key == "one_phase_ranks" ? std::size_t{1} << 30 : std::size_t{1} << 62;
-      if (ec != std::errc{} || p != value.data() + value.size() || value.empty() || n == 0 ||
-          n > most)
+      if (ec != std::errc{} || p != value.data() + value.size() || value.empty() || n == 0)
         throw fail(line_no, fmt::format("{} = '{}' is not a positive integer", key, value));
+      if (n > most) throw fail(line_no, fmt::format("{} = {} is more than {}", key, n, most));
       if (key == "chunk_bytes")
         set_once(current->chunk_bytes, n);
       else if (key == "one_phase_bytes")
