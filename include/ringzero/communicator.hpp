@@ -260,6 +260,8 @@ class communicator {
     members_.resize(static_cast<std::size_t>(transport_->size()));
     std::iota(members_.begin(), members_.end(), 0);
     timeout_ = resolve_timeout(timeout);
+    // Read here, where an error can be raised: the waits themselves must not throw.
+    static_cast<void>(detail::env_wait_mode());
     if constexpr (messaging<T>) ids_ = std::make_shared<detail::comm_ids>(id_limit());
     topo_ = place();
     apply_tuning_file();

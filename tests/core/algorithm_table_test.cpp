@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -162,6 +164,23 @@ TEST_CASE("backoff: RINGZERO_WAIT_MODE is poll or sleep, and sleep sleeps after 
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 10; ++i) b.pause();
   CHECK(std::chrono::steady_clock::now() - start >= std::chrono::microseconds(500));
+}
+
+TEST_CASE("RINGZERO_WAIT_MODE: a value that is neither fails when a communicator is made") {
+  // The mode is read once per process, so the check runs in a process of its own: this program,
+  // running the dispatcher's test (its first step makes a loopback world) with a bad value.
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string command =
+      "RINGZERO_WAIT_MODE=spin '" + self + "' -tc='table: the dispatcher runs*' 2>&1";
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, got);
+  const int status = ::pclose(p);
+  INFO(out);
+  CHECK(status != 0);
+  CHECK(out.find("RINGZERO_WAIT_MODE='spin' is not poll or sleep") != std::string::npos);
 }
 
 TEST_CASE(

@@ -54,12 +54,24 @@ enum class wait_mode { poll, sleep };
   throw invalid_argument("RINGZERO_WAIT_MODE='" + std::string(v) + "' is not poll or sleep");
 }
 
+/// RINGZERO_WAIT_MODE, read once per process; invalid_argument naming it when it is neither. The
+/// communicator reads it when it is made, so a typo fails there, before any wait.
 [[nodiscard]] inline wait_mode env_wait_mode() {
   static const wait_mode mode = [] {
     const char* v = std::getenv("RINGZERO_WAIT_MODE");
     return parse_wait_mode(v == nullptr ? std::string_view{} : std::string_view{v});
   }();
   return mode;
+}
+
+/// env_wait_mode() for a wait, which must not throw: some run in destructors (an NCCL
+/// communicator flushing its work). A value the communicator has already refused reads as poll.
+[[nodiscard]] inline wait_mode wait_mode_for_waits() noexcept {
+  try {
+    return env_wait_mode();
+  } catch (...) {
+    return wait_mode::poll;
+  }
 }
 
 /// Spin first (a peer on the same node answers in well under a microsecond), then yield, then
@@ -73,8 +85,8 @@ class backoff {
   static constexpr unsigned poll_yields = 3840;
   static constexpr unsigned sleep_yields = 16;
 
-  backoff() : backoff(default_spins) {}
-  explicit backoff(unsigned spins) : backoff(spins, env_wait_mode()) {}
+  backoff() noexcept : backoff(default_spins) {}
+  explicit backoff(unsigned spins) noexcept : backoff(spins, wait_mode_for_waits()) {}
   backoff(unsigned spins, wait_mode mode) noexcept
       : spins_(mode == wait_mode::sleep ? 0 : spins),
         yields_(mode == wait_mode::sleep ? sleep_yields : poll_yields) {}
