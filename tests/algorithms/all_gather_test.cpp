@@ -22,10 +22,12 @@ void all_gather_matrix(loopback::communicator& comm, world_log& log, std::string
     pristine.resize(count);
     for (std::size_t i = 0; i < count; ++i)
       pristine[i] = testing::input_value<E>(seed, r, i, op::sum);
-    auto want = [&](std::size_t i) {
-      return testing::input_value<E>(seed, static_cast<int>(i / count), i % count, op::sum);
-    };
+    // This rank checks its slice [lo, hi) of the output.
     const auto [lo, hi] = slice(un * count, r, n);
+    const std::vector<E> expected = tabulate<E>(lo, hi, [&](std::size_t i) {
+      return testing::input_value<E>(seed, static_cast<int>(i / count), i % count, op::sum);
+    });
+    auto want = [&, lo = lo](std::size_t i) { return expected[i - lo]; };
     for (bool in_place : {false, true}) {
       for (algorithm a : algos) {
         const std::string name =

@@ -37,10 +37,11 @@ void all_to_all_matrix(loopback::communicator& comm, world_log& log,
     for (std::size_t i = 0; i < total; ++i)
       pristine[i] = testing::input_value<E>(seed, r, i, op::sum);
     // Block j of this rank's output is block r of rank j's input.
-    auto want = [&](std::size_t i) {
+    const std::vector<E> expected = tabulate<E>(0, total, [&](std::size_t i) {
       return testing::input_value<E>(seed, static_cast<int>(i / block), ur * block + i % block,
                                      op::sum);
-    };
+    });
+    auto want = [&](std::size_t i) { return expected[i]; };
     for (bool in_place : {false, true}) {
       for (algorithm a : algos) {
         const std::string name =

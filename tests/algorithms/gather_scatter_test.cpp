@@ -32,9 +32,11 @@ void gather_matrix(loopback::communicator& comm, world_log& log, std::string_vie
       pristine.resize(count);
       for (std::size_t i = 0; i < count; ++i)
         pristine[i] = testing::input_value<E>(seed, r, i, op::sum);
-      auto want = [&](std::size_t i) {
-        return testing::input_value<E>(seed, static_cast<int>(i / count), i % count, op::sum);
-      };
+      const std::vector<E> expected =
+          tabulate<E>(0, r == root ? un * count : 0, [&](std::size_t i) {
+            return testing::input_value<E>(seed, static_cast<int>(i / count), i % count, op::sum);
+          });
+      auto want = [&](std::size_t i) { return expected[i]; };
       for (bool in_place : {false, true}) {
         for (std::size_t ai = 0; ai < std::size(algos); ++ai) {
           const algorithm a = algos[ai];
@@ -79,9 +81,14 @@ void scatter_matrix(loopback::communicator& comm, world_log& log, std::string_vi
     for (std::size_t count : counts_for(n)) {
       const std::uint64_t seed = seed_of(dtype_of<E>(), op::sum, count, 48 + root);
       const std::size_t base = static_cast<std::size_t>(r) * count;
-      auto want = [&](std::size_t i) {
-        return testing::input_value<E>(seed, root, base + i, op::sum);
-      };
+      const std::vector<E> expected = tabulate<E>(base, base + count, [&](std::size_t i) {
+        return testing::input_value<E>(seed, root, i, op::sum);
+      });
+      auto want = [&](std::size_t i) { return expected[i]; };
+      // This rank's full input (what the root sends), once per case.
+      const std::vector<E> source = tabulate<E>(0, un * count, [&](std::size_t i) {
+        return testing::input_value<E>(seed, r, i, op::sum);
+      });
       for (bool in_place : {false, true}) {
         for (std::size_t ai = 0; ai < std::size(algos); ++ai) {
           const algorithm a = algos[ai];
@@ -90,9 +97,8 @@ void scatter_matrix(loopback::communicator& comm, world_log& log, std::string_vi
                                                count, in_place ? "in place" : "out of place");
           const options opt = options_for<E>(a, in_place, un * count, n);
           // Off the root, in may be empty; alternate that with a buffer that must stay as it is.
-          in.resize(r == root || ai % 2 ? un * count : 0);
-          for (std::size_t i = 0; i < in.size(); ++i)
-            in[i] = testing::input_value<E>(seed, r, i, op::sum);
+          in.assign(source.begin(), source.begin() + static_cast<std::ptrdiff_t>(
+                                                         r == root || ai % 2 ? un * count : 0));
           const std::vector<E> in_before = in;
           std::span<E> result;
           if (in_place && r == root) {

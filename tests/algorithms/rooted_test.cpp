@@ -27,8 +27,12 @@ void broadcast_matrix(loopback::communicator& comm, world_log& log, std::string_
   for (int root : roots_for(n)) {
     for (std::size_t count : counts_for(n)) {
       const std::uint64_t seed = seed_of(dtype_of<E>(), op::sum, count, root);
-      auto want = [&](std::size_t i) { return testing::input_value<E>(seed, root, i, op::sum); };
+      // The root's input (the whole buffer there), or the slice [lo, hi) this rank checks.
       const auto [lo, hi] = slice(count, r, n);
+      const std::size_t from = r == root ? 0 : lo, to = r == root ? count : hi;
+      const std::vector<E> expected = tabulate<E>(
+          from, to, [&](std::size_t i) { return testing::input_value<E>(seed, root, i, op::sum); });
+      auto want = [&](std::size_t i) { return expected[i - from]; };
       for (bool in_place : {false, true}) {
         for (algorithm a : algos) {
           const std::string name = fmt::format("{}: broadcast {} {} root {} count {} {}", world,

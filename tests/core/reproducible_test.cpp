@@ -450,6 +450,62 @@ TEST_CASE(
   CHECK(off_normal > 0);
 }
 
+TEST_CASE("a block of several digits gets each element's rp::to_words digits, every type") {
+  // write_digits cuts a multi-digit element's digits from one shift (detail::many_digits);
+  // rp::to_words, digit by digit, is the definition. Windows of two digits up to double's cut
+  // at max_words (1e-300 beside 1e300), mantissas with trailing zeros (powers of two: their
+  // bits start above the window's low bit), zeros, subnormals, infinities and NaNs.
+  namespace rd = ringzero::detail;
+  std::mt19937_64 rng(0xd161);
+  std::size_t multi = 0, cut = 0;
+  auto one_type = [&](auto zero, int lo_exp, int hi_exp) {
+    using E = decltype(zero);
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::size_t n = rng() % 300;
+      const int span = 1 + static_cast<int>(rng() % static_cast<unsigned>(hi_exp - lo_exp));
+      const int from =
+          lo_exp + static_cast<int>(rng() % static_cast<unsigned>(hi_exp - lo_exp - span + 1));
+      std::vector<E> t(n);
+      for (E& x : t) {
+        const auto pick = rng() % 20;
+        const double mant = pick < 4 ? 1.0 : 1.0 + static_cast<double>(rng() >> 11) * 0x1p-53;
+        double v = std::ldexp(mant, from + static_cast<int>(rng() % static_cast<unsigned>(span)));
+        if (pick == 4) v = 0.0;
+        if (pick == 5 && trial % 5 == 0) v = std::numeric_limits<double>::infinity();
+        if (pick == 6 && trial % 7 == 0) v = std::numeric_limits<double>::quiet_NaN();
+        if (rng() & 1) v = -v;
+        if constexpr (std::is_same_v<E, double>)
+          x = v;
+        else
+          x = E(static_cast<float>(v));
+      }
+      const std::span<const E> in(t);
+      std::vector<std::int32_t> win;
+      rd::local_windows(in, win);
+      std::vector<std::int64_t> q(rd::digits_between(win, 0, n)), want(q.size());
+      rd::write_digits(in, win, 0, n, q.data());
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const rp::window w = rp::window_at(win.data(), i / rp::block_elems);
+        rp::to_words(rp::decompose(t[i]), w, want.data() + at);
+        at += static_cast<std::size_t>(rp::words(w));
+        multi += rp::words(w) > 1 ? 1 : 0;
+        cut += w.low() > -w.neg_low ? 1 : 0;
+      }
+      REQUIRE(at == q.size());
+      CAPTURE(trial);
+      CHECK(q == want);
+    }
+  };
+  one_type(0.0f, -149, 127);
+  one_type(0.0, -1074, 1023);
+  one_type(bfloat16{}, -133, 127);
+  one_type(float16{}, -24, 15);
+  // The inputs reached the shortcut and the cut windows it hands to rp::to_words.
+  CHECK(multi > 1000);
+  CHECK(cut > 100);
+}
+
 TEST_CASE("an accumulator takes more terms than one word's headroom") {
   // 2^23 + 5 terms of (1 + 2^-23) 2^39 in one element: past the 2^22 adds at which a block
   // normalizes itself, twice. Added one at a time, as a norm over a large shard is.

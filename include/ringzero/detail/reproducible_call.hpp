@@ -131,6 +131,33 @@ template <class E>
   return static_cast<std::int64_t>((v ^ neg) - neg);
 }
 
+/// rp::to_words(rp::decompose(x), w, q) for a block of `words` digits from bit `low`: the
+/// mantissa lands on at most three consecutive digits, so those are cut from one 128-bit shift
+/// and the rest are zero, instead of each digit being shifted and masked on its own. A term with
+/// set bits below `low` (a double window cut at rp::max_words) takes rp::to_words.
+template <class E>
+inline void many_digits(E x, const rp::window& w, int words, int low, std::int64_t* q) noexcept {
+  constexpr std::uint64_t mask = (std::uint64_t{1} << rp::digit_bits) - 1;
+  const rp::term t = rp::decompose(x);
+  for (int k = 0; k < words; ++k) q[k] = 0;
+  if (t.k != rp::kind::finite) return;
+  int off = t.exp - low;  // where the mantissa's bit 0 lands in the block's digits
+  std::uint64_t mant = t.mant;
+  if (off < 0) {
+    // The window's low bit is the lowest set bit of any term, so only zeros lie below it,
+    // unless the window was cut.
+    if (off <= -64 || (mant & ((std::uint64_t{1} << -off) - 1)) != 0) return rp::to_words(t, w, q);
+    mant >>= -off;
+    off = 0;
+  }
+  // The window holds every term's top bit, so the last digit written is below `words`.
+  rp::u128 v = static_cast<rp::u128>(mant) << (off % rp::digit_bits);
+  for (int k = off / rp::digit_bits; v != 0; ++k, v >>= rp::digit_bits) {
+    const auto d = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) & mask);
+    q[k] = t.neg ? -d : d;
+  }
+}
+
 /// Digits of elements [from, to) of `in`, element after element, into q from q_at. The window's
 /// words and low bit are worked out once per block, and a one-digit block (the usual case) writes
 /// rp::digit directly.
@@ -155,8 +182,9 @@ void write_digits(reduction::simd path, std::span<const E> in, const std::vector
       for (std::size_t i = first; i < last; ++i) *q++ = one_digit(in[i], low);
       return;
     }
+    const int low = w.low();
     for (std::size_t i = first; i < last; ++i) {
-      rp::to_words(rp::decompose(in[i]), w, q);
+      many_digits(in[i], w, words, low, q);
       q += words;
     }
   });
