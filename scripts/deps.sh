@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages ringzero's build, tests, demos and benchmarks use. Idempotent:
-# asks apt only for what is missing, so a prepared machine starts instantly.
+# Installs the Debian 12 packages ringzero's build, tests, demos and benchmarks use, and Conan for
+# the packaging test. Idempotent: asks apt only for what is missing, so a prepared machine starts
+# instantly.
 set -euo pipefail
 
 pkgs=(
@@ -24,4 +25,19 @@ if ((${#missing[@]})); then
   [[ $(id -u) -eq 0 ]] || sudo=sudo
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Conan, for the packaging test's `conan create` (tests/package/run.sh), is a PyPI package: it goes
+# into a virtual environment of this checkout (build/conan-venv) here, with the other downloads,
+# not in the middle of the suite. Without PyPI the packaging test tries again, and skips the step
+# when it cannot.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v conan >/dev/null && [[ ! -x $root/build/conan-venv/bin/conan ]]; then
+  echo "deps: installing conan into build/conan-venv"
+  rm -rf "$root/build/conan-venv"
+  if ! { python3 -m venv "$root/build/conan-venv" &&
+    "$root/build/conan-venv/bin/pip" install --quiet conan; }; then
+    echo "deps: could not install conan from PyPI; the packaging test will try again" >&2
+    rm -rf "$root/build/conan-venv"
+  fi
 fi

@@ -3,7 +3,7 @@
 # starting from its seed corpus in fuzz/corpus/<target>/. Fails on any crash, sanitizer report,
 # leak, timeout or out-of-memory; the input that did it is left in build/fuzz/artifacts/.
 #
-#   RINGZERO_FUZZ_SECONDS   seconds per target (default 20, what CI spends: 100 s in all);
+#   RINGZERO_FUZZ_SECONDS   seconds per target (default 20; scripts/test.sh passes 6);
 #                           for a real hunt give it hours, e.g. RINGZERO_FUZZ_SECONDS=3600
 #   RINGZERO_FUZZ_TARGETS   which targets (default: all five)
 #   RINGZERO_FUZZ_JOBS      targets fuzzed at once (default: the number of cores)

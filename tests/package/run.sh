@@ -382,7 +382,11 @@ step_vcpkg() {
 step_conan() {
   local conan
   conan=$(command -v conan || true)
-  if [[ -z $conan && -x $work/conan-venv/bin/conan ]]; then conan=$work/conan-venv/bin/conan; fi
+  # scripts/deps.sh installs it into build/conan-venv; an earlier run of this step, into $work.
+  local venv
+  for venv in "$src/build/conan-venv" "$work/conan-venv"; do
+    if [[ -z $conan && -x $venv/bin/conan ]]; then conan=$venv/bin/conan; fi
+  done
   if [[ -z $conan ]]; then
     ((pip)) || skip "conan is not on PATH (pip install conan)"
     python3 -m venv "$work/conan-venv" || skip "python3 -m venv failed (apt-get install python3-venv)"
