@@ -68,16 +68,29 @@ endif()
 # Built for sm_80 and sm_90 unless CMAKE_CUDA_ARCHITECTURES says otherwise. The .cuh files are
 # not in a verified header set (CMake would compile them as C++); tests/kernels compiles each
 # on its own with nvcc instead.
+# The component itself is headers and CUDA::cudart: only a build that compiles CUDA sources of
+# its own (tests, examples, benchmarks, tools) needs CMake's CUDA language. A package build or a
+# parent project (vcpkg, Conan, add_subdirectory) asks for the toolkit and its nvcc only, which
+# spares each such configure about 3 s of CPU (check_language and enable_language run nvcc).
 set(RINGZERO_HAVE_CUDA OFF)
 if(NOT RINGZERO_WITH_CUDA STREQUAL "OFF")
-  include(CheckLanguage)
-  check_language(CUDA)
   find_package(CUDAToolkit QUIET)
-  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+  set(ringzero_cuda_compiler "")
+  if(RINGZERO_BUILD_TESTS OR RINGZERO_BUILD_EXAMPLES OR RINGZERO_BUILD_BENCH
+     OR RINGZERO_BUILD_TOOLS)
+    include(CheckLanguage)
+    check_language(CUDA)
+    set(ringzero_cuda_compiler "${CMAKE_CUDA_COMPILER}")
+  elseif(CUDAToolkit_NVCC_EXECUTABLE AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+    set(ringzero_cuda_compiler "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(ringzero_cuda_compiler AND CUDAToolkit_FOUND)
+    if(CMAKE_CUDA_COMPILER)
+      if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+        set(CMAKE_CUDA_ARCHITECTURES 80 90)
+      endif()
+      enable_language(CUDA)
     endif()
-    enable_language(CUDA)
     set(RINGZERO_HAVE_CUDA ON)
   elseif(RINGZERO_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "RINGZERO_WITH_CUDA=ON but no CUDA compiler or toolkit was found "

@@ -140,7 +140,7 @@ def trial(perf, run, rng, tmp, idx):
     world = rng.choice([3, 4])
     victim = rng.randrange(world)
     size = rng.choice(["64K", "1M", "4M"])
-    delay = rng.uniform(0.05, 0.8)
+    delay = rng.uniform(0.05, 0.4)
     env = dict(os.environ)
     env.update(RINGZERO_TIMEOUT=str(TIMEOUT_S), RINGZERO_DEBUG="INFO")
     args = [perf, coll, "-b", size, "-e", size, "-n", "100000000", "-w", "0", "-c", "0"]
