@@ -3,13 +3,17 @@
 // rails on loopback stand in for two NICs here (each rail is an endpoint, address vector and
 // registration cache of its own). The typed transport suite runs every behaviour and the
 // conformance matrix over them ("libfabric rails" in transport_conformance_test.cpp); this file
-// checks what is the rails' own: where messages go, rails from the environment, and the
+// checks what is the rails' own: where messages go (whole on their tag's rail, or from
+// options::stripe_bytes cut into one piece per rail), rails from the environment, and the
 // configurations that cannot work, refused naming what is wrong.
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,6 +73,10 @@ TEST_CASE("two rails: a collective's messages go over both") {
     const auto& eng = comm.transport().engine();
     check.expect(eng.rails() == 2, fmt::format("two rails, got {}", eng.rails()));
     check.expect(eng.rail_domain(0) == "lo" && eng.rail_domain(1) == "lo", "both on lo");
+    const auto base = ringzero::tuning::libfabric_default(comm.transport().provider()).value;
+    check.expect(comm.tuning().alpha == base.alpha && comm.tuning().beta == base.beta / 2,
+                 fmt::format("priced as two rails (beta {} against one rail's {}), got alpha {}",
+                             base.beta / 2, base.beta, comm.tuning().alpha));
     // A pipelined ring: many chunks and steps, so many tags.
     std::vector<float> v(1 << 20, static_cast<float>(r + 1));
     ringzero::all_reduce(comm, std::span<float>(v), op::sum,
@@ -81,6 +89,149 @@ TEST_CASE("two rails: a collective's messages go over both") {
     return check.code();
   });
   require_all_passed(out);
+}
+
+TEST_CASE("a striped message's pieces: consecutive, aligned, in proportion to the shares") {
+  using rail_engine = fabric::detail::engine;
+  constexpr std::size_t align = fabric::detail::engine_limits::piece_alignment;
+  const std::vector<std::vector<std::uint64_t>> all_shares = {
+      {1, 1}, {1, 1, 1}, {3, 1}, {100000, 25000}, {1, 1, 1, 1, 1, 1, 1, 1}, {7}};
+  for (const auto& shares : all_shares) {
+    std::uint64_t total = 0;
+    for (const auto s : shares) total += s;
+    for (const std::size_t bytes :
+         {std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{1009},
+          std::size_t{128} << 10, (std::size_t{1} << 20) + 7, std::size_t{3} << 30}) {
+      CAPTURE(bytes);
+      CAPTURE(shares.size());
+      const auto parts = rail_engine::stripe(bytes, shares);
+      REQUIRE_FALSE(parts.empty());
+      std::size_t next = 0;
+      std::size_t last_rail = 0;
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const auto& p = parts[i];
+        CHECK(p.offset == next);  // consecutive: every byte in one piece
+        CHECK(p.length > 0);
+        CHECK(p.offset % align == 0);
+        CHECK(p.rail < shares.size());
+        if (i > 0) CHECK(p.rail > last_rail);  // one piece per rail at most, in rail order
+        last_rail = p.rail;
+        next = p.offset + p.length;
+        // In proportion, within an alignment step at each of its two ends.
+        const double exact = static_cast<double>(bytes) * static_cast<double>(shares[p.rail]) /
+                             static_cast<double>(total);
+        CHECK(static_cast<double>(p.length) <= exact + 2.0 * align);
+        CHECK(static_cast<double>(p.length) + 2.0 * align >= exact);
+      }
+      CHECK(next == bytes);
+      // Large enough, every rail carries a piece.
+      if (bytes >= (std::size_t{128} << 10)) CHECK(parts.size() == shares.size());
+      CHECK(rail_engine::stripe(bytes, shares).size() == parts.size());  // a function of its inputs
+    }
+  }
+}
+
+TEST_CASE("one large message travels in a piece on every rail; a small one whole on one") {
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, two_rails()));
+    const auto& eng = comm.transport().engine();
+    check.expect(eng.stripe_bytes() == (std::size_t{128} << 10),
+                 fmt::format("striped from 128 KiB by default, got {}", eng.stripe_bytes()));
+    const auto carried = [&] {
+      std::vector<std::uint64_t> v;
+      for (std::size_t i = 0; i < eng.rails(); ++i) v.push_back(eng.rail_messages(i));
+      return v;
+    };
+    for (const std::size_t bytes : {(std::size_t{1} << 20) + 4, std::size_t{64} << 10}) {
+      std::vector<std::byte> buf(bytes);
+      const auto before = carried();
+      if (r == 0) {
+        for (std::size_t i = 0; i < bytes; ++i) buf[i] = static_cast<std::byte>(i * 131 + 7);
+        auto q = comm.isend(1, 3, buf);
+        while (!comm.test(q)) {
+        }
+      } else {
+        auto q = comm.irecv(0, 3, buf);
+        while (!comm.test(q)) {
+        }
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < bytes; ++i)
+          wrong += buf[i] != static_cast<std::byte>(i * 131 + 7);
+        check.expect(wrong == 0, fmt::format("{} bytes intact, {} wrong", bytes, wrong));
+      }
+      const auto after = carried();
+      std::vector<std::uint64_t> added(after.size());
+      for (std::size_t i = 0; i < after.size(); ++i) added[i] = after[i] - before[i];
+      const auto expected = bytes >= eng.stripe_bytes() ? std::vector<std::uint64_t>{1, 1}
+                                                        : std::vector<std::uint64_t>{};
+      if (!expected.empty())
+        check.expect(added == expected,
+                     fmt::format("{} bytes: a piece on each rail, got {} and {} messages", bytes,
+                                 added[0], added[1]));
+      else
+        check.expect(added[0] + added[1] == 1,
+                     fmt::format("{} bytes: one message on one rail, got {} and {}", bytes,
+                                 added[0], added[1]));
+    }
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("ranks that stripe from different sizes are refused naming both; a bad size too") {
+  SUBCASE("options") {
+    auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      auto opt = two_rails();
+      if (r == 1) opt.stripe_bytes = 4096;
+      std::string what;
+      try {
+        fabric::transport t(s, r, n, opt);
+      } catch (const ringzero::invalid_argument& e) {
+        what = e.what();
+      }
+      const std::string other =
+          r == 0 ? "rank 1 stripes messages of 4096 bytes and more over its rails, this rank "
+                   "from 131072"
+                 : "rank 0 stripes messages of 131072 bytes and more over its rails, this rank "
+                   "from 4096";
+      check.expect(what.find(other) != std::string::npos,
+                   fmt::format("'{}' in the error, got '{}'", other, what));
+      return check.code();
+    });
+    require_all_passed(out);
+  }
+  SUBCASE("RINGZERO_STRIPE_BYTES") {
+    for (const char* value : {"-1", "12k"}) {
+      CAPTURE(value);
+      ::setenv("RINGZERO_STRIPE_BYTES", value, 1);
+      auto out = multiprocess::run(1, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+        rank_checks check{r};
+        std::string what;
+        try {
+          fabric::transport t(s, r, n, two_rails());
+        } catch (const ringzero::invalid_argument& e) {
+          what = e.what();
+        }
+        check.expect(what.find(std::string("RINGZERO_STRIPE_BYTES")) != std::string::npos &&
+                         what.find(value) != std::string::npos,
+                     fmt::format("the variable and its value named, got '{}'", what));
+        return check.code();
+      });
+      require_all_passed(out);
+    }
+    ::setenv("RINGZERO_STRIPE_BYTES", "4096", 1);
+    auto out = multiprocess::run(1, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      fabric::transport t(s, r, n, two_rails());
+      check.expect(t.engine().stripe_bytes() == 4096,
+                   fmt::format("4096 from the variable, got {}", t.engine().stripe_bytes()));
+      return check.code();
+    });
+    require_all_passed(out);
+    ::unsetenv("RINGZERO_STRIPE_BYTES");
+  }
 }
 
 TEST_CASE("RINGZERO_RAILS opens the rails; shm has no NIC and keeps one") {

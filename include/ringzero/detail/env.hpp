@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -54,6 +55,26 @@ namespace ringzero::detail {
   auto s = getenv_str(name);
   if (!s) return std::nullopt;
   return parse_env_int(name, *s);
+}
+
+/// RINGZERO_RAIL_SHARES, for every transport with rails: "measured" (or unset) weighs a striped
+/// message's pieces by the rails' rates, "equal" does not.
+[[nodiscard]] inline bool weigh_rails_from_env() {
+  const auto v = getenv_str("RINGZERO_RAIL_SHARES");
+  if (!v || *v == "measured") return true;
+  if (*v == "equal") return false;
+  throw invalid_argument("RINGZERO_RAIL_SHARES=" + *v + ": expected 'measured' or 'equal'");
+}
+
+/// RINGZERO_STRIPE_BYTES, for every transport with rails: messages of at least this many bytes
+/// are striped over them; unset: `fallback` (the transport's option).
+[[nodiscard]] inline std::size_t stripe_bytes_from_env(std::size_t fallback) {
+  const auto v = getenv_int("RINGZERO_STRIPE_BYTES");
+  if (!v) return fallback;
+  if (*v < 0)
+    throw invalid_argument("RINGZERO_STRIPE_BYTES=" + std::to_string(*v) +
+                           " is negative: give a size in bytes");
+  return static_cast<std::size_t>(*v);
 }
 
 /// The longest deadline ringzero accepts (about 31 years): far beyond any job, and far enough

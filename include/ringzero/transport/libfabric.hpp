@@ -10,8 +10,9 @@
 // use the same one.
 //
 // Rails: options::rails, else RINGZERO_RAILS=eth0,eth1 (the NICs as the provider names its
-// domains: interfaces for tcp, devices for efa; alike on every host) opens one endpoint per NIC,
-// and each message travels on one of them, chosen from its tag (libfabric/engine.hpp).
+// domains: interfaces for tcp, devices for efa; alike on every host) opens one endpoint per NIC.
+// A message travels on one of them, chosen from its tag, or from options::stripe_bytes (128 KiB)
+// up is cut into one piece per rail (libfabric/engine.hpp).
 //
 // A communicator is used from one thread at a time; it and the communicators split from it
 // share one engine (the transport) and may be used from different threads (calls are
@@ -62,7 +63,8 @@ struct options {
   std::string provider{};
   /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds every collective and the rendezvous.
   std::chrono::nanoseconds timeout{0};
-  /// The cost model's constants; unset: the provider's (tuning::libfabric_default). Must be the
+  /// The cost model's constants; unset: the provider's (tuning::libfabric_default), over as many
+  /// rails as are open (tuning::over_rails). Must be the
   /// same on every rank.
   std::optional<ringzero::tuning::policy> tuning{};
   /// Register buffers and pass descriptors even where the provider does not ask for them
@@ -79,6 +81,16 @@ struct options {
   /// RINGZERO_RAILS (ignored with shm, which uses no NIC), else one rail on the provider's best
   /// candidate. Must name as many rails on every rank.
   std::vector<std::string> rails{};
+  /// With several rails, a message of at least this many bytes is cut into one piece per rail
+  /// instead of travelling whole on its tag's rail, so that one large message (a ring step of
+  /// two ranks, a broadcast) uses every NIC. Below it, a piece's own cost (a post and a
+  /// completion per rail) outweighs the bandwidth it adds. RINGZERO_STRIPE_BYTES, when set,
+  /// replaces it. Must be the same on every rank.
+  std::size_t stripe_bytes = std::size_t{128} << 10;
+  /// Pieces in proportion to the rails' link speeds (the provider's or the kernel's figure,
+  /// the lower of the two ends'); false, RINGZERO_RAIL_SHARES=equal, or a speed unknown at
+  /// either end: equal pieces.
+  bool weigh_rails = true;
 };
 
 using from_env_options = options;
@@ -224,13 +236,29 @@ class transport {
     const bool served_by_rank0 = dynamic_cast<const bootstrap::tcp_store*>(kept.get()) != nullptr;
     std::optional<std::vector<std::string>> env_rails;
     if (opt.rails.empty()) env_rails = ringzero::detail::getenv_list("RINGZERO_RAILS");
-    auto world = detail::rendezvous(store, rank, size, opt.provider, opt.register_memory,
-                                    opt.device_memory, timeout_, env_rails ? *env_rails : opt.rails,
-                                    env_rails.has_value(), std::move(kept), served_by_rank0);
+    auto world = detail::rendezvous(
+        store, rank, size, opt.provider,
+        {.provider = {},  // the rendezvous agrees on it
+         .rails = env_rails ? *env_rails : opt.rails,
+         .register_always = opt.register_memory,
+         .one_host = true,  // the rendezvous finds out
+         .timeout = timeout_,
+         .device_memory = opt.device_memory,
+         .stripe_bytes = ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
+         .weigh_rails = opt.weigh_rails && ringzero::detail::weigh_rails_from_env()},
+        env_rails.has_value(), std::move(kept), served_by_rank0);
     engine_ = std::move(world.eng);
     hosts_ = std::move(world.hosts);
-    tuning_ =
-        opt.tuning ? *opt.tuning : ringzero::tuning::libfabric_default(engine_->provider()).value;
+    if (opt.tuning) {
+      tuning_ = *opt.tuning;
+    } else {
+      // Several rails carry a striped message at their summed rate: priced as the socket
+      // transport prices its rails, each rail at the provider's own figures.
+      const auto base = ringzero::tuning::libfabric_default(engine_->provider()).value;
+      const std::vector<ringzero::tuning::rail_price> prices(
+          engine_->rails(), {.alpha = base.alpha, .beta = base.beta});
+      tuning_ = ringzero::tuning::over_rails(base, prices);
+    }
     log::info("libfabric: rank {} of {} on {} ({})", rank, size, engine_->provider(),
               hosts_[static_cast<std::size_t>(rank)]);
   }

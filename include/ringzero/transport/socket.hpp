@@ -66,7 +66,8 @@ struct options {
   /// Interface names or IPv4 addresses, one per rail; empty: RINGZERO_RAILS, else one rail on
   /// RINGZERO_SOCKET_IFNAME, else as the header says. Every rank must have as many.
   std::vector<std::string> rails{};
-  /// Messages of at least this many bytes are striped over the rails.
+  /// Messages of at least this many bytes are striped over the rails; RINGZERO_STRIPE_BYTES,
+  /// when set, replaces it.
   std::size_t stripe_bytes = std::size_t{64} << 10;
   /// A striped message's pieces go to the rails in proportion to each rail's rate, as the
   /// receiving side measures it; false: each to the rail with the fewest bytes queued.
@@ -178,11 +179,7 @@ class transport {
   /// RINGZERO_RAIL_SHARES: "measured" (or unset) weighs the rails by their measured rates,
   /// "equal" does not.
   [[nodiscard]] static bool weigh_rails_from_env() {
-    const auto v = ringzero::detail::getenv_str("RINGZERO_RAIL_SHARES");
-    if (!v || *v == "measured") return true;
-    if (*v == "equal") return false;
-    throw invalid_argument(
-        fmt::format("RINGZERO_RAIL_SHARES={}: expected 'measured' or 'equal'", *v));
+    return ringzero::detail::weigh_rails_from_env();
   }
 
   /// The rails the environment names: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else none
@@ -296,7 +293,8 @@ class transport {
     }
     for (const auto& r : rails) names.push_back(r.name);
 
-    eng_ = std::make_shared<d::engine>(rank_, size, names, opt.stripe_bytes,
+    eng_ = std::make_shared<d::engine>(rank_, size, names,
+                                       ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
                                        opt.weigh_rails && weigh_rails_from_env());
     const auto user_timeout = std::chrono::milliseconds(std::max<long long>(
         1000, std::min<long long>(

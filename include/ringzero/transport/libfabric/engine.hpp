@@ -3,9 +3,12 @@
 // and direction), posting, completions, cancellation, the deadline's watchdog, abort and the
 // diagnostics when a wait gives up. The provider calls themselves are the rails' (rail.hpp): one
 // rail per NIC, each with its own domain, endpoint, address vector and registrations. A message
-// goes over one rail, chosen from its tag (rail_for), so both ends pick the same rail without
-// talking and messages with one (peer, tag) keep their order; adding a NIC is opening another
-// rail, and nothing here changes.
+// below config::stripe_bytes goes over one rail, chosen from its tag (rail_for); a larger one is
+// cut into one piece per rail, sized in proportion to the two ends' link speeds (stripe), each
+// piece sent with the message's tag on its rail. Both choices are functions of what both ends
+// know (the tag, the length, the speeds exchanged at connect), so sender and receiver place
+// every byte alike without talking, and messages with one (peer, tag) keep their order on every
+// rail; adding a NIC is opening another rail, and nothing here changes.
 //
 // What every provider needs from the engine, whatever the rail:
 //   - -FI_EAGAIN on a post: the completion queues are read (which is what frees provider
@@ -59,6 +62,10 @@ struct engine_limits {
   static constexpr std::size_t completion_batch = 16;
   /// Rails one engine drives: op_context::rail is a byte, and a host has far fewer NICs.
   static constexpr std::size_t max_rails = 32;
+  /// A striped message's pieces start at multiples of this: a cache line, so that no two
+  /// rails' copies write into one line, and small enough that pieces stay in proportion for
+  /// the smallest striped message.
+  static constexpr std::size_t piece_alignment = 64;
 };
 
 class engine {
@@ -73,9 +80,16 @@ class engine {
     std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
     /// Ask for FI_HMEM: the caller will pass CUDA device buffers (register_device).
     bool device_memory = false;
+    /// With several rails, messages of at least this many bytes are striped over all of them;
+    /// must be alike on every rank (connect() checks).
+    std::size_t stripe_bytes = SIZE_MAX;
+    /// Pieces in proportion to the rails' link speeds (rail::link_mbps, the lower of the two
+    /// ends'); false, or a speed unknown at either end: equal pieces.
+    bool weigh_rails = true;
   };
 
-  explicit engine(const config& cfg) : timeout_(cfg.timeout) {
+  explicit engine(const config& cfg)
+      : timeout_(cfg.timeout), stripe_bytes_(cfg.stripe_bytes), weigh_rails_(cfg.weigh_rails) {
     if (cfg.rails.size() > engine_limits::max_rails)
       throw invalid_argument(fmt::format("{} rails asked for; a libfabric engine drives at most {}",
                                          cfg.rails.size(), engine_limits::max_rails));
@@ -135,11 +149,12 @@ class engine {
     dog_.reset();
   }
 
-  /// This engine's address: every rail's name, as connect() reads them back. It starts with a
+  /// This engine's address: every rail's name, then the striping threshold and each rail's link
+  /// speed (0 where unknown or not weighed), as connect() reads them back. It starts with a
   /// letter: the rendezvous marks a rank's failure with a control byte in its place.
   [[nodiscard]] std::vector<std::byte> name() const {
     std::vector<std::byte> out{name_mark};
-    const auto put = [&](std::uint32_t v) {
+    const auto put = [&](auto v) {
       const auto* b = reinterpret_cast<const std::byte*>(&v);
       out.insert(out.end(), b, b + sizeof v);
     };
@@ -149,6 +164,8 @@ class engine {
       put(static_cast<std::uint32_t>(n.size()));
       out.insert(out.end(), n.begin(), n.end());
     }
+    put(static_cast<std::uint64_t>(stripe_bytes_));
+    for (const auto& r : rails_) put(weigh_rails_ ? r->link_mbps() : std::uint64_t{0});
     return out;
   }
 
@@ -156,12 +173,13 @@ class engine {
   void connect(const std::vector<std::vector<std::byte>>& names) {
     std::vector<std::vector<std::vector<std::byte>>> per_rail(
         rails_.size(), std::vector<std::vector<std::byte>>(names.size()));
+    shares_.clear();
     for (std::size_t r = 0; r < names.size(); ++r) {
       std::span<const std::byte> in(names[r]);
       if (in.empty() || in[0] != name_mark)
         throw transport_error(fmt::format("rank {}'s libfabric address is not an engine's", r));
       in = in.subspan(1);
-      const auto get = [&](std::uint32_t& v) {
+      const auto get = [&](auto& v) {
         if (in.size() < sizeof v) return false;
         std::memcpy(&v, in.data(), sizeof v);
         in = in.subspan(sizeof v);
@@ -182,10 +200,67 @@ class engine {
         rail_names[r].assign(in.begin(), in.begin() + len);
         in = in.subspan(len);
       }
+      std::uint64_t stripe = 0;
+      std::vector<std::uint64_t> speeds(rails_.size());
+      bool complete = get(stripe);
+      for (auto& v : speeds) complete = complete && get(v);
+      if (!complete)
+        throw transport_error(fmt::format("rank {}'s libfabric address is truncated", r));
+      if (rails_.size() > 1 && stripe != stripe_bytes_)
+        throw invalid_argument(fmt::format(
+            "rank {} stripes messages of {} bytes and more over its rails, this rank from {}: "
+            "libfabric::options::stripe_bytes (RINGZERO_STRIPE_BYTES) must be alike on every rank",
+            r, stripe, stripe_bytes_));
+      // The lower of the two ends' speeds is what a rail carries between them; one unknown
+      // anywhere and the rails count alike (weighing some by a guess would be worse).
+      for (std::size_t i = 0; i < rails_.size(); ++i)
+        speeds[i] = std::min(speeds[i], weigh_rails_ ? rails_[i]->link_mbps() : 0);
+      if (std::find(speeds.begin(), speeds.end(), 0) != speeds.end())
+        std::fill(speeds.begin(), speeds.end(), 1);
+      shares_.push_back(std::move(speeds));
     }
     for (std::size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(per_rail[i]);
     failures_.assign(names.size(), std::string());
   }
+
+  /// One piece of a striped message: the rail it travels on and the bytes it carries.
+  struct piece {
+    std::size_t rail = 0;
+    std::size_t offset = 0;
+    std::size_t length = 0;
+  };
+
+  /// How a striped message of `bytes` is cut: consecutive pieces in rail order, each rail's in
+  /// proportion to its share (every share > 0), boundaries on piece_alignment; a rail whose
+  /// piece rounds to nothing is skipped. A function of its arguments alone: both ends of a
+  /// message compute it from the same length and the same agreed shares.
+  [[nodiscard]] static std::vector<piece> stripe(std::size_t bytes,
+                                                 std::span<const std::uint64_t> shares) {
+    // bytes × a share's running sum can pass 64 bits (a 1 TiB message, shares in Mbit/s).
+    __extension__ using u128 = unsigned __int128;
+    std::vector<piece> out;
+    u128 total = 0;
+    for (const auto s : shares) total += s;
+    u128 before = 0;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < shares.size(); ++i) {
+      before += shares[i];
+      std::size_t end = bytes;
+      if (i + 1 < shares.size()) {
+        end = static_cast<std::size_t>(u128{bytes} * before / total);
+        end -= end % engine_limits::piece_alignment;
+      }
+      if (end > start) out.push_back({.rail = i, .offset = start, .length = end - start});
+      start = std::max(start, end);
+    }
+    return out;
+  }
+
+  /// The shares a message to or from world rank `peer` is striped by, one per rail.
+  [[nodiscard]] std::span<const std::uint64_t> shares(int peer) const {
+    return shares_.at(static_cast<std::size_t>(peer));
+  }
+  [[nodiscard]] std::size_t stripe_bytes() const noexcept { return stripe_bytes_; }
 
   /// Starts the watchdog (watchdog.hpp) over the ranks in `peers` (index = world rank); with
   /// a `board`, the ranks agree through it on which rank failed first.
@@ -308,6 +383,9 @@ class engine {
     std::lock_guard lock(mutex_);
     check_aborted();
     check_size(data.size(), peer, "send to");
+    if (striping(data.size()))
+      return post_striped(world_peer, peer, true, tag, const_cast<std::byte*>(data.data()),
+                          data.size());
     const std::size_t ri = rail_for(tag, rails_.size());
     rail& r = *rails_[ri];
     // Injecting past queued sends could reorder two messages with one tag.
@@ -333,6 +411,8 @@ class engine {
     std::lock_guard lock(mutex_);
     check_aborted();
     check_size(data.size(), peer, "receive from");
+    if (striping(data.size()))
+      return post_striped(world_peer, peer, false, tag, data.data(), data.size());
     const std::size_t ri = rail_for(tag, rails_.size());
     op_context* c = make(ri, world_peer, peer, false, data.size(), data.data());
     c->buffer = data.data();
@@ -508,8 +588,13 @@ class engine {
       if (o.state != op_context::status::pending ||
           std::find(free_.begin(), free_.end(), &o) != free_.end())
         continue;
-      std::string where = o.posted ? "" : " (queued in the engine)";
-      if (rails_.size() > 1) where += fmt::format(" on rail {}", rails_[o.rail]->domain_name());
+      std::string where;
+      if (o.striped)
+        where = fmt::format(" (striped: {} of its pieces pending, listed apart)", o.unsettled);
+      else if (!o.posted)
+        where = " (queued in the engine)";
+      if (rails_.size() > 1 && !o.striped)
+        where += fmt::format(" on rail {}", rails_[o.rail]->domain_name());
       report.add(o.is_send, o.peer, o.length, o.tag, o.world_peer, where);
     }
     log::info("libfabric: {} pending operations when a wait gave up:{}", report.count(),
@@ -517,6 +602,10 @@ class engine {
   }
 
   void abandon_locked(op_context* c) noexcept {
+    if (c->striped) {
+      recycle(c);  // abandons the pieces still held
+      return;
+    }
     if (c->state == op_context::status::pending && !c->posted) {
       // Still waiting in the engine: the provider never saw it.
       auto& queue = lanes_[c->rail].queue(c->is_send);
@@ -581,6 +670,8 @@ class engine {
                       what, peer, bytes, provider(), max_msg_size_));
   }
 
+  /// A fresh operation on rail `ri`, with `buf`'s registration where the rail needs one
+  /// (none for a striped message, whose pieces hold their own).
   [[nodiscard]] op_context* make(std::size_t ri, int world_peer, int peer, bool is_send,
                                  std::size_t length, const void* buf) {
     op_context* c;
@@ -598,7 +689,7 @@ class engine {
     c->is_send = is_send;
     c->length = length;
     rail& r = *rails_[ri];
-    if ((r.registers() || r.hmem()) && length > 0) {
+    if ((r.registers() || r.hmem()) && length > 0 && buf != nullptr) {
       try {
         c->mr = r.memory().acquire(buf, length, r.registers());
       } catch (...) {
@@ -609,7 +700,71 @@ class engine {
     return c;
   }
 
+  [[nodiscard]] bool striping(std::size_t bytes) const noexcept {
+    return rails_.size() > 1 && bytes >= stripe_bytes_ && bytes > 0;
+  }
+
+  /// A message cut into one piece per rail (stripe), each posted on its rail with the message's
+  /// tag; the caller holds the striped operation, which no provider sees.
+  [[nodiscard]] op_context* post_striped(int world_peer, int peer, bool is_send, std::uint64_t tag,
+                                         std::byte* buf, std::size_t bytes) {
+    const auto parts = stripe(bytes, shares(world_peer));
+    op_context* m = make(0, world_peer, peer, is_send, bytes, nullptr);
+    m->striped = true;
+    m->buffer = buf;
+    m->tag = tag;
+    // Counted before any is posted: a piece may complete while the next one is submitted.
+    m->unsettled = static_cast<std::uint8_t>(parts.size());
+    try {
+      for (const auto& part : parts) {
+        op_context* c = make(part.rail, world_peer, peer, is_send, part.length, buf + part.offset);
+        c->buffer = buf + part.offset;
+        c->address = rails_[part.rail]->address(world_peer);
+        c->tag = tag;
+        c->parent = m;
+        m->pieces.push_back(c);
+        submit(c);
+      }
+    } catch (...) {
+      recycle(m);  // abandons the pieces already posted
+      throw;
+    }
+    return m;
+  }
+
+  /// A piece has finished (its state is set): the striped message learns of it, and the
+  /// piece, which nobody else holds, is freed.
+  void settle(op_context* c) noexcept {
+    op_context* m = c->parent;
+    if (!m) return;
+    if (c->state != op_context::status::done && m->state == op_context::status::pending) {
+      m->state = c->state;
+      m->peer_loss = c->peer_loss;
+      m->error = c->error;
+    }
+    if (--m->unsettled == 0 && m->state == op_context::status::pending)
+      m->state = op_context::status::done;
+    recycle(c);
+  }
+
+  /// Lets go of a striped message's pieces that are still held: each is cancelled and drained
+  /// as a request's would be (abandon_locked).
+  void drop_pieces(op_context* m) noexcept {
+    std::vector<op_context*> pieces = std::move(m->pieces);
+    m->pieces.clear();
+    // Unlinked first: a piece that completes while another is drained must not reach m.
+    for (op_context* c : pieces) c->parent = nullptr;
+    for (op_context* c : pieces) abandon_locked(c);
+  }
+
   void recycle(op_context* c) noexcept {
+    if (c->parent) {
+      auto& held = c->parent->pieces;
+      held.erase(std::remove(held.begin(), held.end(), c), held.end());
+      c->parent = nullptr;
+    }
+    if (!c->pieces.empty()) drop_pieces(c);
+    c->striped = false;
     if (c->mr) rails_[c->rail]->memory().release(c->mr);
     c->mr = nullptr;
     c->error.clear();
@@ -656,12 +811,15 @@ class engine {
         l.posted(c->is_send) >= limit(c->rail, c->is_send))
       return;
     const auto until = std::chrono::steady_clock::now() + engine_limits::post_progress_window;
+    const bool piece = c->parent != nullptr;
     try {
       while (!c->posted && c->state == op_context::status::pending &&
              std::chrono::steady_clock::now() < until)
         progress_locked();  // drains the queues too
     } catch (...) {
-      if (!c->posted) {  // nobody holds c yet: the caller gets the exception, not a request
+      // Nobody holds c yet: the caller gets the exception, not a request. (A piece that
+      // finished was freed when it settled.)
+      if (!c->posted && !(piece && c->state != op_context::status::pending)) {
         queue.erase(std::remove(queue.begin(), queue.end(), c), queue.end());
         recycle(c);
       }
@@ -685,6 +843,7 @@ class engine {
       if (rc != 0) {
         c->state = op_context::status::failed;
         c->error = post_failed(c->is_send ? "send to" : "receive from", c->peer, rc).what();
+        settle(c);
         continue;
       }
       c->posted = true;
@@ -721,13 +880,22 @@ class engine {
     if (!c->is_send && len != c->length) {
       c->state = op_context::status::failed;
       c->error = fmt::format(
-          "message size mismatch with rank {}: posted a {} byte receive, the "
+          "message size mismatch with rank {}: posted a {} byte receive{}, the "
           "peer sent {} bytes (ranks disagree on the collective's count or "
           "type?)",
-          c->peer, c->length, len);
-      return;
+          c->peer, c->length, piece_note(c), len);
+    } else {
+      c->state = op_context::status::done;
     }
-    c->state = op_context::status::done;
+    settle(c);
+  }
+
+  /// Where an error concerns one piece of a striped message, says so: the sizes it names are
+  /// the piece's.
+  [[nodiscard]] std::string piece_note(const op_context* c) const {
+    if (!c->parent) return {};
+    return fmt::format(" (a piece, on rail {}, of a {} byte message striped over the rails)",
+                       rails_[c->rail]->domain_name(), c->parent->length);
   }
 
   void read_error(rail& r) {
@@ -751,24 +919,26 @@ class engine {
       c->state = op_context::status::cancelled;
       c->error =
           fmt::format("{} rank {} was cancelled", c->is_send ? "send to" : "receive from", c->peer);
-      return;
+      return settle(c);
     }
     c->state = op_context::status::failed;
     if (code == FI_ETRUNC) {
       c->error = fmt::format(
-          "message size mismatch with rank {}: posted a {} byte receive, the peer sent {} "
+          "message size mismatch with rank {}: posted a {} byte receive{}, the peer sent {} "
           "(ranks disagree on the collective's count or type?): {}",
-          c->peer, c->length,
+          c->peer, c->length, piece_note(c),
           err.olen ? fmt::format("{} bytes", c->length + err.olen) : std::string("more"), text);
-      return;
+      return settle(c);
     }
     c->peer_loss = true;
-    c->error = fmt::format("{} rank {} failed over {}: {}", c->is_send ? "send to" : "receive from",
-                           c->peer, provider(), text);
+    c->error = fmt::format("{} rank {} failed over {}{}: {}",
+                           c->is_send ? "send to" : "receive from", c->peer, provider(),
+                           rails_.size() > 1 ? fmt::format(" rail {}", r.domain_name()) : "", text);
     if (is_peer_loss(code)) {
       failures_[static_cast<std::size_t>(c->world_peer)] = text;
       if (dog_) dog_->suspect(c->world_peer, fmt::format("its connection failed: {}", text));
     }
+    settle(c);
   }
 
   /// One rail's flow control: operations waiting for room, and how many are posted.
@@ -787,6 +957,10 @@ class engine {
   };
 
   std::chrono::nanoseconds timeout_;
+  std::size_t stripe_bytes_;
+  bool weigh_rails_;
+  /// By world rank: the shares a message to or from that rank is striped by (stripe).
+  std::vector<std::vector<std::uint64_t>> shares_;
   std::vector<std::unique_ptr<rail>> rails_;
   std::vector<lane> lanes_;  ///< by rail
   int tag_width_ = 64;

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -239,6 +240,13 @@ struct op_context {
   mr_cache::entry* mr = nullptr;
   std::string error;
   bool peer_loss = false;
+  /// A message striped over the rails (engine::stripe) is an operation posted nowhere: its
+  /// pieces, one per rail, are. It completes when the last piece does, and fails with the
+  /// first piece that fails.
+  bool striped = false;
+  std::uint8_t unsettled = 0;         ///< a striped message's pieces not yet complete
+  std::vector<op_context*> pieces{};  ///< a striped message's pieces still held
+  op_context* parent = nullptr;       ///< for a piece: the striped message it belongs to
 };
 static_assert(offsetof(op_context, provider_scratch) == 0,
               "libfabric needs the fi_context2 at the start of the operation context");
@@ -259,6 +267,17 @@ struct left_open {
     return m;
   }
 };
+
+/// A network interface's link speed in Mbit/s as the kernel reports it
+/// (/sys/class/net/NAME/speed), or 0: no such interface, or one without a speed (loopback, a
+/// link that is down, which reads -1).
+[[nodiscard]] inline std::uint64_t interface_mbps(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return 0;
+  std::ifstream in("/sys/class/net/" + name + "/speed");
+  long long mbps = 0;
+  if (!(in >> mbps) || mbps <= 0) return 0;
+  return static_cast<std::uint64_t>(mbps);
+}
 
 class rail {
  public:
@@ -317,6 +336,9 @@ class rail {
     mr_mode_ = info_->domain_attr->mr_mode;
     hmem_ = cfg.device_memory && (info_->caps & FI_HMEM) != 0;
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
+    link_mbps_ = info_->nic && info_->nic->link_attr && info_->nic->link_attr->speed > 0
+                     ? info_->nic->link_attr->speed / 1'000'000
+                     : interface_mbps(domain_name_);
     inject_size_ = info_->tx_attr->inject_size;
     // The engine's safety net under the algorithms' own bounds (tuning::policy::burst and
     // ::inflight): an operation the provider has no room for waits in the engine, in order,
@@ -430,6 +452,10 @@ class rail {
   /// Operations pass descriptors (FI_MR_LOCAL, or register_always).
   [[nodiscard]] bool registers() const noexcept { return need_desc_; }
   [[nodiscard]] bool hmem() const noexcept { return hmem_; }
+  /// The NIC's link speed in Mbit/s: what the provider reports (efa fills fi_info's nic), else
+  /// what the kernel reports for the network interface the domain is named after (tcp); 0 when
+  /// neither knows (loopback, shm).
+  [[nodiscard]] std::uint64_t link_mbps() const noexcept { return link_mbps_; }
   [[nodiscard]] std::size_t send_limit() const noexcept { return send_cap_; }
   [[nodiscard]] std::size_t receive_limit() const noexcept { return recv_cap_; }
   /// The domain's registrations.
@@ -475,6 +501,7 @@ class rail {
   std::uint64_t mr_mode_ = 0;
   bool need_desc_ = false;
   bool hmem_ = false;
+  std::uint64_t link_mbps_ = 0;
   std::size_t inject_size_ = 0;
   std::size_t max_msg_size_ = 0;
   int tag_width_ = 64;

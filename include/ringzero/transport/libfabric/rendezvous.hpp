@@ -71,16 +71,15 @@ inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
   cfg.rails.clear();
 }
 
-/// `rails`: the NICs to open, one rail each (engine::config::rails; empty: one, the provider's
-/// best); `rails_from_env`: they came from RINGZERO_RAILS, which names network interfaces for
-/// every transport that has rails, and so do not apply to shm, which has none; `kept`: the same
-/// store as `s`, when the caller keeps it open for the engine's lifetime: the ranks then agree
-/// through it on which rank failed first (failure_board); `served_by_rank0`: it goes away with rank
-/// 0's process (tcp_store).
+/// `cfg`: the engine as the caller wants it (its rails: the NICs to open, one rail each; empty:
+/// one, the provider's best); the rendezvous fills in the provider and whether all ranks share
+/// a host. `rails_from_env`: the rails came from RINGZERO_RAILS, which names network interfaces
+/// for every transport that has rails, and so do not apply to shm, which has none; `kept`: the
+/// same store as `s`, when the caller keeps it open for the engine's lifetime: the ranks then
+/// agree through it on which rank failed first (failure_board); `served_by_rank0`: it goes away
+/// with rank 0's process (tcp_store).
 [[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
-                                      std::string_view requested, bool register_memory,
-                                      bool device_memory, std::chrono::nanoseconds timeout,
-                                      std::vector<std::string> rails = {},
+                                      std::string_view requested, engine::config cfg,
                                       bool rails_from_env = false,
                                       std::shared_ptr<bootstrap::store> kept = nullptr,
                                       bool served_by_rank0 = false) {
@@ -104,12 +103,7 @@ inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
   const bool one_host =
       std::all_of(w.hosts.begin(), w.hosts.end(), [&](const auto& h) { return h == w.hosts[0]; });
 
-  engine::config cfg{.provider = {},
-                     .rails = std::move(rails),
-                     .register_always = register_memory,
-                     .one_host = one_host,
-                     .timeout = timeout,
-                     .device_memory = device_memory};
+  cfg.one_host = one_host;
   const std::string provider_key = prefix + "provider";
   try {
     if (rank == 0) {
