@@ -488,7 +488,10 @@ class engine {
         for (std::size_t p = 0; p < peers_.size(); ++p)
           for (auto& c : peers_[p].conns) {
             if (!c.alive) continue;
-            if (!c.bye_sent) {
+            // The goodbye counts as sent once its last byte is: a write may stop inside it
+            // (the socket full, or the write's byte budget spent), and a peer that then reads
+            // half a frame and the end of the stream would blame this rank for the failure.
+            if (!c.bye_sent || c.ctrl_len > 0) {
               pending = true;
               write(static_cast<int>(p), c);
             }
@@ -984,9 +987,13 @@ class engine {
     if (ps.gone) return;
     ps.gone = true;
     ps.graceful = graceful;
-    ps.culprit = graceful && failed_rank_ >= 0 ? failed_rank_ : peer;
+    // The first failure this rank saw is what every error names, as on the other transports:
+    // a survivor that raised on it and exited closes its connections too, gracefully or, when
+    // its goodbye is lost under a reset (the peer's acknowledgements reaching a socket already
+    // closed), not; either way it is not the culprit.
+    ps.culprit = failed_rank_ >= 0 ? failed_rank_ : peer;
     ps.why = fmt::format("rank {} is gone: {}", peer, why);
-    if (graceful && failed_rank_ >= 0 && failed_rank_ != peer)
+    if (failed_rank_ >= 0 && failed_rank_ != peer)
       ps.why += fmt::format(" after rank {} failed ({})", failed_rank_, failure_);
     if (rail >= 0 && rail_names_.size() > 1)
       ps.why += fmt::format(" (rail {})", rail_names_[static_cast<std::size_t>(rail)]);
