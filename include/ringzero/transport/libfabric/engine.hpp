@@ -740,7 +740,7 @@ class engine {
     if (c->state != op_context::status::done && m->state == op_context::status::pending) {
       m->state = c->state;
       m->peer_loss = c->peer_loss;
-      m->error = c->error;
+      m->error = std::move(c->error);  // a move: nothing here may throw
     }
     if (--m->unsettled == 0 && m->state == op_context::status::pending)
       m->state = op_context::status::done;
