@@ -2,6 +2,7 @@
 // that fails mid-transfer, and hierarchical over two simulated nodes. The conformance matrix
 // (one rail, and three: loopback addresses 127.0.0.1-3) and the behaviours every transport
 // shares run in transport_conformance_test.cpp.
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -148,6 +150,84 @@ TEST_CASE("RINGZERO_RAIL_SHARES is measured or equal, and anything else is named
                        ringzero::invalid_argument);
   ::unsetenv("RINGZERO_RAIL_SHARES");
   CHECK(sock::transport::weigh_rails_from_env());
+}
+
+TEST_CASE("RINGZERO_RAILS=auto keeps the interfaces every host can use together") {
+  namespace d = sock::detail;
+  const auto cands = [](std::string_view text) { return d::parse_interfaces(text); };
+  // Text and back.
+  const auto some = cands("eth0=10.1.0.5/16 rz0=10.77.0.1/24");
+  REQUIRE(some.size() == 2);
+  CHECK(some[0].name == "eth0");
+  CHECK(some[0].prefix == 16);
+  CHECK(d::interfaces_text(some) == "eth0=10.1.0.5/16 rz0=10.77.0.1/24");
+  CHECK_THROWS_AS(static_cast<void>(cands("eth0=10.1.0.5")), ringzero::bootstrap_error);
+  CHECK_THROWS_AS(static_cast<void>(cands("eth0=10.1.0/16")), ringzero::bootstrap_error);
+  // A NIC without an address (an EFA device) travels by name alone.
+  const auto efa = cands("rdmap16s27 rdmap32s27");
+  REQUIRE(efa.size() == 2);
+  CHECK(efa[1].name == "rdmap32s27");
+  CHECK(efa[1].prefix == -1);
+  CHECK(d::interfaces_text(efa) == "rdmap16s27 rdmap32s27");
+
+  const std::vector<std::string> two_hosts{"a", "b"};
+  SUBCASE("rails named and numbered alike, a subnet each: all of them, in name order") {
+    CHECK(d::agree_rails({cands("rz0=10.77.0.1/24 rz1=10.77.1.1/24 rz2=10.77.2.1/24"),
+                          cands("rz0=10.77.0.2/24 rz1=10.77.1.2/24 rz2=10.77.2.2/24")},
+                         two_hosts) == std::vector<std::string>{"rz0", "rz1", "rz2"});
+  }
+  SUBCASE("an interface one host lacks, or on another subnet there, is left out") {
+    CHECK(d::agree_rails({cands("eth0=192.0.2.10/24 rz0=10.77.0.1/24 rz1=10.77.1.1/24"),
+                          cands("eth0=198.51.100.7/24 rz0=10.77.0.2/24")},
+                         two_hosts) == std::vector<std::string>{"rz0"});
+    // The same network under another prefix is another subnet.
+    CHECK(
+        d::agree_rails({cands("rz0=10.77.0.1/24"), cands("rz0=10.77.0.2/16")}, two_hosts).empty());
+  }
+  SUBCASE("a bridge every host numbers alike is no rail between them; on one host it is") {
+    CHECK(d::agree_rails({cands("docker0=172.17.0.1/16 rz0=10.77.0.1/24"),
+                          cands("docker0=172.17.0.1/16 rz0=10.77.0.2/24")},
+                         two_hosts) == std::vector<std::string>{"rz0"});
+    CHECK(d::agree_rails({cands("docker0=172.17.0.1/16"), cands("docker0=172.17.0.1/16")},
+                         {"a", "a"}) == std::vector<std::string>{"docker0"});
+  }
+  SUBCASE("NICs without addresses: those every rank has, without an address everywhere") {
+    CHECK(
+        d::agree_rails({cands("rdmap16s27 rdmap32s27 rdmap48s27"), cands("rdmap16s27 rdmap32s27")},
+                       two_hosts) == std::vector<std::string>{"rdmap16s27", "rdmap32s27"});
+    CHECK(d::agree_rails({cands("rz0"), cands("rz0=10.77.0.2/24")}, two_hosts).empty());
+  }
+  SUBCASE("nothing in common: none, and the transport falls back to one rail") {
+    CHECK(d::agree_rails({cands("eth0=192.0.2.10/24"), cands("")}, two_hosts).empty());
+    CHECK(d::agree_rails({}, {}).empty());
+  }
+  SUBCASE("this host's interfaces: up, IPv4, never loopback, each once, by name") {
+    const auto mine = d::local_interfaces();
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      CHECK(mine[i].name != "lo");
+      CHECK((ntohl(mine[i].address.s_addr) >> 24) != 127);
+      CHECK(mine[i].prefix >= 0);
+      CHECK(mine[i].prefix <= 32);
+      if (i > 0) CHECK(mine[i - 1].name < mine[i].name);
+    }
+  }
+}
+
+TEST_CASE("RINGZERO_RAILS=auto on one host is one rail, on loopback") {
+  ::setenv("RINGZERO_RAILS", "auto", 1);
+  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    sock::communicator comm(sock::transport(s, r, n, {}));
+    check.expect(comm.transport().rails() == 1 && comm.transport().rail_name(0) == "127.0.0.1",
+                 fmt::format("one rail on 127.0.0.1, got {} ({})", comm.transport().rails(),
+                             comm.transport().rail_name(0)));
+    std::vector<float> v(1000, static_cast<float>(r + 1));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(v.front() == 3.0f && v.back() == 3.0f, "the sum 1 + 2");
+    return check.code();
+  });
+  ::unsetenv("RINGZERO_RAILS");
+  require_all_passed(out);
 }
 
 TEST_CASE(

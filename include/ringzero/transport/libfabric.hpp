@@ -79,7 +79,8 @@ struct options {
   /// One rail per entry: the NICs, as the provider names its domains (`fi_info -p tcp` prints
   /// interfaces, `fi_info -p efa` devices); messages spread over them by tag. Empty:
   /// RINGZERO_RAILS (ignored with shm, which uses no NIC), else one rail on the provider's best
-  /// candidate. Must name as many rails on every rank.
+  /// candidate. {"auto"} (or RINGZERO_RAILS=auto): every NIC the provider lists that every rank
+  /// can use (detail::discover_rails). Must name as many rails on every rank.
   std::vector<std::string> rails{};
   /// With several rails, a message of at least this many bytes is cut into one piece per rail
   /// instead of travelling whole on its tag's rail, so that one large message (a ring step of

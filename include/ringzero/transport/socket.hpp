@@ -11,6 +11,8 @@
 // would deliver it first at its measured rate, so a rail of half the speed takes half as many),
 // smaller ones go whole, round robin; a message completes once every piece arrived, and what
 // arrives is bitwise what was sent.
+// RINGZERO_RAILS=auto discovers them: the interfaces (up, not loopback, IPv4) that every rank
+// has, on one subnet, with addresses that differ from host to host (detail::agree_rails).
 // Without RINGZERO_RAILS: one rail, on RINGZERO_SOCKET_IFNAME when set, else loopback when
 // every rank is on this host, else the address this host reaches MASTER_ADDR from.
 //
@@ -182,6 +184,35 @@ class transport {
     return ringzero::detail::weigh_rails_from_env();
   }
 
+  /// RINGZERO_RAILS=auto: the interfaces every rank can use together (detail::agree_rails),
+  /// agreed through the store; none on one host, or where none qualifies (with a warning): the
+  /// constructor then picks one rail as without RINGZERO_RAILS. Every rank must ask for it.
+  template <class Key>
+  [[nodiscard]] std::vector<std::string> discover_rails(bootstrap::store& store, int size,
+                                                        bool one_host, const Key& key) const {
+    if (one_host) {
+      log::info("socket: RINGZERO_RAILS=auto on one host: one rail, on loopback");
+      return {};
+    }
+    store.set_string(key("interfaces", rank_), detail::interfaces_text(detail::local_interfaces()));
+    std::vector<std::vector<detail::interface_address>> all(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r)
+      all[static_cast<std::size_t>(r)] =
+          detail::parse_interfaces(store.get_string(key("interfaces", r)));
+    auto names = detail::agree_rails(all, hosts_);
+    std::string text;
+    for (const auto& n : names) text += (text.empty() ? "" : ",") + n;
+    if (names.empty())
+      log::warn(
+          "socket: RINGZERO_RAILS=auto found no interface every rank has on one subnet with "
+          "addresses of its own (this host offers: {}); one rail, toward MASTER_ADDR",
+          detail::interfaces_text(all[static_cast<std::size_t>(rank_)]));
+    else
+      log::info("socket: RINGZERO_RAILS=auto: {} rail{}: {}", names.size(),
+                names.size() == 1 ? "" : "s", text);
+    return names;
+  }
+
   /// The rails the environment names: RINGZERO_RAILS, else RINGZERO_SOCKET_IFNAME, else none
   /// (the constructor then picks one).
   [[nodiscard]] static std::vector<std::string> rails_from_env() {
@@ -227,7 +258,9 @@ class transport {
     std::vector<d::rail> rails;
     std::string failure;
     try {
-      const std::vector<std::string> wanted = opt.rails.empty() ? rails_from_env() : opt.rails;
+      std::vector<std::string> wanted = opt.rails.empty() ? rails_from_env() : opt.rails;
+      if (wanted.size() == 1 && wanted.front() == "auto")
+        wanted = discover_rails(store, size, one_host, key);
       if (!wanted.empty()) {
         for (const auto& name : wanted) rails.push_back(d::find_rail(name));
       } else if (one_host) {

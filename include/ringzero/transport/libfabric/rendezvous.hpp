@@ -26,6 +26,7 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 
@@ -71,6 +72,56 @@ inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
   cfg.rails.clear();
 }
 
+/// RINGZERO_RAILS=auto (or options::rails = {"auto"}): the NICs every rank's `provider` offers
+/// as domains (efa: its devices; tcp: its interfaces), without those peers on other hosts could
+/// not reach (loopback, link-local), agreed through the store: a name every rank has, and, where
+/// it is a network interface, on one subnet with addresses of its own on each host
+/// (ringzero::detail::agree_rails). None on one host, or where none qualifies (with a warning):
+/// the engine then opens one rail on the provider's best candidate.
+template <class Key>
+[[nodiscard]] inline std::vector<std::string> discover_rails(
+    bootstrap::store& s, const Key& key, int rank, int size, const std::string& provider,
+    bool one_host, const std::vector<std::string>& hosts) {
+  if (one_host) {
+    log::info("libfabric: RINGZERO_RAILS=auto with every rank on one host: one rail");
+    return {};
+  }
+  const info_ptr list = query(provider.empty() ? nullptr : provider.c_str());
+  const auto interfaces = ringzero::detail::local_interfaces();
+  std::vector<ringzero::detail::interface_address> mine;
+  for (const fi_info* i = list.get(); i; i = i->next) {
+    if (!i->domain_attr->name) continue;
+    const std::string name = i->domain_attr->name;
+    if (std::any_of(mine.begin(), mine.end(), [&](const auto& m) { return m.name == name; }))
+      continue;
+    const fi_info* best = pick(list.get(), false, name);
+    if (!best || is_loopback(best) || is_link_local(best)) continue;
+    const auto it = std::find_if(interfaces.begin(), interfaces.end(),
+                                 [&](const auto& f) { return f.name == name; });
+    mine.push_back(it != interfaces.end()
+                       ? *it
+                       : ringzero::detail::interface_address{.name = name, .prefix = -1});
+  }
+  std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  keys::set_text(s, key("nics", rank), ringzero::detail::interfaces_text(mine));
+  std::vector<std::vector<ringzero::detail::interface_address>> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r)
+    all[static_cast<std::size_t>(r)] =
+        ringzero::detail::parse_interfaces(keys::get_text(s, key("nics", r)));
+  auto names = ringzero::detail::agree_rails(all, hosts);
+  std::string text;
+  for (const auto& n : names) text += (text.empty() ? "" : ",") + n;
+  if (names.empty())
+    log::warn(
+        "libfabric: RINGZERO_RAILS=auto found no NIC of provider {} that every rank has (this "
+        "host offers: {}); one rail",
+        provider, ringzero::detail::interfaces_text(mine));
+  else
+    log::info("libfabric: RINGZERO_RAILS=auto: {} rail{}: {}", names.size(),
+              names.size() == 1 ? "" : "s", text);
+  return names;
+}
+
 /// `cfg`: the engine as the caller wants it (its rails: the NICs to open, one rail each; empty:
 /// one, the provider's best); the rendezvous fills in the provider and whether all ranks share
 /// a host. `rails_from_env`: the rails came from RINGZERO_RAILS, which names network interfaces
@@ -105,23 +156,36 @@ inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
 
   cfg.one_host = one_host;
   const std::string provider_key = prefix + "provider";
+  // Discovering rails needs the provider on every rank before any opens its rails, so then rank
+  // 0 publishes its choice first (a failure after that goes where its address would have).
+  bool published = false;
+  const auto discover = [&] {
+    if (cfg.rails.size() == 1 && cfg.rails.front() == "auto")
+      cfg.rails = discover_rails(s, key, rank, size, cfg.provider, one_host, w.hosts);
+  };
   try {
     if (rank == 0) {
       cfg.provider = choose_provider(requested, one_host);
       drop_env_rails_on_shm(cfg, rails_from_env);
+      if (cfg.rails.size() == 1 && cfg.rails.front() == "auto") {
+        keys::set_text(s, provider_key, cfg.provider);
+        published = true;
+        discover();
+      }
       w.eng = std::make_shared<engine>(cfg);
-      keys::set_text(s, provider_key, w.eng->provider());
+      if (!published) keys::set_text(s, provider_key, w.eng->provider());
     } else {
       const auto v = s.get(provider_key);
       keys::throw_if_failure(v, 0);
       cfg.provider.assign(reinterpret_cast<const char*>(v.data()), v.size());
       drop_env_rails_on_shm(cfg, rails_from_env);
+      discover();
       w.eng = std::make_shared<engine>(cfg);
     }
   } catch (const bootstrap_error&) {
     throw;
   } catch (const std::exception& e) {
-    keys::publish_failure(s, rank == 0 ? provider_key : key("ep", rank), e);
+    keys::publish_failure(s, rank == 0 && !published ? provider_key : key("ep", rank), e);
     throw;
   }
 

@@ -2,7 +2,9 @@
 // IPv4 address of this host (an interface's, by name, or a literal); every rank listens on
 // each of its rails, publishes the addresses through the store, connects to the ranks above
 // it rail by rail (from its own address on that rail, so each connection leaves through its
-// interface) and accepts the ranks below it.
+// interface) and accepts the ranks below it. Rails can also be discovered (RINGZERO_RAILS=auto):
+// every rank lists its interfaces and the ranks keep those they can all use together
+// (transport/detail/interfaces.hpp).
 #pragma once
 
 #include <arpa/inet.h>
@@ -33,6 +35,7 @@
 #include "ringzero/bootstrap/detail/socket.hpp"
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/socket/wire.hpp"
 
 namespace ringzero::socket::detail {
@@ -64,6 +67,12 @@ struct rail {
       "address on this host (RINGZERO_RAILS and RINGZERO_SOCKET_IFNAME take interface names)",
       what));
 }
+
+using ringzero::detail::agree_rails;
+using ringzero::detail::interface_address;
+using ringzero::detail::interfaces_text;
+using ringzero::detail::local_interfaces;
+using ringzero::detail::parse_interfaces;
 
 /// The address this host uses to reach `host` (the route's source address), found by
 /// connecting a UDP socket, which sends nothing.

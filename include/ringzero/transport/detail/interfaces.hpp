@@ -1,0 +1,155 @@
+// A host's network interfaces as rails: which could be one (up, not loopback, IPv4), and which
+// the ranks of a job can use together. Shared by the transports that take RINGZERO_RAILS=auto
+// (socket, libfabric's tcp), so that both discover the same rails.
+#pragma once
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ringzero/error.hpp"
+
+namespace ringzero::detail {
+
+/// An interface that could be a rail: up, not loopback, with an IPv4 address and its prefix;
+/// or a NIC known by name only (an EFA device, which has no IP address): prefix -1.
+struct interface_address {
+  std::string name;
+  in_addr address{};
+  int prefix = 0;  ///< network bits of the address (24 for a /24); -1: no address
+  friend bool operator==(const interface_address& a, const interface_address& b) {
+    return a.name == b.name && a.address.s_addr == b.address.s_addr && a.prefix == b.prefix;
+  }
+};
+
+/// This host's interfaces that could be rails, by name, each once (its first IPv4 address).
+[[nodiscard]] inline std::vector<interface_address> local_interfaces() {
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0)
+    throw bootstrap_error(fmt::format("getifaddrs failed: {}", std::strerror(errno)));
+  std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> guard(ifs, &::freeifaddrs);
+  std::vector<interface_address> out;
+  for (const ifaddrs* p = ifs; p != nullptr; p = p->ifa_next) {
+    if (p->ifa_addr == nullptr || p->ifa_addr->sa_family != AF_INET || p->ifa_netmask == nullptr)
+      continue;
+    if ((p->ifa_flags & IFF_UP) == 0 || (p->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    if (std::any_of(out.begin(), out.end(), [&](const auto& c) { return c.name == p->ifa_name; }))
+      continue;
+    const auto mask = ntohl(reinterpret_cast<const sockaddr_in*>(p->ifa_netmask)->sin_addr.s_addr);
+    out.push_back({.name = p->ifa_name,
+                   .address = reinterpret_cast<const sockaddr_in*>(p->ifa_addr)->sin_addr,
+                   .prefix = std::popcount(mask)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+/// Interfaces as one line of text for the store ("eth1=10.0.1.5/24 eth2=10.0.2.5/24 rdmap0",
+/// the last one without an address), and back.
+[[nodiscard]] inline std::string interfaces_text(const std::vector<interface_address>& cs) {
+  std::string out;
+  for (const auto& c : cs) {
+    if (c.prefix < 0) {
+      out += fmt::format("{}{}", out.empty() ? "" : " ", c.name);
+      continue;
+    }
+    char buf[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &c.address, buf, sizeof buf);
+    out += fmt::format("{}{}={}/{}", out.empty() ? "" : " ", c.name, buf, c.prefix);
+  }
+  return out;
+}
+[[nodiscard]] inline std::vector<interface_address> parse_interfaces(std::string_view text) {
+  std::vector<interface_address> out;
+  while (!text.empty()) {
+    const auto sp = text.find(' ');
+    const std::string_view item = text.substr(0, sp);
+    const auto eq = item.rfind('=');
+    const auto slash = item.rfind('/');
+    interface_address c;
+    if (eq == std::string_view::npos && item.find('/') == std::string_view::npos) {
+      c.name = std::string(item);
+      c.prefix = -1;
+      out.push_back(std::move(c));
+      if (sp == std::string_view::npos) break;
+      text.remove_prefix(sp + 1);
+      continue;
+    }
+    if (eq == std::string_view::npos || slash == std::string_view::npos || slash < eq)
+      throw bootstrap_error(
+          fmt::format("socket transport: '{}' is not an interface's address", std::string(item)));
+    c.name = std::string(item.substr(0, eq));
+    const std::string ip(item.substr(eq + 1, slash - eq - 1));
+    if (::inet_pton(AF_INET, ip.c_str(), &c.address) != 1)
+      throw bootstrap_error(fmt::format("socket transport: '{}' is not an IPv4 address", ip));
+    c.prefix = std::stoi(std::string(item.substr(slash + 1)));
+    out.push_back(std::move(c));
+    if (sp == std::string_view::npos) break;
+    text.remove_prefix(sp + 1);
+  }
+  return out;
+}
+
+/// The rails the ranks can use together, given each rank's interfaces and host name (index =
+/// rank): the interface names every rank has whose addresses lie in one subnet (one prefix, one
+/// network) and differ between hosts, in name order; a NIC without an address (prefix -1)
+/// counts where every rank has it, without one. The first rule drops a management network
+/// named alike but addressed per site; the second a bridge every host numbers the same
+/// (docker0's 172.17.0.1, libvirt's 192.168.122.1), which no host reaches on another.
+[[nodiscard]] inline std::vector<std::string> agree_rails(
+    const std::vector<std::vector<interface_address>>& per_rank,
+    const std::vector<std::string>& hosts) {
+  std::vector<std::string> out;
+  if (per_rank.empty()) return out;
+  for (const auto& first : per_rank.front()) {
+    if (first.prefix < 0) {
+      if (std::all_of(per_rank.begin(), per_rank.end(), [&](const auto& mine) {
+            return std::any_of(mine.begin(), mine.end(), [&](const interface_address& c) {
+              return c.name == first.name && c.prefix < 0;
+            });
+          }))
+        out.push_back(first.name);
+      continue;
+    }
+    const auto mask = first.prefix <= 0    ? 0u
+                      : first.prefix >= 32 ? 0xffffffffu
+                                           : ~((1u << (32 - first.prefix)) - 1);
+    const auto network = ntohl(first.address.s_addr) & mask;
+    std::vector<std::pair<std::string, std::uint32_t>> seen;  // (host, address)
+    bool usable = true;
+    for (std::size_t r = 0; r < per_rank.size() && usable; ++r) {
+      const auto& mine = per_rank[r];
+      const auto it = std::find_if(mine.begin(), mine.end(), [&](const interface_address& c) {
+        return c.name == first.name;
+      });
+      if (it == mine.end() || it->prefix != first.prefix ||
+          (ntohl(it->address.s_addr) & mask) != network) {
+        usable = false;
+        break;
+      }
+      const std::string& host = r < hosts.size() ? hosts[r] : std::string();
+      for (const auto& [h, a] : seen)
+        if (h != host && a == it->address.s_addr) usable = false;
+      seen.emplace_back(host, it->address.s_addr);
+    }
+    if (usable) out.push_back(first.name);
+  }
+  return out;
+}
+
+}  // namespace ringzero::detail
