@@ -194,22 +194,16 @@ class transport {
       log::info("socket: RINGZERO_RAILS=auto on one host: one rail, on loopback");
       return {};
     }
-    store.set_string(key("interfaces", rank_), detail::interfaces_text(detail::local_interfaces()));
-    std::vector<std::vector<detail::interface_address>> all(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r)
-      all[static_cast<std::size_t>(r)] =
-          detail::parse_interfaces(store.get_string(key("interfaces", r)));
-    auto names = detail::agree_rails(all, hosts_);
-    std::string text;
-    for (const auto& n : names) text += (text.empty() ? "" : ",") + n;
+    const auto mine = detail::local_interfaces();
+    auto names = ringzero::detail::agree_rails_over(store, key, rank_, size, mine, hosts_);
     if (names.empty())
       log::warn(
           "socket: RINGZERO_RAILS=auto found no interface every rank has on one subnet with "
           "addresses of its own (this host offers: {}); one rail, toward MASTER_ADDR",
-          detail::interfaces_text(all[static_cast<std::size_t>(rank_)]));
+          detail::interfaces_text(mine));
     else
       log::info("socket: RINGZERO_RAILS=auto: {} rail{}: {}", names.size(),
-                names.size() == 1 ? "" : "s", text);
+                names.size() == 1 ? "" : "s", ringzero::detail::rail_list(names));
     return names;
   }
 

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 
 namespace ringzero::detail {
@@ -149,6 +150,26 @@ struct interface_address {
     }
     if (usable) out.push_back(first.name);
   }
+  return out;
+}
+
+/// Every rank's `mine` through the store (under key("rails-offered", rank)), and the rails they
+/// agree on (agree_rails). Every rank must call it.
+template <class Key>
+[[nodiscard]] inline std::vector<std::string> agree_rails_over(
+    bootstrap::store& s, const Key& key, int rank, int size,
+    const std::vector<interface_address>& mine, const std::vector<std::string>& hosts) {
+  s.set_string(key("rails-offered", rank), interfaces_text(mine));
+  std::vector<std::vector<interface_address>> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r)
+    all[static_cast<std::size_t>(r)] = parse_interfaces(s.get_string(key("rails-offered", r)));
+  return agree_rails(all, hosts);
+}
+
+/// Names as a comma-separated list, as RINGZERO_RAILS takes them (for logs).
+[[nodiscard]] inline std::string rail_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
   return out;
 }
 

@@ -103,14 +103,7 @@ template <class Key>
                        : ringzero::detail::interface_address{.name = name, .prefix = -1});
   }
   std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  keys::set_text(s, key("nics", rank), ringzero::detail::interfaces_text(mine));
-  std::vector<std::vector<ringzero::detail::interface_address>> all(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r)
-    all[static_cast<std::size_t>(r)] =
-        ringzero::detail::parse_interfaces(keys::get_text(s, key("nics", r)));
-  auto names = ringzero::detail::agree_rails(all, hosts);
-  std::string text;
-  for (const auto& n : names) text += (text.empty() ? "" : ",") + n;
+  auto names = ringzero::detail::agree_rails_over(s, key, rank, size, mine, hosts);
   if (names.empty())
     log::warn(
         "libfabric: RINGZERO_RAILS=auto found no NIC of provider {} that every rank has (this "
@@ -118,7 +111,7 @@ template <class Key>
         provider, ringzero::detail::interfaces_text(mine));
   else
     log::info("libfabric: RINGZERO_RAILS=auto: {} rail{}: {}", names.size(),
-              names.size() == 1 ? "" : "s", text);
+              names.size() == 1 ? "" : "s", ringzero::detail::rail_list(names));
   return names;
 }
 
