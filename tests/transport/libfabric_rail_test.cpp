@@ -4,8 +4,9 @@
 // registration cache of its own). The typed transport suite runs every behaviour and the
 // conformance matrix over them ("libfabric rails" in transport_conformance_test.cpp); this file
 // checks what is the rails' own: where messages go (whole on their tag's rail, or from
-// options::stripe_bytes cut into one piece per rail), rails from the environment, and the
-// configurations that cannot work, refused naming what is wrong.
+// options::stripe_bytes cut into one piece per rail), rails from the environment (discovery
+// between hosts runs on the namespace bed: tests/tools/netbed_test.sh), and the configurations
+// that cannot work, refused naming what is wrong.
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
@@ -252,6 +253,22 @@ TEST_CASE("RINGZERO_RAILS opens the rails; shm has no NIC and keeps one") {
     require_all_passed(out);
   }
   ::unsetenv("RINGZERO_RAILS");
+}
+
+TEST_CASE("RINGZERO_RAILS=auto with every rank on one host is one rail") {
+  ::setenv("RINGZERO_RAILS", "auto", 1);
+  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, {.provider = tcp}));
+    check.expect(comm.transport().engine().rails() == 1,
+                 fmt::format("one rail, got {}", comm.transport().engine().rails()));
+    std::vector<double> v(100000, r + 1.0);
+    ringzero::all_reduce(comm, std::span<double>(v), op::sum);
+    check.expect(v.front() == 3.0 && v.back() == 3.0, "the sum 1 + 2 everywhere");
+    return check.code();
+  });
+  ::unsetenv("RINGZERO_RAILS");
+  require_all_passed(out);
 }
 
 TEST_CASE("rails that cannot work are refused naming what is wrong") {
