@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -151,6 +152,17 @@ struct interface_address {
     if (usable) out.push_back(first.name);
   }
   return out;
+}
+
+/// A network interface's link speed in Mbit/s as the kernel reports it
+/// (/sys/class/net/NAME/speed), or 0: no such interface, or one without a speed (loopback, a
+/// link that is down, which reads -1).
+[[nodiscard]] inline std::uint64_t interface_mbps(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return 0;
+  std::ifstream in("/sys/class/net/" + name + "/speed");
+  long long mbps = 0;
+  if (!(in >> mbps) || mbps <= 0) return 0;
+  return static_cast<std::uint64_t>(mbps);
 }
 
 /// Every rank's `mine` through the store (under key("rails-offered", rank)), and the rails they

@@ -764,7 +764,6 @@ class engine {
       c->parent = nullptr;
     }
     if (!c->pieces.empty()) drop_pieces(c);
-    c->striped = false;
     if (c->mr) rails_[c->rail]->memory().release(c->mr);
     c->mr = nullptr;
     c->error.clear();

@@ -39,7 +39,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -51,6 +50,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
 
@@ -268,17 +268,6 @@ struct left_open {
   }
 };
 
-/// A network interface's link speed in Mbit/s as the kernel reports it
-/// (/sys/class/net/NAME/speed), or 0: no such interface, or one without a speed (loopback, a
-/// link that is down, which reads -1).
-[[nodiscard]] inline std::uint64_t interface_mbps(const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return 0;
-  std::ifstream in("/sys/class/net/" + name + "/speed");
-  long long mbps = 0;
-  if (!(in >> mbps) || mbps <= 0) return 0;
-  return static_cast<std::uint64_t>(mbps);
-}
-
 class rail {
  public:
   struct config {
@@ -338,7 +327,7 @@ class rail {
     need_desc_ = (mr_mode_ & FI_MR_LOCAL) || cfg.register_always;
     link_mbps_ = info_->nic && info_->nic->link_attr && info_->nic->link_attr->speed > 0
                      ? info_->nic->link_attr->speed / 1'000'000
-                     : interface_mbps(domain_name_);
+                     : ringzero::detail::interface_mbps(domain_name_);
     inject_size_ = info_->tx_attr->inject_size;
     // The engine's safety net under the algorithms' own bounds (tuning::policy::burst and
     // ::inflight): an operation the provider has no room for waits in the engine, in order,

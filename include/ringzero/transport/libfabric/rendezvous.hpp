@@ -152,15 +152,16 @@ template <class Key>
   // Discovering rails needs the provider on every rank before any opens its rails, so then rank
   // 0 publishes its choice first (a failure after that goes where its address would have).
   bool published = false;
+  const auto wants_discovery = [&] { return cfg.rails.size() == 1 && cfg.rails.front() == "auto"; };
   const auto discover = [&] {
-    if (cfg.rails.size() == 1 && cfg.rails.front() == "auto")
+    if (wants_discovery())
       cfg.rails = discover_rails(s, key, rank, size, cfg.provider, one_host, w.hosts);
   };
   try {
     if (rank == 0) {
       cfg.provider = choose_provider(requested, one_host);
       drop_env_rails_on_shm(cfg, rails_from_env);
-      if (cfg.rails.size() == 1 && cfg.rails.front() == "auto") {
+      if (wants_discovery()) {
         keys::set_text(s, provider_key, cfg.provider);
         published = true;
         discover();
