@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/transport/libfabric.hpp"
+#include "ringzero/transport/libfabric/delivery.hpp"
 
 using namespace std::chrono_literals;
 using ringzero::op;
@@ -307,4 +309,238 @@ TEST_CASE("rails that cannot work are refused naming what is wrong") {
     });
     require_all_passed(out);
   }
+}
+
+namespace {
+
+/// Three rails on loopback: one can fail and two are left, so "the others" means something.
+fabric::options three_rails() {
+  return {.provider = tcp, .rails = {"lo", "lo", "lo"}};
+}
+
+template <class Q>
+void drive(fabric::communicator& comm, Q& q, int peer) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (!comm.test(q))
+    if (std::chrono::steady_clock::now() > deadline) throw ringzero::timeout_error("stuck", peer);
+}
+
+bool contains(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("a rail that fails under a striped message: its piece goes over the rails left") {
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, three_rails()));
+    const auto& eng = comm.transport().engine();
+    const int peer = 1 - r;
+    constexpr std::size_t count = std::size_t{24} << 20;
+    std::vector<std::uint8_t> data(count);
+    for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<std::uint8_t>((i * 131) >> 7);
+    std::string log = multiprocess::capture_info_log("fabric-rail", [&] {
+      if (r == 0) {
+        auto q = comm.isend(1, 1, std::as_bytes(std::span<const std::uint8_t>(data)));
+        // A few progress calls put the pieces on their way, then rail 1 fails under them.
+        for (int i = 0; i < 3; ++i)
+          if (comm.test(q)) break;
+        comm.transport().fail_rail(1, "the test pulled it");
+        drive(comm, q, 1);
+      } else {
+        std::vector<std::uint8_t> in(count, 0);
+        auto q = comm.irecv(0, 1, std::as_writable_bytes(std::span<std::uint8_t>(in)));
+        drive(comm, q, 0);
+        check.expect(in == data, "the message whole and unchanged");
+      }
+      // The message may be whole before this side hears of the failure.
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (eng.rail_in_use(peer, 1) && std::chrono::steady_clock::now() < until)
+        comm.transport().progress();
+    });
+    check.expect(!eng.rail_in_use(peer, 1) && eng.rail_in_use(peer, 0) && eng.rail_in_use(peer, 2),
+                 "rail 1 given up toward the peer on both sides, rails 0 and 2 kept");
+    const std::string warned = r == 0 ? "rail lo failed toward rank 1 (the test pulled it)"
+                                      : "rail lo failed toward rank 0 (rank 0 gave it up)";
+    check.expect(contains(log, warned) && contains(log, "and the others left"),
+                 fmt::format("a warning naming the failed rail, got '{}'", log));
+    // Collectives go on over the two left, bitwise as before, and rail 1 carries none of them.
+    const auto before = eng.rail_messages(1);
+    std::vector<float> v(1 << 20), want(1 << 20);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(i % 1000 + r);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      want[i] = 0.25f * static_cast<float>(i % 1000) + 0.25f * static_cast<float>(i % 1000 + 1);
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(v == want, "an all_reduce over the remaining rails");
+    check.expect(eng.rail_messages(1) == before,
+                 fmt::format("nothing more on rail 1, got {} more", eng.rail_messages(1) - before));
+    // The other two fail, seen from both ends as links found down are: both ranks' next call
+    // fails naming the peer and the last rail.
+    ringzero::barrier(comm);
+    comm.transport().fail_rail(0, "the test pulled it");
+    comm.transport().fail_rail(2, "the test pulled it");
+    int named = -2;
+    std::string what;
+    try {
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, {.timeout = 20s});
+    } catch (const ringzero::peer_error& e) {
+      named = e.peer();
+      what = e.what();
+    }
+    check.expect(named == peer && contains(what, fmt::format("rank {}", peer)) &&
+                     contains(what, "its last rail, lo, failed"),
+                 fmt::format("a peer_error naming rank {} and its last rail, got {}: '{}'", peer,
+                             named, what));
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("small sends complete on return; their copies go again when their rail fails") {
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, three_rails()));
+    const auto& eng = comm.transport().engine();
+    constexpr int messages = 30;
+    constexpr std::size_t bytes = 512;
+    const auto value = [](int m, std::size_t i) {
+      return static_cast<std::uint8_t>(m * 7 + i * 13);
+    };
+    const auto tag = [](int m) { return 100 + static_cast<ringzero::tag_t>(m); };
+    const std::string sent = "sent";
+    if (r == 0) {
+      std::vector<std::vector<std::uint8_t>> src(static_cast<std::size_t>(messages));
+      for (int m = 0; m < messages; ++m) {
+        auto& v = src[static_cast<std::size_t>(m)];
+        for (std::size_t i = 0; i < bytes; ++i) v.push_back(value(m, i));
+        auto q = comm.isend(1, tag(m), std::as_bytes(std::span<const std::uint8_t>(v)));
+        check.expect(comm.test(q), "a small send complete at once, copied");
+      }
+      // What goes again after the rail fails must be the engine's copies, not these.
+      for (auto& v : src) std::fill(v.begin(), v.end(), std::uint8_t{0xEE});
+      check.expect(eng.unacknowledged(1) == messages,
+                   fmt::format("{} unacknowledged, got {}", messages, eng.unacknowledged(1)));
+      std::uint8_t word = 0;
+      const std::string log = multiprocess::capture_info_log("fabric-copies", [&] {
+        comm.transport().fail_rail(1, "the test pulled it");
+        s.set(sent, std::as_bytes(std::span<const char>("1", 1)));
+        auto q = comm.irecv(1, 99, std::as_writable_bytes(std::span<std::uint8_t>(&word, 1)));
+        drive(comm, q, 1);
+      });
+      check.expect(word == 1, "rank 1's word that it read every message");
+      // Rank 1 had received nothing when it gave rail 1 up: what went there goes again.
+      check.expect(contains(log, "unacknowledged messages to rank 1 sent again"),
+                   fmt::format("the failed rail's messages sent again, got '{}'", log));
+    } else {
+      s.wait(std::span<const std::string>(&sent, 1));
+      // Once rank 1 has given rail 1 up too, the messages that went there (and wait there,
+      // unmatched) can only reach it sent again over the other rails.
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (eng.rail_in_use(0, 1) && std::chrono::steady_clock::now() < until)
+        comm.transport().progress();
+      check.expect(!eng.rail_in_use(0, 1), "rank 1 heard that rail 1 failed");
+      std::size_t wrong = 0;
+      for (int m = 0; m < messages; ++m) {
+        std::vector<std::uint8_t> in(bytes, 0);
+        auto q = comm.irecv(0, tag(m), std::as_writable_bytes(std::span<std::uint8_t>(in)));
+        drive(comm, q, 0);
+        for (std::size_t i = 0; i < bytes; ++i) wrong += in[i] != value(m, i);
+      }
+      check.expect(wrong == 0, fmt::format("every message as sent, {} bytes wrong", wrong));
+      const std::uint8_t word = 1;
+      auto q = comm.isend(0, 99, std::as_bytes(std::span<const std::uint8_t>(&word, 1)));
+      drive(comm, q, 0);
+    }
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("what a peer received is acknowledged: sends complete, copies are let go") {
+  auto out = multiprocess::run(3, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, two_rails()));
+    const auto& eng = comm.transport().engine();
+    // Every size class: copied (8 B, 64 KiB), acknowledged whole (64 KiB + 1), striped (1 MiB).
+    for (const std::size_t count : {std::size_t{2}, std::size_t{16} << 10,
+                                    (std::size_t{16} << 10) + 1, std::size_t{1} << 18}) {
+      std::vector<float> v(count, static_cast<float>(r + 1));
+      for (int round = 0; round < 3; ++round)
+        ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      check.expect(v.front() == 6.0f * 9.0f && v.back() == 6.0f * 9.0f,
+                   fmt::format("{} floats: 6 · 3² everywhere, got {}", count, v.front()));
+    }
+    // Acknowledgements of copied sends are batched; within ack_delay they all arrive.
+    ringzero::barrier(comm);
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    const auto outstanding = [&] {
+      std::size_t k = 0;
+      for (int p = 0; p < n; ++p) k += eng.unacknowledged(p);
+      return k;
+    };
+    while (outstanding() > 0 && std::chrono::steady_clock::now() < until)
+      comm.transport().progress();
+    check.expect(outstanding() == 0,
+                 fmt::format("every send acknowledged, {} outstanding", outstanding()));
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
+TEST_CASE("delivery's bookkeeping: what arrived, as one statement that survives the wire") {
+  namespace delivery = ringzero::libfabric::detail::delivery;
+  delivery::received_set got;
+  // Out of order: runs above the mark until the gap fills.
+  for (const std::uint64_t s : {0u, 1u, 3u, 4u, 7u}) CHECK(got.add(s));
+  CHECK_FALSE(got.add(3));  // twice is once
+  CHECK(got.low() == 2);
+  CHECK(got.runs() == std::map<std::uint64_t, std::uint64_t>{{3, 5}, {7, 8}});
+  CHECK(got.contains(1));
+  CHECK(got.contains(4));
+  CHECK_FALSE(got.contains(2));
+  CHECK_FALSE(got.contains(5));
+  CHECK(got.add(2));
+  CHECK(got.low() == 5);
+  CHECK(got.runs() == std::map<std::uint64_t, std::uint64_t>{{7, 8}});
+  CHECK(got.add(6));
+  CHECK(got.add(5));
+  CHECK(got.low() == 8);
+  CHECK(got.runs().empty());
+
+  // Sequence numbers travel as 31 bits; the receiver puts the rest back from its mark.
+  delivery::received_set far;
+  far.assign((std::uint64_t{1} << 31) - 3, {});
+  const std::uint64_t next = (std::uint64_t{1} << 31) + 5;  // past a wrap of the low bits
+  CHECK(far.expand(delivery::cq_word::make(next, true)) == next);
+  CHECK(far.expand(delivery::cq_word::make(far.low(), false)) == far.low());
+  CHECK(delivery::cq_word::urgent(delivery::cq_word::make(next, true)));
+  CHECK_FALSE(delivery::cq_word::urgent(delivery::cq_word::make(next, false)));
+
+  // The statement round-trips, and what is not one is refused.
+  got.add(10);
+  got.add(12);
+  const std::vector<std::uint64_t> cut{9, 11};
+  const auto bytes = delivery::control::encode(3, 0b101, got, cut);
+  const auto back = delivery::control::decode(bytes);
+  REQUIRE(back.has_value());
+  CHECK(back->from == 3);
+  CHECK(back->dead == 0b101);
+  CHECK(back->received.low() == got.low());
+  CHECK(back->received.runs() == got.runs());
+  CHECK(back->cut == cut);
+  CHECK_FALSE(delivery::control::decode(std::span(bytes).first(bytes.size() - 1)));
+  auto wrong = bytes;
+  wrong[0] = std::byte{0};
+  CHECK_FALSE(delivery::control::decode(wrong));
+
+  // A failed rail's messages go to the next rail up that is left, alike from both ends.
+  CHECK(delivery::substitute(1, 0b000, 3) == 1);
+  CHECK(delivery::substitute(1, 0b010, 3) == 2);
+  CHECK(delivery::substitute(2, 0b100, 3) == 0);
+  CHECK(delivery::substitute(1, 0b110, 3) == 0);
+  CHECK(delivery::substitute(0, 0b111, 3) == -1);
+  // Moving twice lands where moving once over both failures would.
+  CHECK(delivery::substitute(static_cast<std::size_t>(delivery::substitute(0, 0b001, 4)), 0b011,
+                             4) == delivery::substitute(0, 0b011, 4));
 }

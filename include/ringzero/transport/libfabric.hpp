@@ -149,6 +149,9 @@ class transport {
   [[nodiscard]] const std::string& provider() const noexcept { return engine_->provider(); }
   /// The shared engine, for diagnostics (rails, registrations, provider limits).
   [[nodiscard]] const detail::engine& engine() const noexcept { return *engine_; }
+  /// For tests, with several rails: gives rail `r` up toward every rank, as a link found down
+  /// would; its messages move to the rails left (the peers learn it and do the same).
+  void fail_rail(std::size_t r, const std::string& why) { engine_->fail_rail(r, why); }
 
   /// Drops cached registrations of [p, p+n): call before unmapping memory that collectives
   /// used, when the provider registers memory (FI_MR_LOCAL, or options::register_memory), and

@@ -165,6 +165,22 @@ struct interface_address {
   return static_cast<std::uint64_t>(mbps);
 }
 
+/// Why a NIC's link is down, or empty: up, or nothing known of it. `name` is an interface
+/// (/sys/class/net/NAME/operstate: "up", or "unknown" for loopback and links without carrier
+/// detection, count as up) or an RDMA device's domain as libfabric names it, e.g.
+/// "rdmap16s27-rdm" (/sys/class/infiniband/DEVICE/ports/1/state: "4: ACTIVE" is up).
+[[nodiscard]] inline std::string link_down(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return {};
+  std::string state;
+  if (std::ifstream in("/sys/class/net/" + name + "/operstate"); in >> state)
+    return state == "up" || state == "unknown" ? std::string() : "operstate " + state;
+  const std::string device = name.substr(0, name.find('-'));
+  if (std::ifstream in("/sys/class/infiniband/" + device + "/ports/1/state");
+      std::getline(in, state))
+    return state.find("ACTIVE") != std::string::npos ? std::string() : "port state " + state;
+  return {};
+}
+
 /// Every rank's `mine` through the store (under key("rails-offered", rank)), and the rails they
 /// agree on (agree_rails). Every rank must call it.
 template <class Key>

@@ -10,6 +10,11 @@
 // every byte alike without talking, and messages with one (peer, tag) keep their order on every
 // rail; adding a NIC is opening another rail, and nothing here changes.
 //
+// With several rails every message is delivered reliably (delivery.hpp): numbered, its pieces
+// tagged apart, acknowledged by the receiver, and sent again over the rails that are left when
+// its rail fails (a link found down, an error on the rail, the peer saying it gave the rail up),
+// with a warning naming the rail; a peer becomes unreachable only when its last rail fails.
+//
 // What every provider needs from the engine, whatever the rail:
 //   - -FI_EAGAIN on a post: the completion queues are read (which is what frees provider
 //     resources under manual progress) and the post retried until the deadline;
@@ -23,11 +28,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -40,7 +47,9 @@
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/detail/pending_report.hpp"
+#include "ringzero/transport/libfabric/delivery.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
 #include "ringzero/transport/libfabric/rail.hpp"
@@ -66,6 +75,10 @@ struct engine_limits {
   /// rails' copies write into one line, and small enough that pieces stay in proportion for
   /// the smallest striped message.
   static constexpr std::size_t piece_alignment = 64;
+  /// With several rails, how long closing waits for its last messages to be acknowledged (they
+  /// may have completed on return, copied) and lets its own acknowledgements leave.
+  static constexpr std::chrono::seconds close_grace{10};
+  static constexpr std::chrono::milliseconds close_linger{5};
 };
 
 class engine {
@@ -89,16 +102,21 @@ class engine {
   };
 
   explicit engine(const config& cfg)
-      : timeout_(cfg.timeout), stripe_bytes_(cfg.stripe_bytes), weigh_rails_(cfg.weigh_rails) {
-    if (cfg.rails.size() > engine_limits::max_rails)
+      : timeout_(cfg.timeout),
+        stripe_bytes_(cfg.stripe_bytes),
+        weigh_rails_(cfg.weigh_rails),
+        reliable_(cfg.rails.size() > 1) {
+    const std::size_t most = reliable_ ? delivery::limits::max_rails : engine_limits::max_rails;
+    if (cfg.rails.size() > most)
       throw invalid_argument(fmt::format("{} rails asked for; a libfabric engine drives at most {}",
-                                         cfg.rails.size(), engine_limits::max_rails));
+                                         cfg.rails.size(), most));
     const auto open = [&](std::string domain) {
       rails_.push_back(std::make_unique<rail>(rail::config{.provider = cfg.provider,
                                                            .domain = std::move(domain),
                                                            .register_always = cfg.register_always,
                                                            .one_host = cfg.one_host,
-                                                           .device_memory = cfg.device_memory}));
+                                                           .device_memory = cfg.device_memory,
+                                                           .cq_data = reliable_}));
     };
     if (cfg.rails.empty()) open({});
     for (const auto& d : cfg.rails) open(d);
@@ -112,13 +130,24 @@ class engine {
       tag_width_ = std::min(tag_width_, r->tag_width());
       max_msg_size_ = std::min(max_msg_size_, r->max_message_size());
       hmem_ = hmem_ && r->hmem();
+      if (reliable_ && r->cq_data_bytes() < 4)
+        throw unsupported(fmt::format(
+            "libfabric provider {} carries {} bytes of remote CQ data on {}; several rails need "
+            "4 (each message's sequence number, so that a failed rail loses none)",
+            r->provider(), r->cq_data_bytes(), r->domain_name()));
     }
+    if (reliable_ && tag_width_ - tag_bits <= delivery::limits::piece_bits)
+      throw unsupported(
+          fmt::format("libfabric provider {} matches {} tag bits; several rails need more than {}",
+                      provider(), tag_width_, tag_bits + delivery::limits::piece_bits));
+    piece_shift_ = tag_width_ - delivery::limits::piece_bits;
   }
 
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
   ~engine() {
+    deliver_before_close();
     if (held_ > 0) {
       // Operations the provider never gave back (abandoned after a failure) still point into
       // buffers the caller has likely freed, and at a peer that may never answer: closing the
@@ -169,8 +198,10 @@ class engine {
     return out;
   }
 
-  /// Inserts every rank's names (index = world rank), each rail's into that rail.
-  void connect(const std::vector<std::vector<std::byte>>& names) {
+  /// Inserts every rank's names (index = world rank), each rail's into that rail; `rank` is this
+  /// engine's own world rank.
+  void connect(const std::vector<std::vector<std::byte>>& names, int rank) {
+    rank_ = rank;
     std::vector<std::vector<std::vector<std::byte>>> per_rail(
         rails_.size(), std::vector<std::vector<std::byte>>(names.size()));
     shares_.clear();
@@ -221,6 +252,13 @@ class engine {
     }
     for (std::size_t i = 0; i < rails_.size(); ++i) rails_[i]->connect(per_rail[i]);
     failures_.assign(names.size(), std::string());
+    if (reliable_) {
+      std::lock_guard lock(mutex_);
+      links_.assign(names.size(), link{});
+      for (std::size_t r = 0; r < rails_.size(); ++r)
+        for (std::size_t i = 0; i < control_receives; ++i) post_control_receive(r);
+      next_link_poll_ = std::chrono::steady_clock::now() + delivery::limits::link_poll;
+    }
   }
 
   /// One piece of a striped message: the rail it travels on and the bytes it carries.
@@ -293,7 +331,8 @@ class engine {
   /// Tag bits above the algorithm's that every rail's provider matches: room for communicator
   /// ids.
   [[nodiscard]] int comm_id_bits() const noexcept {
-    return std::min(tag_width_ - tag_bits, tag_layout::comm_id_bits);
+    return std::min(tag_width_ - tag_bits - (reliable_ ? delivery::limits::piece_bits : 0),
+                    tag_layout::comm_id_bits);
   }
   [[nodiscard]] int tag_width() const noexcept { return tag_width_; }
   [[nodiscard]] std::uint64_t mr_mode() const noexcept { return rails_.front()->mr_mode(); }
@@ -383,9 +422,7 @@ class engine {
     std::lock_guard lock(mutex_);
     check_aborted();
     check_size(data.size(), peer, "send to");
-    if (striping(data.size()))
-      return post_striped(world_peer, peer, true, tag, const_cast<std::byte*>(data.data()),
-                          data.size());
+    if (reliable_) return send_reliably(world_peer, peer, tag, data);
     const std::size_t ri = rail_for(tag, rails_.size());
     rail& r = *rails_[ri];
     // Injecting past queued sends could reorder two messages with one tag.
@@ -411,8 +448,7 @@ class engine {
     std::lock_guard lock(mutex_);
     check_aborted();
     check_size(data.size(), peer, "receive from");
-    if (striping(data.size()))
-      return post_striped(world_peer, peer, false, tag, data.data(), data.size());
+    if (reliable_) return post_pieces(world_peer, peer, false, tag, data.data(), data.size());
     const std::size_t ri = rail_for(tag, rails_.size());
     op_context* c = make(ri, world_peer, peer, false, data.size(), data.data());
     c->buffer = data.data();
@@ -427,7 +463,7 @@ class engine {
     std::lock_guard lock(mutex_);
     std::size_t n = 0;
     for (const auto& l : lanes_) n += l.posted_sends + l.posted_recvs;
-    return n;
+    return n - control_posted_;  // delivery's own control receives are not the caller's
   }
   [[nodiscard]] std::size_t waiting_operations() const {
     std::lock_guard lock(mutex_);
@@ -558,9 +594,536 @@ class engine {
     abandon_locked(c);
   }
 
+  /// With several rails: gives rail `r` up toward every rank, as when its link is found down (a
+  /// test's stand-in for pulling a cable). Its messages move to the other rails.
+  void fail_rail(std::size_t r, const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (!reliable_ || r >= rails_.size())
+      throw invalid_argument(fmt::format("fail_rail({}): this engine has {} rail{}", r,
+                                         rails_.size(), rails_.size() == 1 ? "" : "s"));
+    for (std::size_t wp = 0; wp < links_.size(); ++wp) rail_down(static_cast<int>(wp), r, why);
+    progress_locked();
+  }
+  /// Whether messages to and from world rank `peer` still use rail `r`.
+  [[nodiscard]] bool rail_in_use(int peer, std::size_t r) const {
+    std::lock_guard lock(mutex_);
+    if (!reliable_) return r == 0;
+    return (links_.at(static_cast<std::size_t>(peer)).dead & (std::uint32_t{1} << r)) == 0;
+  }
+  /// Messages to world rank `peer` not yet acknowledged (several rails; 0 with one).
+  [[nodiscard]] std::size_t unacknowledged(int peer) const {
+    std::lock_guard lock(mutex_);
+    return reliable_ ? links_.at(static_cast<std::size_t>(peer)).unacked.size() : 0;
+  }
+
  private:
   static constexpr std::int64_t settle_ms = 200;
   static constexpr std::byte name_mark{'R'};
+  /// Control receives kept posted on each rail (several rails): acknowledgements from many
+  /// peers at once wait as the provider's unexpected messages until one is reposted.
+  static constexpr std::size_t control_receives = 4;
+  using role = op_context::role;
+  using clock = std::chrono::steady_clock;
+
+  /// A send not yet acknowledged: a piece the caller waits for, or a copied send (copy) that
+  /// completed at once.
+  struct outstanding {
+    op_context* piece = nullptr;
+    std::size_t rail = 0;  ///< where it was last sent
+    std::uint64_t tag = 0;
+    std::shared_ptr<std::byte[]> copy{};
+    std::size_t length = 0;
+  };
+  /// Delivery to and from one world rank (several rails).
+  struct link {
+    std::uint32_t dead = 0;       ///< rails this rank gave up toward the peer
+    std::uint32_t peer_dead = 0;  ///< rails the peer gave up: its receives there are gone
+    std::uint64_t next_seq = 0;
+    std::map<std::uint64_t, outstanding> unacked{};
+    delivery::received_set received{};
+    std::size_t receipts = 0;  ///< arrivals not yet acknowledged
+    clock::time_point first_receipt{};
+    bool owed = false;  ///< a control message must go now
+    bool listed = false;
+    std::vector<std::uint64_t> cut{};  ///< the latest arrivals cut short (delivery::control)
+  };
+
+  [[nodiscard]] std::uint64_t piece_tag(std::size_t i) const noexcept {
+    return static_cast<std::uint64_t>(i) << piece_shift_;
+  }
+  [[nodiscard]] std::uint64_t control_tag() const noexcept {
+    return delivery::limits::control_piece << piece_shift_;
+  }
+  [[nodiscard]] const std::string& rail_name(std::size_t r) const {
+    return rails_[r]->domain_name();
+  }
+
+  /// Throws when every rail to `world_peer` failed.
+  void check_reachable(int world_peer, int peer) const {
+    const auto& why = failures_[static_cast<std::size_t>(world_peer)];
+    if (delivery::substitute(0, links_[static_cast<std::size_t>(world_peer)].dead, rails_.size()) <
+        0)
+      throw peer_error(fmt::format("rank {} is unreachable over {}: {}", peer, provider(), why),
+                       peer);
+  }
+  /// The rail a message with home `home` takes to or from `world_peer`.
+  [[nodiscard]] std::size_t place(int world_peer, std::size_t home) const {
+    const int r = delivery::substitute(home, links_[static_cast<std::size_t>(world_peer)].dead,
+                                       rails_.size());
+    if (r < 0)
+      throw peer_error(fmt::format("rank {} is unreachable over {}: {}", world_peer, provider(),
+                                   failures_[static_cast<std::size_t>(world_peer)]),
+                       world_peer);
+    return static_cast<std::size_t>(r);
+  }
+
+  /// Several rails, before closing: what this rank sent reaches its peers (a small send
+  /// completed on return, so only an acknowledgement says it arrived) and what it received is
+  /// acknowledged, so that a peer still waiting for that is not left to time out. Bounded by
+  /// close_grace, and skipped once anything failed.
+  void deliver_before_close() noexcept {
+    if (!reliable_ || links_.empty() || aborted() || failed_rank() >= 0) return;
+    try {
+      std::lock_guard lock(mutex_);
+      const auto until =
+          clock::now() + std::min<std::chrono::nanoseconds>(timeout_, engine_limits::close_grace);
+      bool told = false;
+      for (;;) {
+        for (const int wp : owing_) {
+          link& l = links_[static_cast<std::size_t>(wp)];
+          if (l.receipts > 0) l.owed = told = true;
+        }
+        progress_locked();
+        std::size_t waiting = 0;
+        for (std::size_t wp = 0; wp < links_.size(); ++wp)
+          if (failures_[wp].empty()) waiting += links_[wp].unacked.size();
+        if (waiting == 0) break;
+        if (failed_rank() >= 0 || clock::now() >= until) {
+          log::info("libfabric: closing with {} message{} not acknowledged", waiting,
+                    waiting == 1 ? "" : "s");
+          break;
+        }
+        std::this_thread::yield();
+      }
+      if (told) {
+        const auto linger = clock::now() + engine_limits::close_linger;
+        while (clock::now() < linger) progress_locked();
+      }
+    } catch (const std::exception& e) {
+      log::info("libfabric: delivering before close failed: {}", e.what());
+    }
+  }
+
+  /// Numbers a send piece and lists it until acknowledged.
+  void track(op_context* c, std::shared_ptr<std::byte[]> copy, bool urgent) {
+    link& l = links_[static_cast<std::size_t>(c->world_peer)];
+    c->seq = l.next_seq++;
+    c->with_data = true;
+    c->cq_data = delivery::cq_word::make(c->seq, urgent);
+    c->tracked = true;
+    l.unacked.emplace(c->seq, outstanding{.piece = c,
+                                          .rail = c->rail,
+                                          .tag = c->tag,
+                                          .copy = std::move(copy),
+                                          .length = c->length});
+  }
+
+  /// A send over several rails: a small one (host memory) is copied, sent from the copy and
+  /// complete on return (nullptr), as an injected send is; a larger one is held until the
+  /// receiver acknowledges every piece.
+  [[nodiscard]] op_context* send_reliably(int world_peer, int peer, std::uint64_t tag,
+                                          std::span<const std::byte> data) {
+    const bool copy = !striping(data.size()) && data.size() <= delivery::limits::copy_bytes &&
+                      !rails_.front()->memory().is_device(data.data(), data.size());
+    if (!copy)
+      return post_pieces(world_peer, peer, true, tag, const_cast<std::byte*>(data.data()),
+                         data.size());
+    check_reachable(world_peer, peer);
+    std::shared_ptr<std::byte[]> bytes(new std::byte[std::max<std::size_t>(data.size(), 1)]);
+    if (!data.empty()) std::memcpy(bytes.get(), data.data(), data.size());
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    const std::uint64_t seq = l.next_seq++;
+    auto& e = l.unacked
+                  .emplace(seq, outstanding{.piece = nullptr,
+                                            .rail = rail_for(tag, rails_.size()),
+                                            .tag = tag | piece_tag(0),
+                                            .copy = std::move(bytes),
+                                            .length = data.size()})
+                  .first->second;
+    transmit_copy(world_peer, seq, e);
+    return nullptr;
+  }
+
+  /// Sends a copied message (again): injected when it fits, else posted from the copy.
+  void transmit_copy(int world_peer, std::uint64_t seq, outstanding& e) {
+    const std::size_t ri = place(world_peer, e.rail);
+    e.rail = ri;
+    rail& r = *rails_[ri];
+    const std::uint64_t word = delivery::cq_word::make(seq, false);
+    if (e.length <= r.inject_size() && lanes_[ri].sends.empty()) {
+      const ssize_t rc = watched(dog_.get(), [&] {
+        return r.inject(world_peer, std::span<const std::byte>(e.copy.get(), e.length), e.tag,
+                        word);
+      });
+      if (rc == 0) {
+        ++lanes_[ri].carried;
+        return;
+      }
+      // Refused or failed: posted instead, where a failure is the rail's (read_error).
+    }
+    op_context* w = make(ri, world_peer, world_peer, true, e.length, e.copy.get());
+    w->kind = role::copy;
+    w->buffer = e.copy.get();
+    w->address = r.address(world_peer);
+    w->tag = e.tag;
+    w->with_data = true;
+    w->cq_data = word;
+    w->seq = seq;
+    w->own = e.copy;
+    submit(w);
+  }
+
+  /// Removes c from its lane's queue, if it waits there.
+  void dequeue(op_context* c) noexcept {
+    if (c->posted) return;
+    auto& queue = lanes_[c->rail].queue(c->is_send);
+    queue.erase(std::remove(queue.begin(), queue.end(), c), queue.end());
+  }
+
+  /// Moves c (not with the provider) to rail `ri`, with that rail's registration.
+  void rehome(op_context* c, std::size_t ri) {
+    if (c->mr) rails_[c->rail]->memory().release(c->mr);
+    c->mr = nullptr;
+    c->rail = static_cast<std::uint8_t>(ri);
+    c->address = rails_[ri]->address(c->world_peer);
+    rail& r = *rails_[ri];
+    if ((r.registers() || r.hmem()) && c->length > 0 && c->buffer != nullptr)
+      c->mr = r.memory().acquire(c->buffer, c->length, r.registers());
+  }
+
+  /// A fresh context standing in for c, which the provider still holds (on a failed rail): c
+  /// is left to the provider (orphaned, freed if it ever completes), the new one takes its
+  /// place in its message and among the unacknowledged.
+  [[nodiscard]] op_context* replace(op_context* c) {
+    op_context* n = make(c->rail, c->world_peer, c->peer, c->is_send, c->length, nullptr);
+    n->buffer = c->buffer;
+    n->address = c->address;
+    n->tag = c->tag;
+    n->kind = c->kind;
+    n->with_data = c->with_data;
+    n->cq_data = c->cq_data;
+    n->seq = c->seq;
+    n->tracked = c->tracked;
+    n->acked = c->acked;
+    n->own = c->own;
+    n->parent = c->parent;
+    if (c->parent) std::replace(c->parent->pieces.begin(), c->parent->pieces.end(), c, n);
+    if (c->tracked) {
+      auto& l = links_[static_cast<std::size_t>(c->world_peer)];
+      if (auto it = l.unacked.find(c->seq); it != l.unacked.end() && it->second.piece == c)
+        it->second.piece = n;
+    }
+    c->parent = nullptr;
+    c->tracked = false;
+    c->moving = false;
+    c->orphaned = true;
+    ++held_;
+    return n;
+  }
+
+  /// A receive (not with the provider) goes to the rail that stands in for its own.
+  void move_receive(op_context* c) {
+    c->moving = false;
+    rehome(c, place(c->world_peer, c->rail));
+    submit(c);
+  }
+
+  /// Sends an unacknowledged message again, on the rail standing in for the one it was on.
+  void resend(int world_peer, std::uint64_t seq, outstanding& e) {
+    if (!e.piece) return transmit_copy(world_peer, seq, e);
+    op_context* c = e.piece;
+    if (c->posted) c = replace(c);
+    dequeue(c);
+    rehome(c, place(world_peer, c->rail));
+    e.rail = c->rail;
+    c->wire_done = false;
+    submit(c);
+  }
+
+  /// Sends again what the peer gave up: unacknowledged messages last sent on a rail whose
+  /// receives it has cancelled (its control message said so), so none can arrive twice.
+  void resend_given_up(int world_peer) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    std::vector<std::uint64_t> todo;
+    for (const auto& [seq, e] : l.unacked)
+      if (l.peer_dead & (std::uint32_t{1} << e.rail)) todo.push_back(seq);
+    if (!todo.empty())
+      log::info("libfabric: {} unacknowledged message{} to rank {} sent again over the rails left",
+                todo.size(), todo.size() == 1 ? "" : "s", world_peer);
+    for (const auto seq : todo) {
+      auto it = l.unacked.find(seq);
+      if (it != l.unacked.end() && (l.peer_dead & (std::uint32_t{1} << it->second.rail)))
+        resend(world_peer, seq, it->second);
+    }
+  }
+
+  /// Rail `r` is given up toward `world_peer`: its receives from the peer are cancelled and
+  /// moved (each either arrived or is moved, never both), queued sends move, the peer is told,
+  /// and what it already gave up is sent again. With no rail left the peer is unreachable.
+  void rail_down(int world_peer, std::size_t r, const std::string& why) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    const std::uint32_t bit = std::uint32_t{1} << r;
+    if (l.dead & bit) return;
+    l.dead |= bit;
+    const int next = delivery::substitute(r, l.dead, rails_.size());
+    if (next < 0) return peer_unreachable(world_peer, r, why);
+    if ((warned_ & bit) == 0 && world_peer != rank_) {
+      warned_ |= bit;
+      log::warn("libfabric: rail {} failed toward rank {} ({}); its messages go over rail {}{}",
+                rail_name(r), world_peer, why, rail_name(static_cast<std::size_t>(next)),
+                std::popcount(~l.dead & ((std::uint32_t{1} << rails_.size()) - 1)) > 1
+                    ? " and the others left"
+                    : "");
+    } else {
+      log::info("libfabric: rail {} given up toward rank {} too ({})", rail_name(r), world_peer,
+                why);
+    }
+    std::vector<op_context*> queued;
+    std::vector<op_context*> cancelled;
+    for (op_context& o : pool_) {
+      if (!o.in_use || o.orphaned || o.striped || o.kind != role::message ||
+          o.world_peer != world_peer || o.rail != r || o.state != op_context::status::pending)
+        continue;
+      if (!o.posted) {
+        if (!o.is_send || !o.wire_done) queued.push_back(&o);
+      } else if (!o.is_send) {
+        o.moving = true;
+        watched(dog_.get(), [&] { return rails_[r]->cancel(&o); });
+        cancelled.push_back(&o);
+      }
+    }
+    for (op_context* c : queued) {
+      dequeue(c);
+      if (!c->is_send) {
+        move_receive(c);
+        continue;
+      }
+      // Never sent: it may go on the standing-in rail now.
+      rehome(c, place(world_peer, c->rail));
+      if (auto it = l.unacked.find(c->seq); c->tracked && it != l.unacked.end())
+        it->second.rail = c->rail;
+      submit(c);
+    }
+    const auto until = clock::now() + std::chrono::nanoseconds(engine_limits::cancel_send_grace);
+    const auto unresolved = [&] {
+      return std::any_of(cancelled.begin(), cancelled.end(),
+                         [](const op_context* c) { return c->in_use && c->moving && c->posted; });
+    };
+    while (unresolved() && clock::now() < until) poll_rail(r);
+    for (op_context* c : cancelled) {
+      if (!c->in_use || !c->moving) continue;  // it arrived before the cancellation took
+      move_receive(c->posted ? replace(c) : c);
+    }
+    l.owed = true;
+    note_owing(world_peer);
+    resend_given_up(world_peer);
+  }
+
+  /// Every rail to `world_peer` failed: its operations fail, naming the rank.
+  void peer_unreachable(int world_peer, std::size_t r, const std::string& why) {
+    auto& failure = failures_[static_cast<std::size_t>(world_peer)];
+    if (!failure.empty()) return;
+    failure =
+        rails_.size() > 1 ? fmt::format("its last rail, {}, failed: {}", rail_name(r), why) : why;
+    log::warn("libfabric: rank {} is unreachable: {}", world_peer, failure);
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    for (auto& [seq, e] : l.unacked)
+      if (e.piece) e.piece->tracked = false;
+    l.unacked.clear();
+    if (dog_) dog_->suspect(world_peer, failure);
+  }
+
+  /// The receiver has `seq`: the message is done with (a piece settles once the provider has
+  /// given it back too).
+  void acknowledge(int world_peer, std::uint64_t seq) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    auto it = l.unacked.find(seq);
+    if (it == l.unacked.end()) return;
+    op_context* c = it->second.piece;
+    l.unacked.erase(it);
+    if (!c) return;
+    c->tracked = false;
+    c->acked = true;
+    if (c->posted) return;
+    dequeue(c);
+    c->state = op_context::status::done;
+    settle(c);
+  }
+
+  void note_owing(int world_peer) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    if (l.listed) return;
+    l.listed = true;
+    owing_.push_back(world_peer);
+  }
+
+  /// A message from `world_peer` arrived with CQ data `word`.
+  void note_receipt(int world_peer, std::uint64_t word) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    l.received.add(l.received.expand(word));
+    if (l.receipts++ == 0) l.first_receipt = clock::now();
+    if (delivery::cq_word::urgent(word)) l.owed = true;
+    note_owing(world_peer);
+  }
+
+  /// A message from `world_peer` arrived cut short (a receive of the wrong size): received, and
+  /// named to its sender, whose other pieces of it will never be.
+  void note_cut(int world_peer, std::uint64_t word) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    l.cut.push_back(l.received.expand(word));
+    if (l.cut.size() > delivery::limits::max_cut) l.cut.erase(l.cut.begin());
+    note_receipt(world_peer, word | delivery::cq_word::urgent_bit);
+  }
+
+  /// Sends `world_peer` this rank's statement (rails given up, messages received) on the lowest
+  /// rail both still use; stays owed when the provider has no room now.
+  void flush_control(int world_peer) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    const int ri = delivery::substitute(0, l.dead, rails_.size());
+    if (ri >= 0) {
+      const auto bytes = delivery::control::encode(rank_, l.dead, l.received, l.cut);
+      rail& r = *rails_[static_cast<std::size_t>(ri)];
+      ssize_t rc = 1;
+      if (bytes.size() <= r.inject_size() && lanes_[static_cast<std::size_t>(ri)].sends.empty()) {
+        rc = watched(dog_.get(), [&] { return r.inject(world_peer, bytes, control_tag()); });
+        if (rc == -FI_EAGAIN) return;
+      }
+      if (rc != 0) {
+        std::shared_ptr<std::byte[]> own(new std::byte[bytes.size()]);
+        std::memcpy(own.get(), bytes.data(), bytes.size());
+        op_context* w = make(static_cast<std::size_t>(ri), world_peer, world_peer, true,
+                             bytes.size(), own.get());
+        w->kind = role::control_send;
+        w->buffer = own.get();
+        w->address = r.address(world_peer);
+        w->tag = control_tag();
+        w->own = std::move(own);
+        submit(w);
+      }
+    }
+    l.owed = false;
+    l.receipts = 0;
+  }
+
+  /// Posts (or reposts) a control receive on its rail: any sender, the control tag.
+  void post_control(op_context* c) {
+    const ssize_t rc = watched(dog_.get(), [&] { return rails_[c->rail]->post(c); });
+    if (rc == -FI_EAGAIN) {
+      control_unposted_.push_back(c);
+      return;
+    }
+    if (rc != 0) throw post_failed("control receive from", -1, rc);
+    c->posted = true;
+    ++lanes_[c->rail].posted_recvs;
+    ++control_posted_;
+  }
+  void post_control_receive(std::size_t ri) {
+    std::shared_ptr<std::byte[]> own(new std::byte[delivery::control::max_bytes()]);
+    op_context* c = make(ri, -1, -1, false, delivery::control::max_bytes(), own.get());
+    c->kind = role::control_recv;
+    c->buffer = own.get();
+    c->own = std::move(own);
+    c->address = FI_ADDR_UNSPEC;
+    c->tag = control_tag();
+    c->ignore = (std::uint64_t{1} << piece_shift_) - 1;  // the bits below the piece field
+    post_control(c);
+  }
+
+  /// A control receive finished: its message is kept for tend_delivery, and it is reposted.
+  void control_arrived(op_context* c, std::size_t len) {
+    --control_posted_;
+    if (auto m = delivery::control::decode(
+            std::span<const std::byte>(c->own.get(), std::min(len, c->length))))
+      controls_.push_back(std::move(*m));
+    else
+      log::warn("libfabric: a control message of {} bytes on rail {} is not one; dropped", len,
+                rail_name(c->rail));
+    post_control(c);
+  }
+
+  /// A peer's statement: rails it gave up are given up here too, what it has is done with, and
+  /// what it gave up is sent again.
+  void apply_control(const delivery::control& m) {
+    if (m.from < 0 || static_cast<std::size_t>(m.from) >= links_.size()) {
+      log::warn("libfabric: a control message from rank {}, which is not in this job; dropped",
+                m.from);
+      return;
+    }
+    link& l = links_[static_cast<std::size_t>(m.from)];
+    const std::uint32_t all = (std::uint32_t{1} << rails_.size()) - 1;
+    l.peer_dead |= m.dead & all;
+    for (std::size_t r = 0; r < rails_.size(); ++r)
+      if ((m.dead & ~l.dead) & (std::uint32_t{1} << r))
+        rail_down(m.from, r, fmt::format("rank {} gave it up", m.from));
+    std::vector<std::uint64_t> done;
+    for (const auto& [seq, e] : l.unacked)
+      if (m.received.contains(seq)) done.push_back(seq);
+    // A message cut short: its pieces the receiver never posted for go with it.
+    for (const auto seq : m.cut)
+      if (auto it = l.unacked.find(seq);
+          it != l.unacked.end() && it->second.piece && it->second.piece->parent)
+        for (const op_context* p : it->second.piece->parent->pieces)
+          if (p->tracked) done.push_back(p->seq);
+    for (const auto seq : done) acknowledge(m.from, seq);
+    resend_given_up(m.from);
+  }
+
+  /// The rails whose link is down (sysfs): given up toward every rank.
+  void poll_links() {
+    for (std::size_t r = 0; r < rails_.size(); ++r) {
+      const std::uint32_t bit = std::uint32_t{1} << r;
+      if (links_down_ & bit) continue;
+      const std::string state = ringzero::detail::link_down(rail_name(r));
+      if (state.empty()) continue;
+      links_down_ |= bit;
+      for (std::size_t wp = 0; wp < links_.size(); ++wp)
+        rail_down(static_cast<int>(wp), r, fmt::format("its link is {}", state));
+    }
+  }
+
+  /// Delivery's work after the completions were read: control receives to post, statements
+  /// to apply, links to look at, acknowledgements to send.
+  void tend_delivery() {
+    if (!control_unposted_.empty()) {
+      auto again = std::move(control_unposted_);
+      control_unposted_.clear();
+      for (op_context* c : again) post_control(c);
+    }
+    while (!controls_.empty()) {
+      const delivery::control m = std::move(controls_.front());
+      controls_.pop_front();
+      apply_control(m);
+    }
+    const auto now = clock::now();
+    if (now >= next_link_poll_) {
+      next_link_poll_ = now + delivery::limits::link_poll;
+      poll_links();
+    }
+    for (std::size_t i = 0; i < owing_.size();) {
+      const int wp = owing_[i];
+      link& l = links_[static_cast<std::size_t>(wp)];
+      if (l.owed || l.receipts >= delivery::limits::ack_batch ||
+          (l.receipts > 0 && now - l.first_receipt >= delivery::limits::ack_delay))
+        flush_control(wp);
+      if (!l.owed && l.receipts == 0) {
+        l.listed = false;
+        owing_[i] = owing_.back();
+        owing_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
 
   /// The world rank the watchdog found dead, waiting up to half a second for it to look: a
   /// failure seen first as a closed connection is named once the watchdog has probed.
@@ -585,9 +1148,7 @@ class engine {
     if (!log::enabled(log::level::info)) return;
     ringzero::detail::pending_report report;
     for (const op_context& o : pool_) {
-      if (o.state != op_context::status::pending ||
-          std::find(free_.begin(), free_.end(), &o) != free_.end())
-        continue;
+      if (o.state != op_context::status::pending || !o.in_use || o.kind != role::message) continue;
       std::string where;
       if (o.striped)
         where = fmt::format(" (striped: {} of its pieces pending, listed apart)", o.unsettled);
@@ -688,6 +1249,7 @@ class engine {
     c->peer = peer;
     c->is_send = is_send;
     c->length = length;
+    c->in_use = true;
     rail& r = *rails_[ri];
     if ((r.registers() || r.hmem()) && length > 0 && buf != nullptr) {
       try {
@@ -704,11 +1266,17 @@ class engine {
     return rails_.size() > 1 && bytes >= stripe_bytes_ && bytes > 0;
   }
 
-  /// A message cut into one piece per rail (stripe), each posted on its rail with the message's
-  /// tag; the caller holds the striped operation, which no provider sees.
-  [[nodiscard]] op_context* post_striped(int world_peer, int peer, bool is_send, std::uint64_t tag,
-                                         std::byte* buf, std::size_t bytes) {
-    const auto parts = stripe(bytes, shares(world_peer));
+  /// A message in pieces (several rails): cut into one piece per rail (stripe) when striped,
+  /// else one piece on its tag's rail; each piece has a tag of its own (piece_tag) and goes to
+  /// its rail, or the one that stands in for it (place). The caller holds the message, which no
+  /// provider sees; sends are numbered and kept until acknowledged (track).
+  [[nodiscard]] op_context* post_pieces(int world_peer, int peer, bool is_send, std::uint64_t tag,
+                                        std::byte* buf, std::size_t bytes) {
+    const auto parts =
+        striping(bytes) ? stripe(bytes, shares(world_peer))
+                        : std::vector<piece>{
+                              {.rail = rail_for(tag, rails_.size()), .offset = 0, .length = bytes}};
+    check_reachable(world_peer, peer);
     op_context* m = make(0, world_peer, peer, is_send, bytes, nullptr);
     m->striped = true;
     m->buffer = buf;
@@ -716,13 +1284,16 @@ class engine {
     // Counted before any is posted: a piece may complete while the next one is submitted.
     m->unsettled = static_cast<std::uint8_t>(parts.size());
     try {
-      for (const auto& part : parts) {
-        op_context* c = make(part.rail, world_peer, peer, is_send, part.length, buf + part.offset);
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const auto& part = parts[i];
+        const std::size_t ri = place(world_peer, part.rail);
+        op_context* c = make(ri, world_peer, peer, is_send, part.length, buf + part.offset);
         c->buffer = buf + part.offset;
-        c->address = rails_[part.rail]->address(world_peer);
-        c->tag = tag;
+        c->address = rails_[ri]->address(world_peer);
+        c->tag = tag | piece_tag(i);
         c->parent = m;
         m->pieces.push_back(c);
+        if (is_send) track(c, nullptr, true);
         submit(c);
       }
     } catch (...) {
@@ -764,36 +1335,56 @@ class engine {
       c->parent = nullptr;
     }
     if (!c->pieces.empty()) drop_pieces(c);
+    if (c->tracked && static_cast<std::size_t>(c->world_peer) < links_.size()) {
+      auto& l = links_[static_cast<std::size_t>(c->world_peer)];
+      if (auto it = l.unacked.find(c->seq); it != l.unacked.end() && it->second.piece == c)
+        l.unacked.erase(it);
+    }
     if (c->mr) rails_[c->rail]->memory().release(c->mr);
     c->mr = nullptr;
     c->error.clear();
+    c->own.reset();
+    c->tracked = false;
+    c->moving = false;
+    c->in_use = false;
     free_.push_back(c);
   }
 
   void progress_locked() {
-    std::array<fi_cq_tagged_entry, engine_limits::completion_batch> done;
-    for (std::size_t ri = 0; ri < rails_.size(); ++ri) {
-      rail& r = *rails_[ri];
-      for (;;) {
-        const ssize_t n = watched(dog_.get(), [&] { return r.read(done); });
-        if (n > 0) {
-          for (ssize_t i = 0; i < n; ++i)
-            complete(static_cast<op_context*>(done[static_cast<std::size_t>(i)].op_context),
-                     done[static_cast<std::size_t>(i)].len);
-          if (static_cast<std::size_t>(n) < done.size()) break;
-          continue;
-        }
-        if (n == -FI_EAGAIN) break;
-        if (n == -FI_EAVAIL) {
-          read_error(r);
-          continue;
-        }
-        throw transport_error(fmt::format("fi_cq_read failed on provider {} domain {}: {}",
-                                          provider(), r.domain_name(), fi_text(n)));
+    const bool outer = !in_progress_;
+    in_progress_ = true;
+    struct leave {
+      bool& flag;
+      bool outer;
+      ~leave() {
+        if (outer) flag = false;
       }
-      drain(ri, false);
-      drain(ri, true);
+    } guard{in_progress_, outer};
+    for (std::size_t ri = 0; ri < rails_.size(); ++ri) poll_rail(ri);
+    if (reliable_ && outer) tend_delivery();
+  }
+
+  /// Reads rail ri's completions, then posts what waits for room there.
+  void poll_rail(std::size_t ri) {
+    std::array<fi_cq_tagged_entry, engine_limits::completion_batch> done;
+    rail& r = *rails_[ri];
+    for (;;) {
+      const ssize_t n = watched(dog_.get(), [&] { return r.read(done); });
+      if (n > 0) {
+        for (ssize_t i = 0; i < n; ++i) complete(done[static_cast<std::size_t>(i)]);
+        if (static_cast<std::size_t>(n) < done.size()) break;
+        continue;
+      }
+      if (n == -FI_EAGAIN) break;
+      if (n == -FI_EAVAIL) {
+        read_error(r);
+        continue;
+      }
+      throw transport_error(fmt::format("fi_cq_read failed on provider {} domain {}: {}",
+                                        provider(), r.domain_name(), fi_text(n)));
     }
+    drain(ri, false);
+    drain(ri, true);
   }
 
   /// Queues c behind any waiting operation of its direction, then posts what fits. When c is
@@ -806,6 +1397,7 @@ class engine {
     auto& queue = l.queue(c->is_send);
     queue.push_back(c);
     drain(c->rail, c->is_send);
+    if (in_progress_) return;  // delivery's own posts: the running progress carries them on
     if (queue.size() != 1 || queue.front() != c ||
         l.posted(c->is_send) >= limit(c->rail, c->is_send))
       return;
@@ -842,6 +1434,13 @@ class engine {
       if (rc != 0) {
         c->state = op_context::status::failed;
         c->error = post_failed(c->is_send ? "send to" : "receive from", c->peer, rc).what();
+        if (c->kind != role::message) {
+          // Delivery's own sending: what it carried stays owed and goes again.
+          if (c->kind == role::control_send)
+            links_[static_cast<std::size_t>(c->world_peer)].owed = true;
+          recycle(c);
+          continue;
+        }
         settle(c);
         continue;
       }
@@ -873,9 +1472,35 @@ class engine {
     recycle(c);
   }
 
-  void complete(op_context* c, std::size_t len) {
+  void complete(const fi_cq_tagged_entry& entry) {
+    auto* c = static_cast<op_context*>(entry.op_context);
+    const std::size_t len = entry.len;
     retire(c);
     if (c->orphaned) return release_orphan(c);
+    switch (c->kind) {
+      case role::control_recv:
+        return control_arrived(c, len);
+      case role::control_send:
+      case role::copy:
+        return recycle(c);
+      case role::message:
+        break;
+    }
+    if (reliable_ && c->is_send) {
+      // Done only once the receiver says so too (acknowledge).
+      c->wire_done = true;
+      if (!c->acked) return;
+    }
+    // A message that arrived is acknowledged even when its size was wrong: it was consumed, and
+    // its sender completes (the receiver's error names the mismatch).
+    if (reliable_ && !c->is_send) {
+      if ((entry.flags & FI_REMOTE_CQ_DATA) && len != c->length)
+        note_cut(c->world_peer, entry.data);
+      else if (entry.flags & FI_REMOTE_CQ_DATA)
+        note_receipt(c->world_peer, entry.data);
+      else
+        log::warn("libfabric: a message from rank {} came without its sequence number", c->peer);
+    }
     if (!c->is_send && len != c->length) {
       c->state = op_context::status::failed;
       c->error = fmt::format(
@@ -914,6 +1539,39 @@ class engine {
     if (c->orphaned) return release_orphan(c);
     // Providers disagree on the sign of err.
     const int code = err.err < 0 ? -err.err : err.err;
+    if (c->kind == role::control_recv) {
+      --control_posted_;
+      if (code == FI_ECANCELED) return recycle(c);
+      log::info("libfabric: a control receive on rail {} failed: {}", r.domain_name(), text);
+      control_unposted_.push_back(c);
+      return;
+    }
+    if (c->moving) return;  // cancelled to move off a failed rail: rail_down moves it
+    // Several rails: an error (or a cancellation nobody asked for) ends the rail toward this
+    // peer, not the message: it moves to the rails left. Only when none is left is the peer
+    // unreachable, and its operations fail.
+    if (reliable_ && code != FI_ETRUNC && (code != FI_ECANCELED || c->parent != nullptr)) {
+      const int wp = c->world_peer;
+      const std::size_t ri = c->rail;
+      const bool piece = c->kind == role::message;
+      if (c->kind == role::control_send) links_[static_cast<std::size_t>(wp)].owed = true;
+      if (piece && c->is_send) c->wire_done = true;
+      if (!piece) recycle(c);  // a copy's or control message's sending: what it sent stays owed
+      rail_down(wp, ri, text);
+      if (!piece || !c->in_use || c->state != op_context::status::pending) return;
+      if (failures_[static_cast<std::size_t>(wp)].empty()) {
+        if (!c->is_send && !c->posted &&
+            (links_[static_cast<std::size_t>(wp)].dead & (std::uint32_t{1} << c->rail)))
+          move_receive(c);
+        return;
+      }
+      c->state = op_context::status::failed;
+      c->peer_loss = true;
+      c->error =
+          fmt::format("{} rank {} failed: its rails failed, the last ({}): {}",
+                      c->is_send ? "send to" : "receive from", c->peer, r.domain_name(), text);
+      return settle(c);
+    }
     if (code == FI_ECANCELED) {
       c->state = op_context::status::cancelled;
       c->error =
@@ -921,6 +1579,11 @@ class engine {
       return settle(c);
     }
     c->state = op_context::status::failed;
+    // Consumed, if cut short: acknowledged, so that its sender completes. Every message
+    // between reliable engines carries its number; ofi_rxm reports it here without setting
+    // FI_REMOTE_CQ_DATA in the error's flags.
+    if (code == FI_ETRUNC && reliable_ && c->kind == role::message && !c->is_send)
+      note_cut(c->world_peer, err.data);
     if (code == FI_ETRUNC) {
       c->error = fmt::format(
           "message size mismatch with rank {}: posted a {} byte receive{}, the peer sent {} "
@@ -958,6 +1621,19 @@ class engine {
   std::chrono::nanoseconds timeout_;
   std::size_t stripe_bytes_;
   bool weigh_rails_;
+  /// Several rails: every message is delivered reliably (delivery.hpp).
+  bool reliable_;
+  int rank_ = -1;
+  int piece_shift_ = 64 - delivery::limits::piece_bits;
+  std::vector<link> links_;                 ///< by world rank (several rails)
+  std::vector<int> owing_;                  ///< world ranks owed a control message, or soon
+  std::deque<delivery::control> controls_;  ///< arrived, not yet applied
+  std::vector<op_context*> control_unposted_;
+  std::size_t control_posted_ = 0;
+  std::uint32_t warned_ = 0;      ///< rails whose failure was warned about
+  std::uint32_t links_down_ = 0;  ///< rails whose link was found down
+  clock::time_point next_link_poll_{};
+  bool in_progress_ = false;  ///< inside progress_locked: submit() only queues
   /// By world rank: the shares a message to or from that rank is striped by (stripe).
   std::vector<std::vector<std::uint64_t>> shares_;
   std::vector<std::unique_ptr<rail>> rails_;

@@ -140,11 +140,14 @@ inline void rxm_eager_by_default(std::string_view provider) {
 /// messages) with the FI_MR_HMEM registration mode the man pages pair it with. Returns the
 /// candidates in the provider's order of preference; nullptr-safe: an empty pointer when none
 /// matches.
-[[nodiscard]] inline info_ptr query(const char* provider, int* rc_out = nullptr,
-                                    bool hmem = false) {
+[[nodiscard]] inline info_ptr query(const char* provider, int* rc_out = nullptr, bool hmem = false,
+                                    bool cq_data = false) {
   info_ptr hints(fi_allocinfo());
   if (!hints) throw transport_error("fi_allocinfo failed: out of memory");
   hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
+  // Remote CQ data is offered through domain_attr->cq_data_size (ofi_rxm carries 8 bytes
+  // without listing FI_REMOTE_CQ_DATA among its caps), so asking for it is asking for a size.
+  if (cq_data) hints->domain_attr->cq_data_size = 4;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode =
@@ -247,6 +250,22 @@ struct op_context {
   std::uint8_t unsettled = 0;         ///< a striped message's pieces not yet complete
   std::vector<op_context*> pieces{};  ///< a striped message's pieces still held
   op_context* parent = nullptr;       ///< for a piece: the striped message it belongs to
+
+  // Delivery over several rails (delivery.hpp); unused with one rail.
+  /// What the engine does with the completion: a message (or piece) of the caller's, or a
+  /// control message of the engine's own.
+  enum class role : std::uint8_t { message, control_recv, control_send, copy };
+  role kind = role::message;
+  bool in_use = false;                 ///< made and not yet recycled
+  bool with_data = false;              ///< a send carries remote CQ data (cq_data)
+  std::uint64_t cq_data = 0;           ///< sent with it (delivery::cq_word), or received
+  std::uint64_t seq = 0;               ///< a piece's sequence number toward or from world_peer
+  std::uint64_t ignore = 0;            ///< a receive's ignored tag bits
+  bool acked = false;                  ///< a send: the receiver has it
+  bool wire_done = false;              ///< a send: the provider completed it
+  bool tracked = false;                ///< a send: listed among the peer's unacknowledged messages
+  bool moving = false;                 ///< a receive cancelled to be moved off a failed rail
+  std::shared_ptr<std::byte[]> own{};  ///< bytes the engine sends from (a copy, a control message)
 };
 static_assert(offsetof(op_context, provider_scratch) == 0,
               "libfabric needs the fi_context2 at the start of the operation context");
@@ -279,12 +298,15 @@ class rail {
     bool one_host = true;  ///< every rank on this host: loopback addresses will do
     /// Ask for FI_HMEM: the caller will pass CUDA device buffers (register_device).
     bool device_memory = false;
+    /// Ask for FI_REMOTE_CQ_DATA: messages carry a word the receiver's completion reports
+    /// (delivery over several rails numbers its messages with it).
+    bool cq_data = false;
   };
 
   explicit rail(const config& cfg) {
     int rc = 0;
     const char* wanted = cfg.provider.empty() ? nullptr : cfg.provider.c_str();
-    info_ptr list = query(wanted, &rc, cfg.device_memory);
+    info_ptr list = query(wanted, &rc, cfg.device_memory, cfg.cq_data);
     if (!list && cfg.device_memory) {
       // Tell "this provider cannot move device memory" apart from "no such provider".
       if (info_ptr plain = query(wanted)) {
@@ -329,6 +351,7 @@ class rail {
                      ? info_->nic->link_attr->speed / 1'000'000
                      : ringzero::detail::interface_mbps(domain_name_);
     inject_size_ = info_->tx_attr->inject_size;
+    cq_data_bytes_ = cfg.cq_data ? info_->domain_attr->cq_data_size : 0;
     // The engine's safety net under the algorithms' own bounds (tuning::policy::burst and
     // ::inflight): an operation the provider has no room for waits in the engine, in order,
     // instead of failing (-FI_ENOMEM from shm once rx_attr->size receives are posted) or
@@ -437,6 +460,8 @@ class rail {
   [[nodiscard]] int tag_width() const noexcept { return tag_width_; }
   [[nodiscard]] std::uint64_t mr_mode() const noexcept { return mr_mode_; }
   [[nodiscard]] std::size_t inject_size() const noexcept { return inject_size_; }
+  /// Bytes of remote CQ data a message carries (0 unless config::cq_data asked for them).
+  [[nodiscard]] std::size_t cq_data_bytes() const noexcept { return cq_data_bytes_; }
   [[nodiscard]] std::size_t max_message_size() const noexcept { return max_msg_size_; }
   /// Operations pass descriptors (FI_MR_LOCAL, or register_always).
   [[nodiscard]] bool registers() const noexcept { return need_desc_; }
@@ -457,12 +482,21 @@ class rail {
                                std::uint64_t tag) noexcept {
     return fi_tinject(ep_.get(), data.data(), data.size(), address(world_peer), tag);
   }
+  /// fi_tinjectdata: inject() with remote CQ data.
+  [[nodiscard]] ssize_t inject(int world_peer, std::span<const std::byte> data, std::uint64_t tag,
+                               std::uint64_t cq_data) noexcept {
+    return fi_tinjectdata(ep_.get(), data.data(), data.size(), cq_data, address(world_peer), tag);
+  }
 
-  /// fi_tsend or fi_trecv of c, with c as the context the completion returns.
+  /// fi_tsend (fi_tsenddata when c carries CQ data) or fi_trecv of c, with c as the context the
+  /// completion returns.
   [[nodiscard]] ssize_t post(op_context* c) noexcept {
     void* desc = c->mr ? c->mr->desc : nullptr;
-    return c->is_send ? fi_tsend(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, c)
-                      : fi_trecv(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, 0, c);
+    if (!c->is_send)
+      return fi_trecv(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, c->ignore, c);
+    if (c->with_data)
+      return fi_tsenddata(ep_.get(), c->buffer, c->length, desc, c->cq_data, c->address, c->tag, c);
+    return fi_tsend(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, c);
   }
 
   ssize_t cancel(op_context* c) noexcept { return fi_cancel(&ep_.get()->fid, c); }
@@ -492,6 +526,7 @@ class rail {
   bool hmem_ = false;
   std::uint64_t link_mbps_ = 0;
   std::size_t inject_size_ = 0;
+  std::size_t cq_data_bytes_ = 0;
   std::size_t max_msg_size_ = 0;
   int tag_width_ = 64;
   std::size_t send_cap_ = 0;  ///< half the provider's queues: set by the constructor

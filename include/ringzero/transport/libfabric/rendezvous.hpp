@@ -27,6 +27,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/detail/interfaces.hpp"
+#include "ringzero/transport/libfabric/delivery.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 
@@ -104,6 +105,13 @@ template <class Key>
   }
   std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   auto names = ringzero::detail::agree_rails_over(s, key, rank, size, mine, hosts);
+  // Several rails are delivered reliably, and a message's pieces are numbered in 4 tag bits
+  // (delivery::limits): the first rails up to that many (a p5 host lists 32 NICs, four per GPU).
+  if (names.size() > delivery::limits::max_rails) {
+    log::info("libfabric: RINGZERO_RAILS=auto found {} NICs; driving the first {}", names.size(),
+              delivery::limits::max_rails);
+    names.resize(delivery::limits::max_rails);
+  }
   if (names.empty())
     log::warn(
         "libfabric: RINGZERO_RAILS=auto found no NIC of provider {} that every rank has (this "
@@ -190,7 +198,7 @@ template <class Key>
     names[static_cast<std::size_t>(r)] = s.get(key("ep", r));
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
-  w.eng->connect(names);
+  w.eng->connect(names, rank);
   w.eng->watch(rank, std::move(processes),
                kept
                    ? std::make_shared<failure_board>(std::move(kept), prefix, rank, served_by_rank0)
