@@ -376,8 +376,18 @@ TEST_CASE("a rail that fails under a striped message: its piece goes over the ra
     check.expect(eng.rail_messages(1) == before,
                  fmt::format("nothing more on rail 1, got {} more", eng.rail_messages(1) - before));
     // The other two fail, seen from both ends as links found down are: both ranks' next call
-    // fails naming the peer and the last rail.
+    // fails naming the peer and the last rail. First everything sent so far is acknowledged
+    // (a small send completes on return): a rank that failed its rails before its last barrier
+    // message left would keep it, and the peer would wait for it instead.
     ringzero::barrier(comm);
+    const auto settled = std::chrono::steady_clock::now() + 10s;
+    while (eng.unacknowledged(peer) > 0 && std::chrono::steady_clock::now() < settled)
+      comm.transport().progress();
+    check.expect(eng.unacknowledged(peer) == 0, "everything acknowledged before the rails fail");
+    // Both quiet; each keeps acknowledging the other's last messages until it is.
+    s.add("quiet", 1);
+    while (s.add("quiet", 0) < 2 && std::chrono::steady_clock::now() < settled)
+      comm.transport().progress();
     comm.transport().fail_rail(0, "the test pulled it");
     comm.transport().fail_rail(2, "the test pulled it");
     int named = -2;
@@ -409,6 +419,10 @@ TEST_CASE("small sends complete on return; their copies go again when their rail
     };
     const auto tag = [](int m) { return 100 + static_cast<ringzero::tag_t>(m); };
     const std::string sent = "sent";
+    // Connections up on every rail first (ofi_rxm makes them on first use, and the peer takes
+    // part): a message pieces over all three rails, both ways.
+    std::vector<float> warm(std::size_t{1} << 18, 1.0f);
+    ringzero::all_reduce(comm, std::span<float>(warm), op::sum);
     if (r == 0) {
       std::vector<std::vector<std::uint8_t>> src(static_cast<std::size_t>(messages));
       for (int m = 0; m < messages; ++m) {
@@ -421,6 +435,12 @@ TEST_CASE("small sends complete on return; their copies go again when their rail
       for (auto& v : src) std::fill(v.begin(), v.end(), std::uint8_t{0xEE});
       check.expect(eng.unacknowledged(1) == messages,
                    fmt::format("{} unacknowledged, got {}", messages, eng.unacknowledged(1)));
+      // On their way (with the provider, none waiting in the engine for a connection), so
+      // those on rail 1 reach rank 1's end of it, where nothing will match them.
+      const auto posted = std::chrono::steady_clock::now() + 10s;
+      while (eng.waiting_operations() > 0 && std::chrono::steady_clock::now() < posted)
+        comm.transport().progress();
+      check.expect(eng.waiting_operations() == 0, "every copy with the provider");
       std::uint8_t word = 0;
       const std::string log = multiprocess::capture_info_log("fabric-copies", [&] {
         comm.transport().fail_rail(1, "the test pulled it");
@@ -462,9 +482,10 @@ TEST_CASE("what a peer received is acknowledged: sends complete, copies are let 
     rank_checks check{r};
     fabric::communicator comm(fabric::transport(s, r, n, two_rails()));
     const auto& eng = comm.transport().engine();
-    // Every size class: copied (8 B, 64 KiB), acknowledged whole (64 KiB + 1), striped (1 MiB).
-    for (const std::size_t count : {std::size_t{2}, std::size_t{16} << 10,
-                                    (std::size_t{16} << 10) + 1, std::size_t{1} << 18}) {
+    // Messages of every class (the ring moves a third of the vector per step): copied (8 B,
+    // 16 KiB), acknowledged whole (64 KiB + 4 B), striped (256 KiB).
+    for (const std::size_t count :
+         {std::size_t{2}, std::size_t{12} << 10, std::size_t{49155}, std::size_t{3} << 16}) {
       std::vector<float> v(count, static_cast<float>(r + 1));
       for (int round = 0; round < 3; ++round)
         ringzero::all_reduce(comm, std::span<float>(v), op::sum);

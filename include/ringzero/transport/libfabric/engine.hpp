@@ -891,10 +891,12 @@ class engine {
     std::vector<op_context*> queued;
     std::vector<op_context*> cancelled;
     for (op_context& o : pool_) {
-      if (!o.in_use || o.orphaned || o.striped || o.kind != role::message ||
+      if (!o.in_use || o.orphaned || o.striped || o.kind == role::control_recv ||
           o.world_peer != world_peer || o.rail != r || o.state != op_context::status::pending)
         continue;
       if (!o.posted) {
+        // Waiting in the engine: never sent, so it may go elsewhere at once (a piece whose
+        // provider completion came waits for its acknowledgement, not for a rail).
         if (!o.is_send || !o.wire_done) queued.push_back(&o);
       } else if (!o.is_send) {
         o.moving = true;
@@ -908,9 +910,15 @@ class engine {
         move_receive(c);
         continue;
       }
-      // Never sent: it may go on the standing-in rail now.
+      if (c->kind == role::control_send) {
+        recycle(c);  // a newer statement goes instead (owed below)
+        continue;
+      }
       rehome(c, place(world_peer, c->rail));
-      if (auto it = l.unacked.find(c->seq); c->tracked && it != l.unacked.end())
+      // A piece's or a copy's entry follows it: what the peer gives up is judged by it.
+      if (auto it = l.unacked.find(c->seq);
+          it != l.unacked.end() &&
+          (c->tracked || (c->kind == role::copy && it->second.piece == nullptr)))
         it->second.rail = c->rail;
       submit(c);
     }
