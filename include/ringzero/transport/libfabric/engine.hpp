@@ -633,6 +633,7 @@ class engine {
     std::uint64_t tag = 0;
     std::shared_ptr<std::byte[]> copy{};
     std::size_t length = 0;
+    bool held = false;  ///< not sent yet (holding)
   };
   /// Delivery to and from one world rank (several rails).
   struct link {
@@ -750,8 +751,39 @@ class engine {
                                             .copy = std::move(bytes),
                                             .length = data.size()})
                   .first->second;
-    transmit_copy(world_peer, seq, e);
+    if (holding(world_peer))
+      e.held = true;
+    else
+      transmit_copy(world_peer, seq, e);
     return nullptr;
+  }
+
+  /// Whether sends to `world_peer` wait: this rank gave a rail up that the peer has not yet
+  /// said it gave up. Until it has, what that rail held cannot go again (the peer may still
+  /// take it there), and a new message with the tag of one that must go again would overtake
+  /// it; so new sends wait, and go in order after the messages sent again.
+  [[nodiscard]] bool holding(int world_peer) const noexcept {
+    const link& l = links_[static_cast<std::size_t>(world_peer)];
+    return (l.dead & ~l.peer_dead) != 0;
+  }
+  void hold(int world_peer, std::uint64_t seq) {
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    auto& e = l.unacked.at(seq);
+    e.held = true;
+    if (e.piece) e.piece->held = true;
+  }
+  /// Sends what waited, in the order it was sent (sequence numbers), once holding is over.
+  void release_held(int world_peer) {
+    if (holding(world_peer)) return;
+    link& l = links_[static_cast<std::size_t>(world_peer)];
+    std::vector<std::uint64_t> todo;
+    for (const auto& [seq, e] : l.unacked)
+      if (e.held) todo.push_back(seq);
+    for (const auto seq : todo) {
+      auto it = l.unacked.find(seq);
+      if (it == l.unacked.end() || !it->second.held) continue;
+      resend(world_peer, seq, it->second);
+    }
   }
 
   /// Sends a copied message (again): injected when it fits, else posted from the copy.
@@ -816,6 +848,8 @@ class engine {
     n->tracked = c->tracked;
     n->acked = c->acked;
     n->own = c->own;
+    n->order = c->order;
+    n->held = c->held;
     n->parent = c->parent;
     if (c->parent) std::replace(c->parent->pieces.begin(), c->parent->pieces.end(), c, n);
     if (c->tracked) {
@@ -840,8 +874,10 @@ class engine {
 
   /// Sends an unacknowledged message again, on the rail standing in for the one it was on.
   void resend(int world_peer, std::uint64_t seq, outstanding& e) {
+    e.held = false;
     if (!e.piece) return transmit_copy(world_peer, seq, e);
     op_context* c = e.piece;
+    c->held = false;
     if (c->posted) c = replace(c);
     dequeue(c);
     rehome(c, place(world_peer, c->rail));
@@ -855,14 +891,15 @@ class engine {
   void resend_given_up(int world_peer) {
     link& l = links_[static_cast<std::size_t>(world_peer)];
     std::vector<std::uint64_t> todo;
-    for (const auto& [seq, e] : l.unacked)
-      if (l.peer_dead & (std::uint32_t{1} << e.rail)) todo.push_back(seq);
+    for (const auto& [seq, e] : l.unacked)  // held ones were never sent: release_held sends them
+      if (!e.held && (l.peer_dead & (std::uint32_t{1} << e.rail))) todo.push_back(seq);
     if (!todo.empty())
       log::info("libfabric: {} unacknowledged message{} to rank {} sent again over the rails left",
                 todo.size(), todo.size() == 1 ? "" : "s", world_peer);
     for (const auto seq : todo) {
       auto it = l.unacked.find(seq);
-      if (it != l.unacked.end() && (l.peer_dead & (std::uint32_t{1} << it->second.rail)))
+      if (it != l.unacked.end() && !it->second.held &&
+          (l.peer_dead & (std::uint32_t{1} << it->second.rail)))
         resend(world_peer, seq, it->second);
     }
   }
@@ -891,7 +928,7 @@ class engine {
     std::vector<op_context*> queued;
     std::vector<op_context*> cancelled;
     for (op_context& o : pool_) {
-      if (!o.in_use || o.orphaned || o.striped || o.kind == role::control_recv ||
+      if (!o.in_use || o.orphaned || o.striped || o.held || o.kind == role::control_recv ||
           o.world_peer != world_peer || o.rail != r || o.state != op_context::status::pending)
         continue;
       if (!o.posted) {
@@ -904,23 +941,25 @@ class engine {
         cancelled.push_back(&o);
       }
     }
+    // Unsent sends wait (hold) and go, in order, with what must go again; receives move in
+    // the order they were posted, so that two with one tag still match in that order.
+    std::vector<op_context*> receives;
     for (op_context* c : queued) {
       dequeue(c);
       if (!c->is_send) {
-        move_receive(c);
+        receives.push_back(c);
         continue;
       }
-      if (c->kind == role::control_send) {
-        recycle(c);  // a newer statement goes instead (owed below)
+      auto it = l.unacked.find(c->seq);
+      if (c->kind == role::message) {
+        if (c->tracked && it != l.unacked.end()) hold(world_peer, c->seq);
         continue;
       }
-      rehome(c, place(world_peer, c->rail));
-      // A piece's or a copy's entry follows it: what the peer gives up is judged by it.
-      if (auto it = l.unacked.find(c->seq);
-          it != l.unacked.end() &&
-          (c->tracked || (c->kind == role::copy && it->second.piece == nullptr)))
-        it->second.rail = c->rail;
-      submit(c);
+      // A copy's sending or a statement: the copy is sent again from its entry, a newer
+      // statement goes instead (owed below).
+      if (c->kind == role::copy && it != l.unacked.end() && it->second.piece == nullptr)
+        it->second.held = true;
+      recycle(c);
     }
     const auto until = clock::now() + std::chrono::nanoseconds(engine_limits::cancel_send_grace);
     const auto unresolved = [&] {
@@ -930,11 +969,15 @@ class engine {
     while (unresolved() && clock::now() < until) poll_rail(r);
     for (op_context* c : cancelled) {
       if (!c->in_use || !c->moving) continue;  // it arrived before the cancellation took
-      move_receive(c->posted ? replace(c) : c);
+      receives.push_back(c->posted ? replace(c) : c);
     }
+    std::sort(receives.begin(), receives.end(),
+              [](const op_context* a, const op_context* b) { return a->order < b->order; });
+    for (op_context* c : receives) move_receive(c);
     l.owed = true;
     note_owing(world_peer);
     resend_given_up(world_peer);
+    release_held(world_peer);
   }
 
   /// Every rail to `world_peer` failed: its operations fail, naming the rank.
@@ -1084,6 +1127,7 @@ class engine {
           if (p->tracked) done.push_back(p->seq);
     for (const auto seq : done) acknowledge(m.from, seq);
     resend_given_up(m.from);
+    release_held(m.from);
   }
 
   /// The rails whose link is down (sysfs): given up toward every rank.
@@ -1258,6 +1302,7 @@ class engine {
     c->is_send = is_send;
     c->length = length;
     c->in_use = true;
+    c->order = made_++;
     rail& r = *rails_[ri];
     if ((r.registers() || r.hmem()) && length > 0 && buf != nullptr) {
       try {
@@ -1301,7 +1346,13 @@ class engine {
         c->tag = tag | piece_tag(i);
         c->parent = m;
         m->pieces.push_back(c);
-        if (is_send) track(c, nullptr, true);
+        if (is_send) {
+          track(c, nullptr, true);
+          if (holding(world_peer)) {
+            hold(world_peer, c->seq);
+            continue;
+          }
+        }
         submit(c);
       }
     } catch (...) {
@@ -1642,6 +1693,7 @@ class engine {
   std::uint32_t links_down_ = 0;  ///< rails whose link was found down
   clock::time_point next_link_poll_{};
   bool in_progress_ = false;  ///< inside progress_locked: submit() only queues
+  std::uint64_t made_ = 0;    ///< contexts made (op_context::order)
   /// By world rank: the shares a message to or from that rank is striped by (stripe).
   std::vector<std::vector<std::uint64_t>> shares_;
   std::vector<std::unique_ptr<rail>> rails_;

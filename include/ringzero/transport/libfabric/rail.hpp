@@ -256,15 +256,17 @@ struct op_context {
   /// control message of the engine's own.
   enum class role : std::uint8_t { message, control_recv, control_send, copy };
   role kind = role::message;
-  bool in_use = false;                 ///< made and not yet recycled
-  bool with_data = false;              ///< a send carries remote CQ data (cq_data)
-  std::uint64_t cq_data = 0;           ///< sent with it (delivery::cq_word), or received
-  std::uint64_t seq = 0;               ///< a piece's sequence number toward or from world_peer
-  std::uint64_t ignore = 0;            ///< a receive's ignored tag bits
-  bool acked = false;                  ///< a send: the receiver has it
-  bool wire_done = false;              ///< a send: the provider completed it
-  bool tracked = false;                ///< a send: listed among the peer's unacknowledged messages
-  bool moving = false;                 ///< a receive cancelled to be moved off a failed rail
+  bool in_use = false;        ///< made and not yet recycled
+  bool with_data = false;     ///< a send carries remote CQ data (cq_data)
+  std::uint64_t cq_data = 0;  ///< sent with it (delivery::cq_word), or received
+  std::uint64_t seq = 0;      ///< a piece's sequence number toward or from world_peer
+  std::uint64_t ignore = 0;   ///< a receive's ignored tag bits
+  bool acked = false;         ///< a send: the receiver has it
+  bool wire_done = false;     ///< a send: the provider completed it
+  bool tracked = false;       ///< a send: listed among the peer's unacknowledged messages
+  bool moving = false;        ///< a receive cancelled to be moved off a failed rail
+  bool held = false;          ///< a send kept back until the peer has given up a failed rail too
+  std::uint64_t order = 0;    ///< when it was made: moved receives keep their posting order
   std::shared_ptr<std::byte[]> own{};  ///< bytes the engine sends from (a copy, a control message)
 };
 static_assert(offsetof(op_context, provider_scratch) == 0,
