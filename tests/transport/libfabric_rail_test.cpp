@@ -291,6 +291,29 @@ TEST_CASE("rails that cannot work are refused naming what is wrong") {
     });
     require_all_passed(out);
   }
+  SUBCASE("a GPU named by something that is no PCI address, as an option or a variable") {
+    ::setenv("RINGZERO_GPU_BUS_ID", "gpu0", 1);
+    auto out = multiprocess::run(1, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      for (const bool from_env : {false, true}) {
+        fabric::options opt{.provider = tcp, .rails = {"auto"}};
+        if (!from_env) opt.gpu_bus_id = "0000:53:00";
+        std::string what;
+        try {
+          fabric::transport t(s, r, n, opt);
+        } catch (const ringzero::invalid_argument& e) {
+          what = e.what();
+        }
+        const std::string named = from_env ? "RINGZERO_GPU_BUS_ID: 'gpu0' is not a GPU's PCI"
+                                           : "gpu_bus_id: '0000:53:00' is not a GPU's PCI";
+        check.expect(what.find(named) != std::string::npos,
+                     fmt::format("'{}' in the error, got '{}'", named, what));
+      }
+      return check.code();
+    });
+    ::unsetenv("RINGZERO_GPU_BUS_ID");
+    require_all_passed(out);
+  }
   SUBCASE("ranks that open different numbers of rails") {
     auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
       rank_checks check{r};
@@ -310,6 +333,27 @@ TEST_CASE("rails that cannot work are refused naming what is wrong") {
     });
     require_all_passed(out);
   }
+}
+
+TEST_CASE("rails narrow to a GPU's nearest only where any rail reaches any other") {
+  namespace d = ringzero::detail;
+  const auto has = [](std::string_view text) { return d::parse_interfaces(text); };
+  using names = std::vector<std::string>;
+  // EFA's devices have no address and share one fabric.
+  CHECK(
+      fabric::detail::interchangeable(has("rdmap16s27 rdmap32s27"), {"rdmap16s27", "rdmap32s27"}));
+  // Interfaces on one subnet reach each other; a subnet each (the test bed's rz0, rz1) do not.
+  CHECK(fabric::detail::interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/16"),
+                                        names{"eth0", "eth1"}));
+  CHECK_FALSE(fabric::detail::interchangeable(has("rz0=10.77.0.1/24 rz1=10.77.1.1/24"),
+                                              names{"rz0", "rz1"}));
+  CHECK_FALSE(fabric::detail::interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/24"),
+                                              names{"eth0", "eth1"}));
+  CHECK_FALSE(fabric::detail::interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"),
+                                              names{"eth0", "rdmap16s27"}));
+  CHECK_FALSE(fabric::detail::interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"),
+                                              names{"rdmap16s27", "eth0"}));
+  CHECK_FALSE(fabric::detail::interchangeable(has("eth0=10.0.1.5/16"), names{"eth0", "eth9"}));
 }
 
 namespace {

@@ -23,6 +23,7 @@
 #include "perf.hpp"
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/collectives.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/kernels/cuda/device_reduction.cuh"
 // Last: libfabric's headers define short macros (count_of, container_of) that would rename
 // functions of that name in headers read after them.
@@ -193,6 +194,12 @@ int run_libfabric_device(const options& o, const context& ctx) {
   libfabric::options opts;
   opts.provider = o.provider;
   opts.device_memory = true;
+  // With RINGZERO_RAILS=auto, the NICs nearest this GPU (RINGZERO_GPU_BUS_ID overrides).
+  if (!ringzero::detail::getenv_str("RINGZERO_GPU_BUS_ID")) {
+    char bus_id[32] = {};
+    check_cuda(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device), "cudaDeviceGetPCIBusId");
+    opts.gpu_bus_id = bus_id;
+  }
   if (o.timeout_s > 0)
     opts.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
   auto comm = libfabric::communicator::from_env(opts);

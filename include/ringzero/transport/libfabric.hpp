@@ -49,6 +49,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/pci_topology.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
@@ -92,6 +93,14 @@ struct options {
   /// the lower of the two ends'); false, RINGZERO_RAIL_SHARES=equal, or a speed unknown at
   /// either end: equal pieces.
   bool weigh_rails = true;
+  /// The PCI address of the GPU this rank's device buffers are on, as cudaDeviceGetPCIBusId or
+  /// `nvidia-smi --query-gpu=pci.bus_id` print it ("0000:53:00.0"). With rails {"auto"}, each
+  /// rank then drives the NICs nearest that GPU in the host's PCIe tree (sysfs), as NCCL does:
+  /// on p4d the one EFA device behind the GPU's PCIe switch, on p5 its four. Every rank drives
+  /// as many (the fewest any rank has nearest); where a rank names no GPU, sysfs places none, or
+  /// the rails are interfaces a subnet each, every rank drives every NIC found. Empty:
+  /// RINGZERO_GPU_BUS_ID, else no GPU.
+  std::string gpu_bus_id{};
 };
 
 using from_env_options = options;
@@ -249,7 +258,8 @@ class transport {
          .timeout = timeout_,
          .device_memory = opt.device_memory,
          .stripe_bytes = ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
-         .weigh_rails = opt.weigh_rails && ringzero::detail::weigh_rails_from_env()},
+         .weigh_rails = opt.weigh_rails && ringzero::detail::weigh_rails_from_env(),
+         .gpu_bus_id = gpu_bus_id(opt)},
         env_rails.has_value(), std::move(kept), served_by_rank0);
     engine_ = std::move(world.eng);
     hosts_ = std::move(world.hosts);
@@ -265,6 +275,18 @@ class transport {
     }
     log::info("libfabric: rank {} of {} on {} ({})", rank, size, engine_->provider(),
               hosts_[static_cast<std::size_t>(rank)]);
+  }
+
+  /// options::gpu_bus_id, else RINGZERO_GPU_BUS_ID, checked here so that a misspelt one is an
+  /// error on every rank before the rendezvous, not on some ranks within it.
+  [[nodiscard]] static std::string gpu_bus_id(const options& opt) {
+    const bool from_env = opt.gpu_bus_id.empty();
+    const std::string id = from_env
+                               ? ringzero::detail::getenv_str("RINGZERO_GPU_BUS_ID").value_or("")
+                               : opt.gpu_bus_id;
+    if (id.empty()) return id;
+    return ringzero::detail::normalize_bus_id(
+        id, from_env ? "RINGZERO_GPU_BUS_ID" : "libfabric::options::gpu_bus_id");
   }
 
   std::shared_ptr<detail::engine> engine_;

@@ -5,10 +5,11 @@
 // rail per NIC, each with its own domain, endpoint, address vector and registrations. A message
 // below config::stripe_bytes goes over one rail, chosen from its tag (rail_for); a larger one is
 // cut into one piece per rail, sized in proportion to the two ends' link speeds (stripe), each
-// piece sent with the message's tag on its rail. Both choices are functions of what both ends
-// know (the tag, the length, the speeds exchanged at connect), so sender and receiver place
-// every byte alike without talking, and messages with one (peer, tag) keep their order on every
-// rail; adding a NIC is opening another rail, and nothing here changes.
+// piece sent on its rail with the message's tag and its piece number. Both choices are
+// functions of what both ends know (the tag, the length, the speeds exchanged at connect), so
+// sender and receiver place every byte alike without talking, and messages with one (peer, tag)
+// keep their order on every rail; adding a NIC is opening another rail, and nothing here
+// changes.
 //
 // With several rails every message is delivered reliably (delivery.hpp): numbered, its pieces
 // tagged apart, acknowledged by the receiver, and sent again over the rails that are left when
@@ -99,6 +100,9 @@ class engine {
     /// Pieces in proportion to the rails' link speeds (rail::link_mbps, the lower of the two
     /// ends'); false, or a speed unknown at either end: equal pieces.
     bool weigh_rails = true;
+    /// With rails {"auto"}: the PCI address of this rank's GPU; the rendezvous then keeps the
+    /// NICs nearest it (detail::rails_near_gpu). Empty: every NIC found.
+    std::string gpu_bus_id{};
   };
 
   explicit engine(const config& cfg)
