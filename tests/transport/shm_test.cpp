@@ -141,6 +141,42 @@ template <class E>
   return {};
 }
 
+/// all_reduce of `count` elements with `o`, out of place and in place, on `comm` and on
+/// `reference` (the same ranks, reducing in the shared segment): whether both give the same bits
+/// and every rank's contribution counts; the first difference otherwise.
+template <class E>
+[[nodiscard]] std::string check_all_reduce(shm::communicator& comm, shm::communicator& reference,
+                                           std::size_t count, op o) {
+  const int r = comm.rank();
+  std::vector<E> in(count), out(count), expected(count);
+  // Distinct per rank and position, with fractions whose sums round (float), so that an
+  // order other than the ranks' shows in the bits.
+  for (std::size_t i = 0; i < count; ++i)
+    in[i] = static_cast<E>(static_cast<double>(gathered<E>(r, i)) / (o == op::prod ? 64.0 : 3.0) +
+                           (o == op::prod ? 1.0 : 0.0));
+  ringzero::all_reduce(reference, std::span<const E>(in), std::span<E>(expected), o);
+  for (bool in_place : {false, true}) {
+    std::fill(out.begin(), out.end(), E{99});
+    if (in_place) {
+      out = in;
+      ringzero::all_reduce(comm, std::span<E>(out), o);
+    } else {
+      ringzero::all_reduce(comm, std::span<const E>(in), std::span<E>(out), o);
+    }
+    for (std::size_t i = 0; i < count; ++i)
+      if (std::memcmp(&out[i], &expected[i], sizeof(E)) != 0)
+        return fmt::format(
+            "all_reduce {}, {} elements of {} bytes{}: element {} is {}, the "
+            "segment's {}",
+            ringzero::op_name(o), count, sizeof(E), in_place ? " in place" : "", i,
+            static_cast<double>(out[i]), static_cast<double>(expected[i]));
+  }
+  // The reference itself: a sum over ranks is not any one rank's input.
+  if (o == op::sum && count > 1 && comm.size() > 1 && expected[1] == in[1])
+    return "the segment's sum equals this rank's input";
+  return {};
+}
+
 }  // namespace
 
 TEST_CASE("all_gather and all_to_all of large blocks read each peer's input from its process") {
@@ -167,6 +203,35 @@ TEST_CASE("all_gather and all_to_all of large blocks read each peer's input from
     return check.code();
   });
   require_all_passed(out);
+}
+
+TEST_CASE("all_reduce of large buffers reads the peers' inputs and outputs from their processes") {
+  // Turned on from 4 KiB (it is off by default), so that counts around that, across the 64 KiB
+  // pieces and past the workspace's capacity take the cross-process path; the reference, with
+  // the default, stays in the segment.
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    auto out = multiprocess::run(ranks, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+      rank_checks check{r};
+      shm::communicator comm(
+          shm::transport(s, r, n, {.segment = {.cross_memory_all_reduce_bytes = 4096}}));
+      shm::communicator segment(shm::transport(s, r, n));
+      for (std::size_t count :
+           {std::size_t{1024}, std::size_t{1031}, std::size_t{65537}, (std::size_t{1} << 20) + 3})
+        for (op o : {op::sum, op::avg, op::max, op::prod}) {
+          const std::string bad = check_all_reduce<float>(comm, segment, count, o);
+          check.expect(bad.empty(), bad);
+        }
+      for (std::size_t count : {std::size_t{513}, std::size_t{100003}}) {
+        const std::string bad = check_all_reduce<double>(comm, segment, count, op::sum);
+        check.expect(bad.empty(), bad);
+        const std::string bad8 = check_all_reduce<std::int8_t>(comm, segment, count * 8, op::max);
+        check.expect(bad8.empty(), bad8);
+      }
+      return check.code();
+    });
+    require_all_passed(out);
+  }
 }
 
 TEST_CASE("all_gather: ranks that disagree on reading across processes raise, naming the path") {
@@ -219,8 +284,14 @@ TEST_CASE("all_gather where the kernel refuses cross-memory reads: same results,
       std::fprintf(stderr, "seccomp filters are refused here; skipping\n");
       return 0;
     }
-    shm::communicator comm(shm::transport(s, r, n));
+    // all_reduce by cross-memory attach is opt-in (segment_options): turned on here.
+    shm::communicator comm(
+        shm::transport(s, r, n, {.segment = {.cross_memory_all_reduce_bytes = 4096}}));
+    shm::communicator segment(shm::transport(s, r, n));
     for (int round = 0; round < 3; ++round) {
+      // all_reduce first: its first large call finds out with a probe, before touching a buffer.
+      const std::string bad_reduce = check_all_reduce<float>(comm, segment, 1 << 20, op::sum);
+      check.expect(bad_reduce.empty(), fmt::format("round {}: {}", round, bad_reduce));
       const std::string bad = check_all_gather<float>(comm, 65537);
       check.expect(bad.empty(), fmt::format("round {}: {}", round, bad));
       const std::string bad_a2a = check_all_to_all<float>(comm, 65537);

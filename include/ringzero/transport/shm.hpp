@@ -16,6 +16,8 @@
 // algorithm's node level under libfabric (libfabric::transport::node_transport).
 #pragma once
 
+#include <sys/prctl.h>
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -32,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -84,6 +88,15 @@ struct segment_options {
   /// RINGZERO_SHM_CMA=0 turns it off; where the kernel refuses such reads, the first call finds
   /// out on every rank alike, warns once and takes the other paths from then on.
   std::size_t cross_memory_bytes = std::size_t{16} << 10;
+  /// all_reduce (not options::reproducible's sum) of at least this many bytes on buffers that
+  /// are not symmetric memory: each rank reduces its block reading the peers' inputs by
+  /// cross-memory attach, and reads the other blocks from their owners' outputs, about half the
+  /// memory traffic of the workspace's path (shm/detail/collectives.hpp). Off by default: it
+  /// pays only where the kernel's cross-process copy runs near memcpy's speed, and on the
+  /// virtual machines measured it ran at a quarter of it in cache and half out of it, so the
+  /// path took 1.4-4x the workspace's time (docs/performance.md, "all_reduce by cross-memory
+  /// attach"; bench/cross_memory measures a machine). Under RINGZERO_SHM_CMA as above.
+  std::size_t cross_memory_all_reduce_bytes = std::numeric_limits<std::size_t>::max();
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
   /// cache (the output would not stay in it, and reading it for ownership costs a third more
   /// memory traffic).
@@ -531,11 +544,21 @@ class transport {
     attach(std::move(seg), std::chrono::steady_clock::now() + timeout_);
   }
 
-  /// RINGZERO_SHM_CMA: 0 keeps all_gather and all_to_all off cross-memory attach
-  /// (segment_options::cross_memory_bytes).
+  /// RINGZERO_SHM_CMA: 0 keeps all_reduce, all_gather and all_to_all off cross-memory attach
+  /// (segment_options::cross_memory_bytes, cross_memory_all_reduce_bytes). On, it lets the
+  /// job's other processes read this one's memory where Yama restricts that to ancestors
+  /// (kernel.yama.ptrace_scope = 1, Ubuntu's default; ranks are siblings), as Open MPI's vader
+  /// does: any process of this user may then, which scope 0 allows anyway.
   [[nodiscard]] static bool cross_memory_from_env() {
     const auto v = ringzero::detail::getenv_int("RINGZERO_SHM_CMA");
-    return !v || *v != 0;
+    const bool on = !v || *v != 0;
+    if (on) {
+      std::ifstream scope("/proc/sys/kernel/yama/ptrace_scope");
+      int level = 0;
+      if (scope >> level && level == 1)
+        static_cast<void>(::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY));
+    }
+    return on;
   }
 
   [[nodiscard]] static detail::mapping create_segment(int size, const segment_options& geometry) {
@@ -634,6 +657,8 @@ class transport {
               call);
           return true;
         }
+        if constexpr (std::is_same_v<Combine, detail::in_rank_order<E>>)
+          if (reduce_across_processes<E>(c, call, combine)) return true;
         if (!segment_reduces<E>(c)) return false;
         detail::all_reduce<E>(workspace(), std::span<const E>(in, c.count),
                               std::span<E>(out, c.count), combine, call);
@@ -709,6 +734,63 @@ class transport {
     return false;
   }
 
+  /// all_reduce by cross-memory attach (detail::all_reduce_across_processes) where it is on and
+  /// the call large enough: true when the call ran so. The first such call makes sure the
+  /// kernel allows the reads (probe_cross_memory), since a failure in the middle of an in-place
+  /// call leaves buffers no other path can start from; a failure after that is an error.
+  template <element E, class Combine>
+  [[nodiscard]] bool reduce_across_processes(const native_call& c, detail::segment_call& call,
+                                             const Combine& combine) {
+    if (!cross_memory_ || size_ < 2 || c.count * sizeof(E) < segment_.cross_memory_all_reduce_bytes)
+      return false;
+    call.desc.symmetric = detail::path_cross_memory;
+    if (!probe_cross_memory(call)) {
+      call.desc.symmetric = detail::path_segment;
+      return false;
+    }
+    detail::cross_memory_failure failed;
+    if (detail::all_reduce_across_processes<E>(workspace(), static_cast<const E*>(c.in),
+                                               static_cast<E*>(c.out), c.count, combine, call,
+                                               failed))
+      return true;
+    cross_memory_ = false;
+    if (failed.error == ESRCH)
+      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read its "
+                                   "buffers across processes)",
+                                   eng_->dead_message(failed.peer), call.what, failed.rank),
+                       failed.peer);
+    throw transport_error(fmt::format(
+        "shm {}: rank {} could not read rank {}'s buffers across processes ({}); the output is "
+        "incomplete (RINGZERO_SHM_CMA=0 keeps all_reduce in the shared segment)",
+        call.what, failed.rank, failed.peer, std::strerror(failed.error)));
+  }
+
+  /// Whether the ranks can read each other's memory (process_vm_readv), found out once on
+  /// every rank alike: each reads a word from every peer. Where the kernel refuses (EPERM
+  /// under a restrictive ptrace scope or seccomp profile, ENOSYS), warns once and turns
+  /// cross-memory attach off for every collective.
+  [[nodiscard]] bool probe_cross_memory(detail::segment_call& call) {
+    if (cross_memory_probed_) return cross_memory_;
+    cross_memory_probed_ = true;
+    const std::uint64_t word = 0x72696e677a65726full;  // "ringzero"
+    std::vector<std::byte> words(sizeof word * static_cast<std::size_t>(size_));
+    detail::cross_memory_failure failed;
+    if (detail::exchange_across_processes(workspace(), reinterpret_cast<const std::byte*>(&word), 0,
+                                          sizeof word, words.data(), call, failed))
+      return true;
+    cross_memory_ = false;
+    if (failed.error == ESRCH)
+      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read "
+                                   "across processes)",
+                                   eng_->dead_message(failed.peer), call.what, failed.rank),
+                       failed.peer);
+    log::warn(
+        "shm: rank {} could not read rank {}'s memory across processes ({}); collectives take "
+        "the shared segment and messages from now on (RINGZERO_SHM_CMA=0 skips the attempt)",
+        failed.rank, failed.peer, std::strerror(failed.error));
+    return false;
+  }
+
   /// The segment collectives' workspace, allocated (collectively) by the first of them.
   [[nodiscard]] shm::workspace& workspace() {
     if (!ws_)
@@ -736,6 +818,7 @@ class transport {
   /// Whether all_gather and all_to_all may read peers' inputs across processes
   /// (segment_options::cross_memory_bytes).
   bool cross_memory_ = true;
+  bool cross_memory_probed_ = false;  ///< probe_cross_memory ran
   /// An in-place all_to_all's input, published in its place (across_processes); kept between
   /// calls, so that its pages are not faulted in again each time.
   std::vector<std::byte> staged_;

@@ -390,6 +390,117 @@ template <class W>
   return true;
 }
 
+/// Every rank's outcome of its reads in one phase: the lowest failing rank's, or none.
+template <class W>
+[[nodiscard]] bool agree_reads(W& ws, cross_memory_failure mine, segment_call& call,
+                               cross_memory_failure& failed) {
+  struct outcome {
+    std::int32_t error;
+    std::int32_t peer;
+  };
+  static_assert(sizeof(outcome) <= 64);
+  const outcome result{mine.error, mine.peer};
+  const std::uint64_t p = ws.next_phase();
+  std::memcpy(ws.buffer(ws.rank(), p), &result, sizeof result);
+  ws.phase(call);
+  for (int r = 0; r < ws.size(); ++r) {
+    outcome theirs;
+    std::memcpy(&theirs, ws.buffer(r, p), sizeof theirs);
+    if (theirs.error != 0) {
+      failed = {r, theirs.peer, theirs.error};
+      return false;
+    }
+  }
+  return true;
+}
+
+/// all_reduce by cross-memory attach: rank r reduces block r of the count elements, reading
+/// the peers' parts of it from their inputs in their own address spaces (process_vm_readv) in
+/// pieces that stay in the L2 cache, straight into its output; then every rank reads the other
+/// blocks from their owners' outputs. For S bytes a rank moves about 2.5 S to and from memory
+/// (its peers' block and its own read, its block written; the other blocks read and written),
+/// where the workspace's path copies every input in and every block out (about 5 S), the
+/// copy Open MPI's vader saves on large messages the same way. Three phases: addresses
+/// published, blocks reduced, outputs read (after which a rank may change its output). The
+/// same block partition and rank order as the workspace's path, so the same bits.
+/// Returns false, on every rank alike, when some rank's reads failed (`failed` says which);
+/// in place, that rank's block of its buffer may then hold its reduction already, so the
+/// caller cannot retry another way; transport::probe_cross_memory finds a kernel that refuses
+/// such reads before the first call.
+template <element E, class W, class Combine>
+[[nodiscard]] bool all_reduce_across_processes(W& ws, const E* in, E* out, std::size_t count,
+                                               const Combine& combine, segment_call& call,
+                                               cross_memory_failure& failed) {
+  struct published {
+    std::int64_t pid;
+    std::uint64_t in;
+    std::uint64_t out;
+  };
+  static_assert(sizeof(published) <= 64);
+  const int n = ws.size();
+  const int me = ws.rank();
+  const auto block = [&](int r) {
+    return std::array<std::size_t, 2>{
+        count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n),
+        count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(n)};
+  };
+  const std::uint64_t p = ws.next_phase();
+  const published mine{static_cast<std::int64_t>(::getpid()),
+                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(in)),
+                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(out))};
+  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
+  ws.phase(call);
+  std::vector<published> peers(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q)
+    std::memcpy(&peers[static_cast<std::size_t>(q)], ws.buffer(q, p), sizeof(published));
+
+  // The peers' pieces side by side, and the reduced piece where it cannot go to out at once:
+  // in place on a rank other than 0, whose own input is not the combine's first (it writes
+  // over its first input only).
+  constexpr std::size_t piece_bytes = std::size_t{64} << 10;
+  const std::size_t piece = std::max<std::size_t>(1, piece_bytes / sizeof(E));
+  thread_local std::vector<E> pieces;
+  thread_local std::vector<E> reduced;
+  pieces.resize(piece * static_cast<std::size_t>(n));
+  const bool via_reduced = in == out && me != 0;
+  if (via_reduced) reduced.resize(piece);
+  cross_memory_failure error;
+  const auto [lo, hi] = block(me);
+  for (std::size_t first = lo; first < hi && error.error == 0; first += piece) {
+    const std::size_t len = std::min(piece, hi - first);
+    for (int k = 1; k < n && error.error == 0; ++k) {
+      const int q = (me + k) % n;
+      const int e = read_process_memory(
+          peers[static_cast<std::size_t>(q)].pid,
+          peers[static_cast<std::size_t>(q)].in + first * sizeof(E),
+          reinterpret_cast<std::byte*>(pieces.data() + static_cast<std::size_t>(q) * piece),
+          len * sizeof(E));
+      if (e != 0) error = {me, q, e};
+    }
+    if (error.error != 0) break;
+    const auto input = [&](int q) {
+      return q == me ? in + first
+                     : static_cast<const E*>(pieces.data() + static_cast<std::size_t>(q) * piece);
+    };
+    if (!via_reduced) {
+      combine(n, input, out + first, len);
+    } else {
+      combine(n, input, reduced.data(), len);
+      std::memcpy(out + first, reduced.data(), len * sizeof(E));
+    }
+  }
+  if (!agree_reads(ws, error, call, failed)) return false;
+  for (int k = 1; k < n && error.error == 0; ++k) {
+    const int q = (me + k) % n;
+    const auto [a, b] = block(q);
+    const int e = read_process_memory(peers[static_cast<std::size_t>(q)].pid,
+                                      peers[static_cast<std::size_t>(q)].out + a * sizeof(E),
+                                      reinterpret_cast<std::byte*>(out + a), (b - a) * sizeof(E));
+    if (e != 0) error = {me, q, e};
+  }
+  return agree_reads(ws, error, call, failed);
+}
+
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
 /// order.
 template <element E, class W, class Combine>
