@@ -719,19 +719,25 @@ class transport {
     if (detail::exchange_across_processes(workspace(), base, stride, block, out, call, failed))
       return true;
     cross_memory_ = false;
-    if (failed.error == ESRCH)
-      // The engine's words for a dead peer, as every other wait of this transport says them,
-      // and where this rank found out.
-      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read its "
-                                   "input across processes)",
-                                   eng_->dead_message(failed.peer), call.what, failed.rank),
-                       failed.peer);
+    throw_if_dead(failed, call);
     log::warn(
         "shm: rank {} could not read rank {}'s input across processes ({}); all_gather and "
         "all_to_all take the shared segment and messages from now on (RINGZERO_SHM_CMA=0 "
         "skips the attempt)",
         failed.rank, failed.peer, std::strerror(failed.error));
     return false;
+  }
+
+  /// A read across processes that found its peer gone: the engine's words for a dead peer, as
+  /// every other wait of this transport says them, and where this rank found out. Other
+  /// failures are the caller's to handle.
+  void throw_if_dead(const detail::cross_memory_failure& failed,
+                     const detail::segment_call& call) const {
+    if (failed.error != ESRCH) return;
+    throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read "
+                                 "across processes)",
+                                 eng_->dead_message(failed.peer), call.what, failed.rank),
+                     failed.peer);
   }
 
   /// all_reduce by cross-memory attach (detail::all_reduce_across_processes) where it is on and
@@ -754,11 +760,7 @@ class transport {
                                                failed))
       return true;
     cross_memory_ = false;
-    if (failed.error == ESRCH)
-      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read its "
-                                   "buffers across processes)",
-                                   eng_->dead_message(failed.peer), call.what, failed.rank),
-                       failed.peer);
+    throw_if_dead(failed, call);
     throw transport_error(fmt::format(
         "shm {}: rank {} could not read rank {}'s buffers across processes ({}); the output is "
         "incomplete (RINGZERO_SHM_CMA=0 keeps all_reduce in the shared segment)",
@@ -779,11 +781,7 @@ class transport {
                                           sizeof word, words.data(), call, failed))
       return true;
     cross_memory_ = false;
-    if (failed.error == ESRCH)
-      throw peer_error(fmt::format("{} (shm {}: rank {} found no process of it when it read "
-                                   "across processes)",
-                                   eng_->dead_message(failed.peer), call.what, failed.rank),
-                       failed.peer);
+    throw_if_dead(failed, call);
     log::warn(
         "shm: rank {} could not read rank {}'s memory across processes ({}); collectives take "
         "the shared segment and messages from now on (RINGZERO_SHM_CMA=0 skips the attempt)",

@@ -328,68 +328,6 @@ struct cross_memory_failure {
   int error = 0;
 };
 
-/// Block q of `out` (`block` bytes each) receives `block` bytes of rank q's buffer `base`, from
-/// offset rank() * stride: all_gather (stride 0: each rank's whole input) and all_to_all
-/// (stride block: the slice of each peer's input addressed to this rank). Each rank publishes
-/// where its buffer lies in its own address space; every rank reads its peers' parts from there
-/// straight into its output (process_vm_readv, Linux's cross-memory attach: the single copy
-/// Open MPI's vader makes for large messages), and a second phase tells each rank that its
-/// buffer has been read and may change. One copy per block and two phases whatever the size,
-/// where the workspace's paths copy every block in and out (about 2 S + 2 S / n bytes of
-/// traffic for an output of S) in one phase per workspace-full, and larger calls go over
-/// messages. `base` must not be written by this rank before the call returns, nor lie in
-/// `out` where a peer's block lands (the caller copies an in-place all_to_all's input first).
-/// Returns false, on every rank alike, when some rank's reads failed (a kernel or a container
-/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; a peer's process
-/// gone: ESRCH): `failed` says which; out is then incomplete.
-template <class W>
-[[nodiscard]] bool exchange_across_processes(W& ws, const std::byte* base, std::size_t stride,
-                                             std::size_t block, std::byte* out, segment_call& call,
-                                             cross_memory_failure& failed) {
-  struct published {
-    std::int64_t pid;
-    std::uint64_t address;
-  };
-  struct outcome {
-    std::int32_t error;
-    std::int32_t peer;
-  };
-  // A workspace buffer is at least a cache line (workspace::capacity rounds up to one).
-  static_assert(sizeof(published) <= 64 && sizeof(outcome) <= 64);
-  const int n = ws.size();
-  const int me = ws.rank();
-  const std::size_t from = static_cast<std::size_t>(me) * stride;
-  const std::uint64_t p = ws.next_phase();
-  const published mine{static_cast<std::int64_t>(::getpid()),
-                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base))};
-  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
-  ws.phase(call);
-  outcome result{0, -1};
-  for (int k = 1; k < n && result.error == 0; ++k) {
-    // Each rank starts with its next peer, so that the n readers spread over the n buffers.
-    const int q = (me + k) % n;
-    published theirs;
-    std::memcpy(&theirs, ws.buffer(q, p), sizeof theirs);
-    const int e = read_process_memory(theirs.pid, theirs.address + from,
-                                      out + static_cast<std::size_t>(q) * block, block);
-    if (e != 0) result = {e, q};
-  }
-  std::byte* own = out + static_cast<std::size_t>(me) * block;
-  if (own != base + from) std::memcpy(own, base + from, block);
-  const std::uint64_t done = ws.next_phase();
-  std::memcpy(ws.buffer(me, done), &result, sizeof result);
-  ws.phase(call);
-  for (int r = 0; r < n; ++r) {
-    outcome theirs;
-    std::memcpy(&theirs, ws.buffer(r, done), sizeof theirs);
-    if (theirs.error != 0) {
-      failed = {r, theirs.peer, theirs.error};
-      return false;
-    }
-  }
-  return true;
-}
-
 /// Every rank's outcome of its reads in one phase: the lowest failing rank's, or none.
 template <class W>
 [[nodiscard]] bool agree_reads(W& ws, cross_memory_failure mine, segment_call& call,
@@ -412,6 +350,53 @@ template <class W>
     }
   }
   return true;
+}
+
+/// Block q of `out` (`block` bytes each) receives `block` bytes of rank q's buffer `base`, from
+/// offset rank() * stride: all_gather (stride 0: each rank's whole input) and all_to_all
+/// (stride block: the slice of each peer's input addressed to this rank). Each rank publishes
+/// where its buffer lies in its own address space; every rank reads its peers' parts from there
+/// straight into its output (process_vm_readv, Linux's cross-memory attach: the single copy
+/// Open MPI's vader makes for large messages), and a second phase tells each rank that its
+/// buffer has been read and may change. One copy per block and two phases whatever the size,
+/// where the workspace's paths copy every block in and out (about 2 S + 2 S / n bytes of
+/// traffic for an output of S) in one phase per workspace-full, and larger calls go over
+/// messages. `base` must not be written by this rank before the call returns, nor lie in
+/// `out` where a peer's block lands (the caller copies an in-place all_to_all's input first).
+/// Returns false, on every rank alike, when some rank's reads failed (a kernel or a container
+/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; a peer's process
+/// gone: ESRCH): `failed` says which; out is then incomplete.
+template <class W>
+[[nodiscard]] bool exchange_across_processes(W& ws, const std::byte* base, std::size_t stride,
+                                             std::size_t block, std::byte* out, segment_call& call,
+                                             cross_memory_failure& failed) {
+  struct published {
+    std::int64_t pid;
+    std::uint64_t address;
+  };
+  // A workspace buffer is at least a cache line (workspace::capacity rounds up to one).
+  static_assert(sizeof(published) <= 64);
+  const int n = ws.size();
+  const int me = ws.rank();
+  const std::size_t from = static_cast<std::size_t>(me) * stride;
+  const std::uint64_t p = ws.next_phase();
+  const published mine{static_cast<std::int64_t>(::getpid()),
+                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base))};
+  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
+  ws.phase(call);
+  cross_memory_failure result;
+  for (int k = 1; k < n && result.error == 0; ++k) {
+    // Each rank starts with its next peer, so that the n readers spread over the n buffers.
+    const int q = (me + k) % n;
+    published theirs;
+    std::memcpy(&theirs, ws.buffer(q, p), sizeof theirs);
+    const int e = read_process_memory(theirs.pid, theirs.address + from,
+                                      out + static_cast<std::size_t>(q) * block, block);
+    if (e != 0) result = {me, q, e};
+  }
+  std::byte* own = out + static_cast<std::size_t>(me) * block;
+  if (own != base + from) std::memcpy(own, base + from, block);
+  return agree_reads(ws, result, call, failed);
 }
 
 /// all_reduce by cross-memory attach: rank r reduces block r of the count elements, reading
