@@ -94,7 +94,7 @@ struct segment_options {
   /// memory traffic of the workspace's path (shm/detail/collectives.hpp). Off by default: it
   /// pays only where the kernel's cross-process copy runs near memcpy's speed, and on the
   /// virtual machines measured it ran at a quarter of it in cache and half out of it, so the
-  /// path took 1.4-4x the workspace's time (docs/performance.md, "all_reduce by cross-memory
+  /// path took 1.6-4.2x the workspace's time (docs/performance.md, "all_reduce by cross-memory
   /// attach"; bench/cross_memory measures a machine). Under RINGZERO_SHM_CMA as above.
   std::size_t cross_memory_all_reduce_bytes = std::numeric_limits<std::size_t>::max();
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
