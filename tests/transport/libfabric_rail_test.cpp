@@ -335,27 +335,6 @@ TEST_CASE("rails that cannot work are refused naming what is wrong") {
   }
 }
 
-TEST_CASE("rails narrow to a GPU's nearest only where any rail reaches any other") {
-  namespace d = ringzero::detail;
-  const auto has = [](std::string_view text) { return d::parse_interfaces(text); };
-  using names = std::vector<std::string>;
-  // EFA's devices have no address and share one fabric.
-  CHECK(
-      fabric::detail::interchangeable(has("rdmap16s27 rdmap32s27"), {"rdmap16s27", "rdmap32s27"}));
-  // Interfaces on one subnet reach each other; a subnet each (the test bed's rz0, rz1) do not.
-  CHECK(fabric::detail::interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/16"),
-                                        names{"eth0", "eth1"}));
-  CHECK_FALSE(fabric::detail::interchangeable(has("rz0=10.77.0.1/24 rz1=10.77.1.1/24"),
-                                              names{"rz0", "rz1"}));
-  CHECK_FALSE(fabric::detail::interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/24"),
-                                              names{"eth0", "eth1"}));
-  CHECK_FALSE(fabric::detail::interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"),
-                                              names{"eth0", "rdmap16s27"}));
-  CHECK_FALSE(fabric::detail::interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"),
-                                              names{"rdmap16s27", "eth0"}));
-  CHECK_FALSE(fabric::detail::interchangeable(has("eth0=10.0.1.5/16"), names{"eth0", "eth9"}));
-}
-
 namespace {
 
 /// Three rails on loopback: one can fail and two are left, so "the others" means something.

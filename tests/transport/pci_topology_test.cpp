@@ -229,11 +229,30 @@ TEST_CASE("what sysfs does not place changes nothing") {
     CHECK(near.nearest == 1);
     CHECK(near.order.front() == "eth0");
   }
-  SUBCASE("names that are no file name") {
-    CHECK(d::nic_pci_path(sys.root(), "../rz0").empty());
+  SUBCASE("names that are no file name are no NIC, even where such a path leads to one") {
+    // Without the check, each of these would resolve to rdmap16s0's device.
+    REQUIRE_FALSE(d::nic_pci_path(sys.root(), "rdmap16s0").empty());
+    const fs::path efa =
+        fs::canonical(sys.root() / "class" / "infiniband" / "rdmap16s0" / "device");
+    fs::create_directory_symlink(efa, sys.root() / "class" / "device");
+    fs::create_directory_symlink(efa, sys.root() / "class" / "net" / "device");
+    CHECK(d::nic_pci_path(sys.root(), "../infiniband/rdmap16s0").empty());
     CHECK(d::nic_pci_path(sys.root(), "..").empty());
     CHECK(d::nic_pci_path(sys.root(), "").empty());
   }
+}
+
+TEST_CASE("rails narrow to a GPU's nearest only where any rail reaches any other") {
+  const auto has = [](std::string_view text) { return d::parse_interfaces(text); };
+  // EFA's devices have no address and share one fabric.
+  CHECK(d::rails_interchangeable(has("rdmap16s27 rdmap32s27"), {"rdmap16s27", "rdmap32s27"}));
+  // Interfaces on one subnet reach each other; a subnet each (the test bed's rz0, rz1) do not.
+  CHECK(d::rails_interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/16"), {"eth0", "eth1"}));
+  CHECK_FALSE(d::rails_interchangeable(has("rz0=10.77.0.1/24 rz1=10.77.1.1/24"), {"rz0", "rz1"}));
+  CHECK_FALSE(d::rails_interchangeable(has("eth0=10.0.1.5/16 eth1=10.0.2.5/24"), {"eth0", "eth1"}));
+  CHECK_FALSE(d::rails_interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"), {"eth0", "rdmap16s27"}));
+  CHECK_FALSE(d::rails_interchangeable(has("rdmap16s27 eth0=10.0.1.5/16"), {"rdmap16s27", "eth0"}));
+  CHECK_FALSE(d::rails_interchangeable(has("eth0=10.0.1.5/16"), {"eth0", "eth9"}));
 }
 
 namespace {

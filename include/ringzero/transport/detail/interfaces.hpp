@@ -107,6 +107,14 @@ struct interface_address {
   return out;
 }
 
+/// The network an address lies in: its masked bits (host order).
+[[nodiscard]] inline std::uint32_t network_of(const interface_address& a) noexcept {
+  const std::uint32_t mask = a.prefix <= 0    ? 0u
+                             : a.prefix >= 32 ? 0xffffffffu
+                                              : ~((1u << (32 - a.prefix)) - 1);
+  return ntohl(a.address.s_addr) & mask;
+}
+
 /// The rails the ranks can use together, given each rank's interfaces and host name (index =
 /// rank): the interface names every rank has whose addresses lie in one subnet (one prefix, one
 /// network) and differ between hosts, in name order; a NIC without an address (prefix -1)
@@ -128,10 +136,7 @@ struct interface_address {
         out.push_back(first.name);
       continue;
     }
-    const auto mask = first.prefix <= 0    ? 0u
-                      : first.prefix >= 32 ? 0xffffffffu
-                                           : ~((1u << (32 - first.prefix)) - 1);
-    const auto network = ntohl(first.address.s_addr) & mask;
+    const auto network = network_of(first);
     std::vector<std::pair<std::string, std::uint32_t>> seen;  // (host, address)
     bool usable = true;
     for (std::size_t r = 0; r < per_rank.size() && usable; ++r) {
@@ -139,8 +144,7 @@ struct interface_address {
       const auto it = std::find_if(mine.begin(), mine.end(), [&](const interface_address& c) {
         return c.name == first.name;
       });
-      if (it == mine.end() || it->prefix != first.prefix ||
-          (ntohl(it->address.s_addr) & mask) != network) {
+      if (it == mine.end() || it->prefix != first.prefix || network_of(*it) != network) {
         usable = false;
         break;
       }
@@ -154,11 +158,36 @@ struct interface_address {
   return out;
 }
 
+/// Whether any of the rails `names` (among this rank's `mine`) reaches any other: NICs without
+/// addresses (EFA's devices, one fabric), or interfaces all on one subnet. Alike on every rank
+/// for rails agree_rails chose: it kept only names with one prefix and one network everywhere.
+[[nodiscard]] inline bool rails_interchangeable(const std::vector<interface_address>& mine,
+                                                const std::vector<std::string>& names) {
+  const interface_address* first = nullptr;
+  for (const auto& n : names) {
+    const auto it =
+        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.name == n; });
+    if (it == mine.end()) return false;
+    if (!first) first = &*it;
+    const bool alike = it->prefix < 0
+                           ? first->prefix < 0
+                           : first->prefix == it->prefix && network_of(*first) == network_of(*it);
+    if (!alike) return false;
+  }
+  return true;
+}
+
+/// Whether `name` (an interface's or a device's, as a user or provider gives it) is one file
+/// name, so that a path built from it stays in its sysfs directory.
+[[nodiscard]] inline bool sysfs_name(std::string_view name) noexcept {
+  return !name.empty() && name.find('/') == std::string_view::npos && name != "." && name != "..";
+}
+
 /// A network interface's link speed in Mbit/s as the kernel reports it
 /// (/sys/class/net/NAME/speed), or 0: no such interface, or one without a speed (loopback, a
 /// link that is down, which reads -1).
 [[nodiscard]] inline std::uint64_t interface_mbps(const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return 0;
+  if (!sysfs_name(name)) return 0;
   std::ifstream in("/sys/class/net/" + name + "/speed");
   long long mbps = 0;
   if (!(in >> mbps) || mbps <= 0) return 0;
@@ -170,7 +199,7 @@ struct interface_address {
 /// detection, count as up) or an RDMA device's domain as libfabric names it, e.g.
 /// "rdmap16s27-rdm" (/sys/class/infiniband/DEVICE/ports/1/state: "4: ACTIVE" is up).
 [[nodiscard]] inline std::string link_down(const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return {};
+  if (!sysfs_name(name)) return {};
   std::string state;
   if (std::ifstream in("/sys/class/net/" + name + "/operstate"); in >> state)
     return state == "up" || state == "unknown" ? std::string() : "operstate " + state;

@@ -97,7 +97,7 @@ namespace pci {
 /// RDMA device's libfabric domain ("rdmap16s27-rdm": class/infiniband/rdmap16s27/device).
 [[nodiscard]] inline pci_path nic_pci_path(const std::filesystem::path& sysfs,
                                            const std::string& name) {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return {};
+  if (!sysfs_name(name)) return {};
   if (auto p = resolve_pci_path(sysfs / "class" / "net" / name / "device"); !p.empty()) return p;
   return resolve_pci_path(sysfs / "class" / "infiniband" / name.substr(0, name.find('-')) /
                           "device");

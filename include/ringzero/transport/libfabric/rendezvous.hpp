@@ -16,10 +16,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
 #include <exception>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,29 +75,6 @@ inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
   cfg.rails.clear();
 }
 
-/// Whether any of the rails `names` reaches any other: NICs without addresses (EFA's devices,
-/// one fabric), or interfaces all on one subnet. Alike on every rank: agree_rails kept only
-/// names with one prefix and one network on every rank.
-[[nodiscard]] inline bool interchangeable(
-    const std::vector<ringzero::detail::interface_address>& mine,
-    const std::vector<std::string>& names) {
-  std::optional<std::pair<std::uint32_t, int>> network;  // (masked address, prefix)
-  for (const auto& n : names) {
-    const auto it =
-        std::find_if(mine.begin(), mine.end(), [&](const auto& m) { return m.name == n; });
-    if (it == mine.end()) return false;
-    if (it->prefix < 0) {
-      if (network) return false;
-      continue;
-    }
-    const std::uint32_t mask = it->prefix == 0 ? 0u : ~std::uint32_t{0} << (32 - it->prefix);
-    const std::pair<std::uint32_t, int> here{ntohl(it->address.s_addr) & mask, it->prefix};
-    if (n != names.front() && network != here) return false;
-    network = here;
-  }
-  return true;
-}
-
 /// RINGZERO_RAILS=auto (or options::rails = {"auto"}): the NICs every rank's `provider` offers
 /// as domains (efa: its devices; tcp: its interfaces), without those peers on other hosts could
 /// not reach (loopback, link-local), agreed through the store: a name every rank has, and, where
@@ -134,7 +109,8 @@ template <class Key>
   auto names = ringzero::detail::agree_rails_over(s, key, rank, size, mine, hosts);
   // A GPU named: the NICs nearest it, where any rail reaches any other (EFA's devices share one
   // fabric; interfaces must share one subnet). Rails a subnet each pair by name, so all stay.
-  names = ringzero::detail::rails_near_gpu(s, key, rank, size, names, interchangeable(mine, names),
+  names = ringzero::detail::rails_near_gpu(s, key, rank, size, names,
+                                           ringzero::detail::rails_interchangeable(mine, names),
                                            gpu_bus_id, "/sys");
   // Several rails are delivered reliably, and a message's pieces are numbered in 4 tag bits
   // (delivery::limits): the first rails up to that many (a p5 host lists 32 NICs, four per GPU).
