@@ -220,6 +220,24 @@ inline void rp_windows(ringzero::dtype type, const void* in, std::size_t n, std:
     });
   });
 }
+inline std::size_t rp_layout_scratch(std::size_t) {
+  return 0;  // the host's scan needs none
+}
+inline void rp_layout(const std::int32_t* win, std::size_t n, std::size_t part, std::size_t parts,
+                      std::uint64_t* off, std::uint64_t* bounds, void*, std::size_t,
+                      CUstream_st* s) {
+  as_stream(s)->push([=] {
+    namespace rp = ringzero::reproducible;
+    const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+    std::uint64_t at = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      off[b] = at;
+      at += rp::block_digits(win, n, b);
+    }
+    off[blocks] = at;
+    for (std::size_t r = 0; r <= parts; ++r) bounds[r] = rp::range_position(win, off, n, r * part);
+  });
+}
 inline void rp_digits(ringzero::dtype type, const void* in, std::size_t n, const std::int32_t* win,
                       const std::uint64_t* off, std::size_t count, std::size_t seg, std::int64_t* q,
                       CUstream_st* s) {
@@ -280,8 +298,8 @@ inline void rp_after(CUstream_st*, CUstream_st* caller) {
   ++g.orderings;
 }
 inline constexpr ringzero::kernels::device_reproducible reproducible{
-    &rp_windows,        &rp_digits, &rp_round,       &rp_special_codes,
-    &rp_apply_specials, &copy,      &rp_synchronize, &rp_after};
+    &rp_windows,       &rp_layout_scratch, &rp_layout, &rp_digits,      &rp_round,
+    &rp_special_codes, &rp_apply_specials, &copy,      &rp_synchronize, &rp_after};
 
 /// Device memory of `n` elements, freed on destruction.
 template <class T>

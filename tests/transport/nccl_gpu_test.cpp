@@ -1012,7 +1012,9 @@ TEST_CASE("options::reproducible on GPU buffers gives the exact sum rounded once
                         static_cast<int>(h % 81) - 40) *
              ((h >> 20) & 1 ? -1.0f : 1.0f);
     };
-    for (std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{70001}}) {
+    // 1,048,583 elements: 16,385 blocks, so the layout's scan spans many of CUB's tiles.
+    for (std::size_t count :
+         {std::size_t{1}, std::size_t{1009}, std::size_t{70001}, std::size_t{1048583}}) {
       for (op o : {op::sum, op::avg}) {
         const std::size_t total = un * count;  // reduce_scatter's input; the others use count
         std::vector<float> in(total), want(total), terms(un);

@@ -105,7 +105,7 @@ class device_cache {
     adopt(b.data, b.bytes);
     return b.data;
   }
-  static constexpr std::size_t slots = 8;
+  static constexpr std::size_t slots = 10;
 
  private:
   struct block {

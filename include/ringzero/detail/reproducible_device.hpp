@@ -1,13 +1,15 @@
 // options::reproducible on device buffers: the passes of detail/reproducible_call.hpp with the
 // per-element work in kernels (kernels::device_reproducible) and the collectives on device
 // scratch, so they run wherever the transport moves device memory (NCCL; libfabric with
-// FI_HMEM). The host reads the agreed windows back once per call: the digits' layout, and the
-// length of the int64 collective, depend on them. Each pass is waited for before the next
-// collective reads its output, since the transport's own stream knows nothing of ours.
+// FI_HMEM). The digits' layout is computed on the device too (a scan of the agreed windows); the
+// host reads back only what sizes the int64 collective: where each rank's part starts, and
+// whether any term was inf or NaN. Each pass is waited for before the next collective reads its
+// output, since the transport's own stream knows nothing of ours.
 #pragma once
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -32,22 +34,17 @@ template <class T>
       n * sizeof(T), [](const void*, std::size_t) {}, index));
 }
 
-/// The exclusive prefix sum of each block's digits (blocks of block_elems elements, the last
-/// shorter), from the agreed windows; returns the total.
-inline std::uint64_t block_offsets(const std::vector<std::int32_t>& win, std::size_t n,
-                                   std::vector<std::uint64_t>& off) {
-  const std::size_t blocks = (n + reproducible::block_elems - 1) / reproducible::block_elems;
-  off.resize(blocks + 1);
-  std::uint64_t at = 0;
-  for (std::size_t b = 0; b < blocks; ++b) {
-    off[b] = at;
-    const std::size_t len = std::min(reproducible::block_elems, n - b * reproducible::block_elems);
-    at += len *
-          static_cast<std::uint64_t>(reproducible::words(reproducible::window_at(win.data(), b)));
-  }
-  off[blocks] = at;
-  return at;
-}
+/// Which of the device cache's scratch slots holds what (slot 0 is the schedules').
+enum scratch_use : std::size_t {
+  windows_slot = 1,
+  offsets_slot,
+  digits_slot,
+  mine_slot,
+  codes_slot,
+  my_codes_slot,
+  bounds_slot,
+  layout_slot,
+};
 
 template <class Comm, class E>
 void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const options& opt,
@@ -86,36 +83,42 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
 
   // 1. windows, agreed by max
   const std::size_t blocks = (total + rp::block_elems - 1) / rp::block_elems;
-  std::int32_t* d_win = scratch_slot<std::int32_t>(cache, 1, 2 * blocks + 1);
+  std::int32_t* d_win = scratch_slot<std::int32_t>(cache, windows_slot, 2 * blocks + 1);
   k.windows(t, c.in.data(), total, d_win, s);
   k.synchronize(s);
   all_reduce(comm, std::span<std::int32_t>(d_win, 2 * blocks + 1), op::max, aux);
-  std::vector<std::int32_t> win(2 * blocks + 1);
-  k.copy(win.data(), d_win, win.size() * sizeof(std::int32_t), s);
-  k.synchronize(s);
-  const bool special = win.back() != 0;
 
-  // 2. digits, laid out by the windows, added as int64
-  std::vector<std::uint64_t> off;
-  const std::uint64_t words = block_offsets(win, total, off);
+  // 2. the layout the windows give, on the device: reading every block's window back and
+  // scanning it on the host took most of a large call's time (3.8 ms of a 128 MiB all_reduce on
+  // an H200, docs/performance.md). The host needs only each part's bounds and the inf/NaN flag.
+  const std::size_t parts = scatter ? un : 1;
+  std::uint64_t* d_off = scratch_slot<std::uint64_t>(cache, offsets_slot, blocks + 1);
+  std::uint64_t* d_bounds = scratch_slot<std::uint64_t>(cache, bounds_slot, parts + 1);
+  // At least a byte: a null scratch would make the scan only report the size it needs.
+  const std::size_t layout_bytes = std::max<std::size_t>(k.layout_scratch(total), 1);
+  std::byte* d_layout = scratch_slot<std::byte>(cache, layout_slot, layout_bytes);
+  k.layout(d_win, total, count, parts, d_off, d_bounds, d_layout, layout_bytes, s);
+  std::vector<std::uint64_t> bounds(parts + 1);
+  std::int32_t flag = 0;
+  k.copy(bounds.data(), d_bounds, bounds.size() * sizeof(std::uint64_t), s);
+  k.copy(&flag, d_win + 2 * blocks, sizeof flag, s);
+  k.synchronize(s);
+  const bool special = flag != 0;
+
+  // 3. digits, laid out by the windows, added as int64 (reduce_scatter: each rank's part in a
+  // segment as long as the longest part)
   std::size_t seg = 0;
-  if (scatter) {
-    const auto pos = [&](std::size_t i) {
-      return i == total ? off[blocks] : rp::digit_position(win.data(), off.data(), i);
-    };
+  if (scatter)
     for (std::size_t r = 0; r < un; ++r)
-      seg = std::max(seg, static_cast<std::size_t>(pos((r + 1) * count) - pos(r * count)));
-  }
-  const std::size_t q_len = scatter ? seg * un : static_cast<std::size_t>(words);
-  std::uint64_t* d_off = scratch_slot<std::uint64_t>(cache, 2, off.size());
-  std::int64_t* d_q = scratch_slot<std::int64_t>(cache, 3, q_len);
-  if (!off.empty()) k.copy(d_off, off.data(), off.size() * sizeof(std::uint64_t), s);
+      seg = std::max(seg, static_cast<std::size_t>(bounds[r + 1] - bounds[r]));
+  const std::size_t q_len = scatter ? seg * un : static_cast<std::size_t>(bounds[1]);
+  std::int64_t* d_q = scratch_slot<std::int64_t>(cache, digits_slot, q_len);
   if (total > 0) k.digits(t, c.in.data(), total, d_win, d_off, count, seg, d_q, s);
   k.synchronize(s);
   std::int64_t* d_mine = d_q;
   const std::size_t from = scatter ? static_cast<std::size_t>(comm.rank()) * count : 0;
   if (scatter) {
-    d_mine = scratch_slot<std::int64_t>(cache, 4, seg);
+    d_mine = scratch_slot<std::int64_t>(cache, mine_slot, seg);
     reduce_scatter(comm, std::span<const std::int64_t>(d_q, q_len),
                    std::span<std::int64_t>(d_mine, seg), op::sum, inner);
   } else if (c.kind == collective::all_reduce) {
@@ -126,12 +129,12 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   std::int64_t* d_codes = nullptr;
   std::int64_t* d_my_codes = nullptr;
   if (special) {
-    d_codes = scratch_slot<std::int64_t>(cache, 5, total);
+    d_codes = scratch_slot<std::int64_t>(cache, codes_slot, total);
     k.special_codes(t, c.in.data(), total, d_codes, s);
     k.synchronize(s);
     d_my_codes = d_codes;
     if (scatter) {
-      d_my_codes = scratch_slot<std::int64_t>(cache, 6, count);
+      d_my_codes = scratch_slot<std::int64_t>(cache, my_codes_slot, count);
       reduce_scatter(comm, std::span<const std::int64_t>(d_codes, total),
                      std::span<std::int64_t>(d_my_codes, count), op::sum, aux);
     } else if (c.kind == collective::all_reduce) {
@@ -142,7 +145,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   }
   if (c.kind == collective::reduce && comm.rank() != c.root) return;
 
-  // 3. rounded once into out
+  // 4. rounded once into out
   if (count > 0) k.round(t, d_mine, d_win, d_off, from, count, divisor, c.out.data(), s);
   if (special && count > 0) k.apply_specials(t, d_my_codes, count, c.out.data(), s);
   k.synchronize(s);

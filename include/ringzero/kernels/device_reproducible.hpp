@@ -26,6 +26,15 @@ struct device_reproducible {
   /// The windows of in[0, n) into win (2 int32 per block of 64, the inf/NaN flag last).
   void (*windows)(dtype type, const void* in, std::size_t n, std::int32_t* win,
                   CUstream_st* stream);
+  /// Bytes of device scratch `layout` needs for a call of n elements.
+  std::size_t (*layout_scratch)(std::size_t n);
+  /// The digits' layout from the agreed windows of a call of n elements: off[b] for b <= blocks
+  /// (the exclusive prefix sum of reproducible::block_digits, the total last) and bounds[r] =
+  /// reproducible::range_position(win, off, n, r * part) for r <= parts (part * parts == n).
+  /// `scratch` holds at least layout_scratch(n) bytes.
+  void (*layout)(const std::int32_t* win, std::size_t n, std::size_t part, std::size_t parts,
+                 std::uint64_t* off, std::uint64_t* bounds, void* scratch,
+                 std::size_t scratch_bytes, CUstream_st* stream);
   /// in[0, n)'s digits into q at reproducible::segment_position(win, off, i, count, seg).
   void (*digits)(dtype type, const void* in, std::size_t n, const std::int32_t* win,
                  const std::uint64_t* off, std::size_t count, std::size_t seg, std::int64_t* q,

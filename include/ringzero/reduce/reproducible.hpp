@@ -397,6 +397,22 @@ RINGZERO_HD inline std::uint64_t digit_position(const std::int32_t* win, const s
   return off[b] + (i - b * block_elems) * static_cast<std::uint64_t>(words(window_at(win, b)));
 }
 
+/// Block b's share of a call's digits (of n elements): its length times its window's words;
+/// the exclusive prefix sum of these over the blocks is `off`.
+RINGZERO_HD inline std::uint64_t block_digits(const std::int32_t* win, std::size_t n,
+                                              std::size_t b) noexcept {
+  const std::size_t len = (b + 1) * block_elems < n ? block_elems : n - b * block_elems;
+  return len * static_cast<std::uint64_t>(words(window_at(win, b)));
+}
+
+/// digit_position for i in [0, n], where n (one past the last element) is the total: the
+/// bounds of a range of elements, as a reduce_scatter's segments need them.
+RINGZERO_HD inline std::uint64_t range_position(const std::int32_t* win, const std::uint64_t* off,
+                                                std::size_t n, std::size_t i) noexcept {
+  // At i == n with n a whole number of blocks, digit_position would read a window past the last.
+  return i == n ? off[(n + block_elems - 1) / block_elems] : digit_position(win, off, i);
+}
+
 /// Where element i's digits go in a reduce_scatter's input: rank r's elements [r*count,
 /// (r+1)*count) in segment r, `seg` words each (the longest rank's digits; all_reduce and reduce
 /// pass seg = 0: one segment).

@@ -1,10 +1,12 @@
 // The kernels behind kernels::device_reproducible: options::reproducible's per-element passes
 // (reduce/reproducible.hpp) on device buffers, one thread per block of 64 for the windows and
 // one per element for the digits and the rounding, so the device computes exactly the host's
-// integers and rounds them to the host's bits. Registered by kernels/cuda/device_reduction.cuh.
+// integers and rounds them to the host's bits; the digits' layout is CUB's scan of the blocks'
+// digit counts. Registered by kernels/cuda/device_reduction.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
+#include <cub/device/device_scan.cuh>
 
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +34,26 @@ __global__ void rp_windows_kernel(const T* in, std::size_t n, std::size_t blocks
     win[2 * b + 1] = w.neg_low;
     if (special) atomicOr(&win[2 * blocks], 1);
   }
+}
+
+/// off[b] = block b's digit count for b < blocks, and 0 at `blocks`, where the scan leaves the
+/// total. (A template, as every kernel in these headers, so each program has one definition.)
+template <class Off>
+__global__ void rp_block_digits_kernel(const std::int32_t* win, std::size_t n, std::size_t blocks,
+                                       Off* off) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t b = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; b <= blocks;
+       b += stride)
+    off[b] = b < blocks ? rp::block_digits(win, n, b) : 0;
+}
+
+template <class Off>
+__global__ void rp_bounds_kernel(const std::int32_t* win, const Off* off, std::size_t n,
+                                 std::size_t part, std::size_t parts, Off* bounds) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; r <= parts;
+       r += stride)
+    bounds[r] = rp::range_position(win, off, n, r * part);
 }
 
 template <class T>
@@ -96,6 +118,27 @@ inline void rp_windows(dtype type, const void* in, std::size_t n, std::int32_t* 
         <<<grid_for(blocks), block_threads, 0, s>>>(static_cast<const T*>(in), n, blocks, win);
     check_launch("options::reproducible: windows");
   });
+}
+
+inline std::size_t rp_layout_scratch(std::size_t n) {
+  const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+  std::size_t bytes = 0;
+  check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<std::uint64_t*>(nullptr),
+                                           blocks + 1),
+             "options::reproducible: the layout's scan (size)");
+  return bytes;
+}
+
+inline void rp_layout(const std::int32_t* win, std::size_t n, std::size_t part, std::size_t parts,
+                      std::uint64_t* off, std::uint64_t* bounds, void* scratch,
+                      std::size_t scratch_bytes, CUstream_st* s) {
+  const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+  rp_block_digits_kernel<<<grid_for(blocks + 1), block_threads, 0, s>>>(win, n, blocks, off);
+  check_launch("options::reproducible: digit counts");
+  check_cuda(cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, off, blocks + 1, s),
+             "options::reproducible: the layout's scan");
+  rp_bounds_kernel<<<grid_for(parts + 1), block_threads, 0, s>>>(win, off, n, part, parts, bounds);
+  check_launch("options::reproducible: part bounds");
 }
 
 inline void rp_digits(dtype type, const void* in, std::size_t n, const std::int32_t* win,
@@ -168,8 +211,9 @@ inline void rp_after(CUstream_st* s, CUstream_st* caller) {
 
 /// The table kernels/cuda/device_reduction.cuh registers.
 inline constexpr device_reproducible device_reproducible_kernels{
-    &detail::rp_windows,       &detail::rp_digits,         &detail::rp_round,
-    &detail::rp_special_codes, &detail::rp_apply_specials, &detail::rp_copy,
-    &detail::rp_synchronize,   &detail::rp_after};
+    &detail::rp_windows,        &detail::rp_layout_scratch, &detail::rp_layout,
+    &detail::rp_digits,         &detail::rp_round,          &detail::rp_special_codes,
+    &detail::rp_apply_specials, &detail::rp_copy,           &detail::rp_synchronize,
+    &detail::rp_after};
 
 }  // namespace ringzero::kernels::cuda
