@@ -161,7 +161,10 @@ bool report_budget(int rank, const args& a, const step_budget& b) {
         "{} B -> {} B: {}\n",
         a.stage, warm_steps, total_ms / static_cast<double>(warm_steps), worst.launches,
         worst.statistics_launches, worst.host_syncs, worst.events_created, worst.driver_allocations,
-        b.reserved[step_budget::warm - 1], b.reserved.back(), ok ? "ok" : "OVER BUDGET");
+        b.reserved[step_budget::warm - 1], b.reserved.back(),
+        ok               ? "ok"
+        : a.reproducible ? "over, as --reproducible is (a host wait per gradient handed over)"
+                         : "OVER BUDGET");
   return ok;
 }
 
