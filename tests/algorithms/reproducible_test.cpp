@@ -342,6 +342,55 @@ TEST_CASE("reproducible sums on device buffers: the kernels' passes give the hos
   }
 }
 
+TEST_CASE("reproducible sums on device buffers: the digits' layout from the agreed windows") {
+  // device_reproducible::layout (the CUDA kernels and the stand-in share block_digits and
+  // range_position) against positions counted element by element: block b's digits start
+  // where the elements before it end, a part's bound where its first element's digits start.
+  // Windows of 0 to max_words digits, blocks cut short at the end, and sizes that are whole
+  // blocks, where the last bound lies past the last window.
+  const fake_device::installed fake;
+  const auto& k = fake_device::reproducible;
+  CUstream_st* s = fake_device::create_stream(0);
+  std::uint64_t h = 0x5eed;
+  for (std::size_t parts : {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{5}}) {
+    for (std::size_t part : {std::size_t{0}, std::size_t{1}, std::size_t{21}, std::size_t{64},
+                             std::size_t{100}, std::size_t{1000}}) {
+      const std::size_t n = parts * part;
+      const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+      std::vector<std::int32_t> win(2 * blocks + 1);
+      for (std::size_t b = 0; b < blocks; ++b) {
+        h = testing::mix(h + b);
+        rp::window w;
+        if (h % 7 != 0) {  // one block in seven holds only zeros: no digits
+          static constexpr int widths[] = {1, 39, 40, 41, 120, 279, 400};
+          w.top = static_cast<std::int32_t>((h >> 8) % 300) - 100;
+          w.neg_low = -(w.top - widths[(h >> 20) % 7]);
+        }
+        win[2 * b] = w.top;
+        win[2 * b + 1] = w.neg_low;
+      }
+      // Element by element: where each one's digits start.
+      std::vector<std::uint64_t> at(n + 1, 0);
+      for (std::size_t i = 0; i < n; ++i)
+        at[i + 1] =
+            at[i] + static_cast<std::uint64_t>(rp::words(rp::window{
+                        win[2 * (i / rp::block_elems)], win[2 * (i / rp::block_elems) + 1]}));
+      const std::size_t scratch = k.layout_scratch(n);
+      std::vector<std::byte> temp(std::max<std::size_t>(scratch, 1));
+      std::vector<std::uint64_t> off(blocks + 1, ~std::uint64_t{0});
+      std::vector<std::uint64_t> bounds(parts + 1, ~std::uint64_t{0});
+      k.layout(win.data(), n, part, parts, off.data(), bounds.data(), temp.data(), temp.size(), s);
+      k.synchronize(s);
+      for (std::size_t b = 0; b <= blocks; ++b)
+        CHECK_MESSAGE(off[b] == at[std::min(b * rp::block_elems, n)], "n " << n << ": block " << b);
+      for (std::size_t r = 0; r <= parts; ++r)
+        CHECK_MESSAGE(bounds[r] == at[r * part],
+                      "n " << n << ", " << parts << " parts: bound " << r);
+    }
+  }
+  fake_device::destroy_stream(s);
+}
+
 TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's stream") {
   // The input is written by a copy still queued on the caller's stream (options::stream); the
   // passes run on a stream of their own, which must be ordered behind it, and complete before
