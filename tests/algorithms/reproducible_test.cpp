@@ -356,7 +356,7 @@ TEST_CASE("reproducible sums on device buffers: the digits' layout from the agre
     for (std::size_t part : {std::size_t{0}, std::size_t{1}, std::size_t{21}, std::size_t{64},
                              std::size_t{100}, std::size_t{1000}}) {
       const std::size_t n = parts * part;
-      const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+      const std::size_t blocks = rp::blocks(n);
       std::vector<std::int32_t> win(2 * blocks + 1);
       for (std::size_t b = 0; b < blocks; ++b) {
         h = testing::mix(h + b);

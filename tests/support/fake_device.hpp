@@ -209,7 +209,7 @@ inline void rp_windows(ringzero::dtype type, const void* in, std::size_t n, std:
     visit_floating(type, [&](auto zero) {
       using T = decltype(zero);
       namespace rp = ringzero::reproducible;
-      const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+      const std::size_t blocks = rp::blocks(n);
       bool special = false;
       for (std::size_t b = 0; b < blocks; ++b) {
         const rp::window w = rp::block_window(static_cast<const T*>(in), n, b, special);
@@ -228,7 +228,7 @@ inline void rp_layout(const std::int32_t* win, std::size_t n, std::size_t part, 
                       CUstream_st* s) {
   as_stream(s)->push([=] {
     namespace rp = ringzero::reproducible;
-    const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+    const std::size_t blocks = rp::blocks(n);
     std::uint64_t at = 0;
     for (std::size_t b = 0; b < blocks; ++b) {
       off[b] = at;

@@ -68,7 +68,7 @@ template <class E>
 /// every path gives the same windows), or on active_simd()'s.
 template <class E>
 void local_windows(reduction::simd path, std::span<const E> in, std::vector<std::int32_t>& win) {
-  const std::size_t blocks = (in.size() + rp::block_elems - 1) / rp::block_elems;
+  const std::size_t blocks = rp::blocks(in.size());
   win.resize(2 * blocks + 1);
   bool special = false;
   std::size_t done = 0;

@@ -82,7 +82,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   k.after(s, opt.stream);
 
   // 1. windows, agreed by max
-  const std::size_t blocks = (total + rp::block_elems - 1) / rp::block_elems;
+  const std::size_t blocks = rp::blocks(total);
   std::int32_t* d_win = scratch_slot<std::int32_t>(cache, windows_slot, 2 * blocks + 1);
   k.windows(t, c.in.data(), total, d_win, s);
   k.synchronize(s);

@@ -383,6 +383,11 @@ RINGZERO_HD inline T round_words(const std::int64_t* w, const window& win,
 
 // --- the layout of a call's digits ----------------------------------------------------------
 
+/// How many blocks of block_elems elements n elements make (the last may be shorter).
+RINGZERO_HD constexpr std::size_t blocks(std::size_t n) noexcept {
+  return (n + block_elems - 1) / block_elems;
+}
+
 /// Block b's window in a call's windows array (2 int32 per block, the inf/NaN flag last).
 RINGZERO_HD inline window window_at(const std::int32_t* win, std::size_t b) noexcept {
   return window{win[2 * b], win[2 * b + 1]};
@@ -410,7 +415,7 @@ RINGZERO_HD inline std::uint64_t block_digits(const std::int32_t* win, std::size
 RINGZERO_HD inline std::uint64_t range_position(const std::int32_t* win, const std::uint64_t* off,
                                                 std::size_t n, std::size_t i) noexcept {
   // At i == n with n a whole number of blocks, digit_position would read a window past the last.
-  return i == n ? off[(n + block_elems - 1) / block_elems] : digit_position(win, off, i);
+  return i == n ? off[blocks(n)] : digit_position(win, off, i);
 }
 
 /// Where element i's digits go in a reduce_scatter's input: rank r's elements [r*count,

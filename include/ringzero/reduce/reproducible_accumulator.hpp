@@ -49,7 +49,7 @@ class accumulator {
 
   void resize(std::size_t n) {
     n_ = n;
-    blocks_.assign((n + block_elems - 1) / block_elems, block{});
+    blocks_.assign(reproducible::blocks(n), block{});
   }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   /// The most terms any block's words may hold now: a bound on the headroom in use. Ranks

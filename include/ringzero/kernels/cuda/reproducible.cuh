@@ -109,7 +109,7 @@ void visit_reproducible(dtype type, F&& f) {
 
 inline void rp_windows(dtype type, const void* in, std::size_t n, std::int32_t* win,
                        CUstream_st* s) {
-  const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+  const std::size_t blocks = rp::blocks(n);
   check_cuda(cudaMemsetAsync(win + 2 * blocks, 0, sizeof(std::int32_t), s), "cudaMemsetAsync");
   if (blocks == 0) return;
   visit_reproducible(type, [&](auto zero) {
@@ -121,7 +121,7 @@ inline void rp_windows(dtype type, const void* in, std::size_t n, std::int32_t* 
 }
 
 inline std::size_t rp_layout_scratch(std::size_t n) {
-  const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+  const std::size_t blocks = rp::blocks(n);
   std::size_t bytes = 0;
   check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<std::uint64_t*>(nullptr),
                                            blocks + 1),
@@ -132,7 +132,7 @@ inline std::size_t rp_layout_scratch(std::size_t n) {
 inline void rp_layout(const std::int32_t* win, std::size_t n, std::size_t part, std::size_t parts,
                       std::uint64_t* off, std::uint64_t* bounds, void* scratch,
                       std::size_t scratch_bytes, CUstream_st* s) {
-  const std::size_t blocks = (n + rp::block_elems - 1) / rp::block_elems;
+  const std::size_t blocks = rp::blocks(n);
   rp_block_digits_kernel<<<grid_for(blocks + 1), block_threads, 0, s>>>(win, n, blocks, off);
   check_launch("options::reproducible: digit counts");
   check_cuda(cub::DeviceScan::ExclusiveSum(scratch, scratch_bytes, off, blocks + 1, s),
