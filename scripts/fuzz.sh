@@ -5,7 +5,7 @@
 #
 #   RINGZERO_FUZZ_SECONDS   seconds per target (default 20; scripts/test.sh passes 6);
 #                           for a real hunt give it hours, e.g. RINGZERO_FUZZ_SECONDS=3600
-#   RINGZERO_FUZZ_TARGETS   which targets (default: all five)
+#   RINGZERO_FUZZ_TARGETS   which targets (default: all six)
 #   RINGZERO_FUZZ_JOBS      targets fuzzed at once (default: the number of cores)
 #   RINGZERO_FUZZ_SEED      libFuzzer's seed (default 1, so a CI failure replays with the same
 #                           command; "random" lets libFuzzer pick one, as a hunt should)
@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${RINGZERO_FUZZ_SECONDS:-20}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_SECONDS='$seconds' is not a positive integer" >&2; exit 2; }
-targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol store_server checkpoint_manifest checkpoint_shard perf_cli})
+targets=(${RINGZERO_FUZZ_TARGETS:-store_protocol store_server socket_wire checkpoint_manifest checkpoint_shard perf_cli})
 seed=${RINGZERO_FUZZ_SEED:-1}
 seed_flag=()
 if [[ $seed != random ]]; then
@@ -52,7 +52,7 @@ fuzz_one() {
 }
 # Each fuzzer is one single-threaded process, so RINGZERO_FUZZ_JOBS of them (default: one per
 # core) run side by side: every target still gets its full $seconds, in a fraction of the wall
-# time (5 targets on 2 cores: 3 rounds, 60 s, instead of 100 s).
+# time (6 targets on 2 cores: 3 rounds, 60 s, instead of 120 s).
 fuzz_jobs=${RINGZERO_FUZZ_JOBS:-$(nproc)}
 [[ $fuzz_jobs =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: RINGZERO_FUZZ_JOBS='$fuzz_jobs' is not a positive integer" >&2; exit 2; }
 declare -A pid_of=()

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "checks.hpp"
 #include "ringzero/bootstrap/detail/protocol.hpp"
 #include "ringzero/bootstrap/tcp_store.hpp"
 
@@ -67,16 +68,7 @@ struct raw_connection {
 
   // Whether the server closes this connection within `limit` (reading and discarding replies).
   [[nodiscard]] bool closed_within(std::chrono::milliseconds limit) const {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    std::array<std::byte, 4096> buf{};
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      if (::recv(fd, buf.data(), buf.size(), 0) <= 0) return true;
-    }
+    return test_support::closed_within(fd, limit);
   }
 
   // The server's answer: its error text, or "<closed>" if it hung up without one.

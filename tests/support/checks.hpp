@@ -1,10 +1,16 @@
 // Helpers the loopback tests of bad input share: an environment variable set for one scope,
 // the message of an expected error, and a runner for a table of calls that must be rejected
-// before they post anything.
+// before they post anything; and for the tests of hostile clients, whether a server closed a
+// connection.
 #pragma once
 
 #include <doctest/doctest.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <array>
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -100,6 +106,20 @@ void try_all(ringzero::loopback::communicator& c, const std::vector<bad_call>& c
       CHECK(c.state().p2p_recv_seq == p2p_recvs);
     }
     check_still_works(c);
+  }
+}
+
+/// Whether the other side closes `fd` within `limit`, reading and dropping what it sends.
+[[nodiscard]] inline bool closed_within(int fd, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::array<std::byte, 4096> buf{};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    if (::recv(fd, buf.data(), buf.size(), 0) <= 0) return true;
   }
 }
 

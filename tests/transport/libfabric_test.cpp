@@ -225,8 +225,14 @@ fi_info* candidate(const char* text, fi_info* next) {
   return i;
 }
 
-std::string picked(const fabric::detail::info_ptr& list, bool one_host) {
-  const fi_info* i = fabric::detail::pick(list.get(), one_host);
+std::string picked(const fabric::detail::info_ptr& list, bool one_host,
+                   const char* near = nullptr) {
+  std::optional<in_addr> at;
+  if (near) {
+    at.emplace();
+    REQUIRE(::inet_pton(AF_INET, near, &*at) == 1);
+  }
+  const fi_info* i = fabric::detail::pick(list.get(), one_host, {}, at);
   char text[INET6_ADDRSTRLEN] = {};
   if (i->addr_format == FI_SOCKADDR_IN6)
     ::inet_ntop(AF_INET6, &static_cast<const sockaddr_in6*>(i->src_addr)->sin6_addr, text,
@@ -258,6 +264,34 @@ TEST_CASE("the endpoint address is one that peers on other hosts can reach") {
   // Nothing reachable: the first candidate, and the peers' connect errors name it.
   fabric::detail::info_ptr stranded(candidate("127.0.0.1", candidate("::1", nullptr)));
   CHECK(picked(stranded, false) == "127.0.0.1");
+  // The address the job rendezvouses from wins among reachable ones: on one host with the store
+  // on 127.0.0.1, loopback, though the provider lists the external interface first; across
+  // hosts loopback stays out whatever the rendezvous address.
+  fabric::detail::info_ptr external_first(
+      candidate("198.51.100.1", candidate("127.0.0.1", candidate("198.51.100.9", nullptr))));
+  CHECK(picked(external_first, true) == "198.51.100.1");
+  CHECK(picked(external_first, true, "127.0.0.1") == "127.0.0.1");
+  CHECK(picked(external_first, false, "198.51.100.9") == "198.51.100.9");
+  CHECK(picked(external_first, false, "127.0.0.1") == "198.51.100.1");
+}
+
+TEST_CASE("tcp on one host with the store on loopback: the endpoints stay on loopback") {
+  // FI_PROVIDER=tcp with no FI_TCP_IFACE lists the host's external interface first: endpoints
+  // there would take connections from the network for the whole run.
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  auto out = multiprocess::run(2, 120s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    fabric::communicator comm(fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm"}));
+    const auto& eng = comm.transport().engine();
+    check.expect(eng.rail_domain(0) == "lo",
+                 fmt::format("the endpoint on lo, got {}", eng.rail_domain(0)));
+    std::vector<float> v(1000, static_cast<float>(r + 1));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(v.front() == 3.0f && v.back() == 3.0f, "the sum 1 + 2");
+    return check.code();
+  });
+  ::unsetenv("MASTER_ADDR");
+  require_all_passed(out);
 }
 
 namespace {

@@ -49,6 +49,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/detail/pci_topology.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
@@ -253,6 +254,7 @@ class transport {
         store, rank, size, opt.provider,
         {.provider = {},  // the rendezvous agrees on it
          .rails = env_rails ? *env_rails : opt.rails,
+         .near = near_address(),
          .register_always = opt.register_memory,
          .one_host = true,  // the rendezvous finds out
          .timeout = timeout_,
@@ -275,6 +277,14 @@ class transport {
     }
     log::info("libfabric: rank {} of {} on {} ({})", rank, size, engine_->provider(),
               hosts_[static_cast<std::size_t>(rank)]);
+  }
+
+  /// The address this rank rendezvouses from (the route to MASTER_ADDR, 127.0.0.1 without
+  /// one), where its endpoint should be too unless FI_TCP_IFACE or the rails name the NIC.
+  [[nodiscard]] static std::optional<in_addr> near_address() {
+    if (ringzero::detail::getenv_str("FI_TCP_IFACE")) return std::nullopt;
+    return ringzero::detail::route_source(
+        ringzero::detail::getenv_str("MASTER_ADDR").value_or("127.0.0.1"));
   }
 
   /// options::gpu_bus_id, else RINGZERO_GPU_BUS_ID, checked here so that a misspelt one is an

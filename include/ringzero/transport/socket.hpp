@@ -22,6 +22,12 @@
 // (and the rail that went last). A peer that closes its transport says so, naming the rank it
 // saw fail first, if any, so that every survivor's error names the same culprit.
 //
+// Setup proves every connection: rank 0 draws a secret for the job and hands it over through
+// the store, and a connection counts as a rank's only once both ends proved they hold it
+// (socket/handshake.hpp); strangers on the setup ports are refused or dropped without holding
+// setup up, and the ports close once setup is done. Every frame header is then checked against
+// the message and the receive it targets before a byte is allocated or copied (engine.hpp).
+//
 // Ranks of one host run the hierarchical algorithm's node level over the native shm transport
 // (node_transport), as under libfabric.
 //
@@ -55,7 +61,9 @@
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
+#include "ringzero/detail/hmac.hpp"
 #include "ringzero/transport/socket/engine.hpp"
+#include "ringzero/transport/socket/handshake.hpp"
 #include "ringzero/transport/socket/rails.hpp"
 #include "ringzero/transport/socket/wire.hpp"
 #include "ringzero/tuning/defaults.hpp"
@@ -80,6 +88,10 @@ struct options {
   /// How long a connection may hold unacknowledged data before it counts as failed
   /// (TCP_USER_TIMEOUT): what bounds the detection of a link that went down silently.
   std::chrono::milliseconds rail_timeout{10000};
+  /// How long a connection accepted during setup may take to prove it belongs to the job
+  /// (socket/handshake.hpp) before it is dropped; bounded by `timeout`. The job's own ranks
+  /// take milliseconds; the limit is for strangers, who cannot hold setup up meanwhile anyway.
+  std::chrono::nanoseconds handshake_timeout{std::chrono::seconds(10)};
   /// The cost model's constants; unset: tuning::defaults::socket over the rails, each priced
   /// tuning::defaults::socket_rail. Must be the same on every rank.
   std::optional<ringzero::tuning::policy> tuning{};
@@ -137,6 +149,10 @@ class transport {
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
+    if (data.size() > detail::engine_limits::max_message_bytes)
+      throw invalid_argument(fmt::format(
+          "socket transport: a message of {} bytes to rank {}: the limit is {} bytes", data.size(),
+          peer, detail::engine_limits::max_message_bytes));
     request r;
     r.eng_ = eng_;
     r.op_ = eng_->send(peer, tag, data);
@@ -283,6 +299,13 @@ class transport {
         failure = e.what();
       }
     }
+    // The job's secret for this setup (handshake.hpp): drawn by rank 0, handed over by the store,
+    // published before rank 0's addresses so that whoever can connect to rank 0 knows it.
+    d::job_secret secret{};
+    if (rank_ == 0) {
+      ringzero::detail::random_bytes(secret);
+      store.set(key("secret", 0), secret);
+    }
     // A rank that cannot take part says why instead of its addresses, so the others fail at
     // once with that reason instead of at the store's deadline.
     store.set_string(key("rails", rank_), failure.empty() ? published : "!" + failure);
@@ -319,6 +342,15 @@ class transport {
             r, rank_names.size(), rank_names.size() == 1 ? "" : "s", v, rails.size()));
     }
     for (const auto& r : rails) names.push_back(r.name);
+    if (rank_ != 0) {
+      const std::vector<std::byte> v = store.get(key("secret", 0));
+      if (v.size() != secret.size())
+        throw bootstrap_error(fmt::format(
+            "socket transport: the job's secret in the store is {} bytes, not {} (another "
+            "program's key?)",
+            v.size(), secret.size()));
+      std::copy(v.begin(), v.end(), secret.begin());
+    }
 
     eng_ = std::make_shared<d::engine>(rank_, size, names,
                                        ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
@@ -327,58 +359,21 @@ class transport {
         1000, std::min<long long>(
                   opt.rail_timeout.count(),
                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count())));
-    const auto gen32 = static_cast<std::uint32_t>(generation);
-    // Connect to the ranks above, rail by rail; the kernel completes the handshake before the
-    // peer accepts, so every rank connects first and accepts after.
-    for (int p = rank_ + 1; p < size; ++p)
-      for (std::size_t r = 0; r < rails.size(); ++r) {
-        auto fd = d::connect_from(rails[r], addrs[static_cast<std::size_t>(p)][r], opt.buffer_bytes,
-                                  user_timeout, deadline);
-        const d::hello h{.rank = static_cast<std::uint32_t>(rank_),
-                         .rail = static_cast<std::uint32_t>(r),
-                         .generation = gen32};
-        if (d::bsd::send_all(fd.get(), std::as_bytes(std::span(&h, 1)), deadline) !=
-            d::bsd::io_result::ok)
-          throw bootstrap_error(
-              fmt::format("socket transport: rank {} closed the connection on rail {} during setup",
-                          p, rails[r].name));
-        eng_->adopt(p, static_cast<int>(r), std::move(fd));
-      }
-    // Accept the ranks below.
-    std::size_t expected = static_cast<std::size_t>(rank_) * rails.size();
-    std::vector<pollfd> pfds;
-    for (const auto& l : listeners) pfds.push_back({l.get(), POLLIN, 0});
-    while (expected > 0) {
-      const int rc = ::poll(pfds.data(), pfds.size(), d::bsd::poll_ms_until(deadline));
-      if (rc == 0)
-        throw bootstrap_error(fmt::format(
-            "socket transport: {} connection{} from lower ranks never arrived within {}", expected,
-            expected == 1 ? "" : "s", d::bsd::seconds_text(timeout_)));
-      if (rc < 0) {
-        if (errno == EINTR) continue;
-        throw bootstrap_error(fmt::format("poll failed: {}", std::strerror(errno)));
-      }
-      for (std::size_t r = 0; r < pfds.size(); ++r) {
-        if (!(pfds[r].revents & POLLIN)) continue;
-        d::unique_fd fd(
-            ::accept4(listeners[r].get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-        if (!fd) continue;
-        d::tune(fd.get(), 0, user_timeout);
-        d::hello h{};
-        if (d::bsd::recv_all(fd.get(), std::as_writable_bytes(std::span(&h, 1)), deadline) !=
-                d::bsd::io_result::ok ||
-            h.magic != d::hello{}.magic || h.generation != gen32 ||
-            h.rank >= static_cast<std::uint32_t>(rank_) || h.rail != r) {
-          log::warn(
-              "socket transport: dropped a connection on rail {} that did not introduce "
-              "itself as a rank of this job",
-              rails[r].name);
-          continue;
-        }
-        eng_->adopt(static_cast<int>(h.rank), static_cast<int>(r), std::move(fd));
-        --expected;
-      }
-    }
+    d::handshake_terms terms{.rank = rank_, .size = size,
+                             .generation = static_cast<std::uint32_t>(generation)};
+    terms.secret = secret;
+    d::meet(terms,
+            {.rails = rails,
+             .listeners = listeners,
+             .addresses = addrs,
+             .buffer_bytes = opt.buffer_bytes,
+             .user_timeout = user_timeout,
+             .handshake_timeout = std::min(opt.handshake_timeout, timeout_),
+             .deadline = deadline,
+             .timeout = timeout_},
+            [&](int peer, int rail, d::unique_fd fd) { eng_->adopt(peer, rail, std::move(fd)); });
+    // The listeners close here: after setup no port of this transport is open.
+    listeners.clear();
     // Rank 0 returns last, so that a store it serves may close without stranding a rank.
     store.set_string(key("ready", rank_), "1");
     std::vector<std::string> ready;

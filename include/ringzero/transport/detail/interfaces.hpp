@@ -18,11 +18,13 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "ringzero/bootstrap/detail/socket.hpp"
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 
@@ -59,6 +61,34 @@ struct interface_address {
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
+}
+
+/// The IPv4 address this host reaches `host` from (its route's source), found by connecting a
+/// UDP socket, which sends nothing: the interface a job that rendezvouses at `host` is on. None
+/// when `host` does not resolve to IPv4 or no route leads there.
+[[nodiscard]] inline std::optional<in_addr> route_source(const std::string& host) {
+  in_addr to{};
+  if (::inet_pton(AF_INET, host.c_str(), &to) != 1) {
+    try {
+      const auto eps = bootstrap::detail::resolve(host, 9);
+      if (eps.empty() || eps.front().family() != AF_INET) return std::nullopt;
+      to = reinterpret_cast<const sockaddr_in*>(eps.front().sa())->sin_addr;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  bootstrap::detail::unique_fd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd) return std::nullopt;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr = to;
+  a.sin_port = htons(9);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
+    return std::nullopt;
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return std::nullopt;
+  return local.sin_addr;
 }
 
 /// Interfaces as one line of text for the store ("eth1=10.0.1.5/24 eth2=10.0.2.5/24 rdmap0",

@@ -37,6 +37,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -89,6 +90,9 @@ class engine {
     /// One rail per entry, each the NIC the provider names as a domain (tcp: an interface, efa:
     /// a device); empty: one rail on the provider's best candidate.
     std::vector<std::string> rails{};
+    /// With no rails named: the address this rank rendezvouses from, whose candidate the rail
+    /// takes (rail::config::near).
+    std::optional<in_addr> near{};
     bool register_always = false;
     bool one_host = true;  ///< every rank on this host: loopback addresses will do
     std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
@@ -117,6 +121,7 @@ class engine {
     const auto open = [&](std::string domain) {
       rails_.push_back(std::make_unique<rail>(rail::config{.provider = cfg.provider,
                                                            .domain = std::move(domain),
+                                                           .near = cfg.near,
                                                            .register_always = cfg.register_always,
                                                            .one_host = cfg.one_host,
                                                            .device_memory = cfg.device_memory,

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -188,21 +189,32 @@ inline void rxm_eager_by_default(std::string_view provider) {
   return IN6_IS_ADDR_LINKLOCAL(&static_cast<const sockaddr_in6*>(i->src_addr)->sin6_addr);
 }
 
+/// Whether the candidate is bound to the IPv4 address `a`.
+[[nodiscard]] inline bool bound_to(const fi_info* i, const in_addr& a) noexcept {
+  return i->src_addr && i->addr_format == FI_SOCKADDR_IN && i->src_addrlen >= sizeof(sockaddr_in) &&
+         static_cast<const sockaddr_in*>(i->src_addr)->sin_addr.s_addr == a.s_addr;
+}
+
 /// The best of the provider's candidates, first in the provider's order among equals; with a
 /// `domain`, only candidates of that domain (a NIC: tcp names its domains after interfaces, efa
 /// after devices) count. A candidate is worse when peers could not reach it: loopback once ranks
 /// span hosts (an interface that is not up yet drops out of the list, and the loopback entry
 /// that remains would strand this rank), then IPv6 link-local (the order of the list differs
 /// between kernels, so relying on the first entry works on one machine and hangs on the next),
-/// then any IPv6 address when an IPv4 one is on offer. nullptr when no candidate is of `domain`.
+/// then any IPv6 address when an IPv4 one is on offer. Among those peers can reach, the one
+/// bound to `near` (the address the job rendezvouses from) comes first: a one-host job whose
+/// store is on 127.0.0.1 stays on loopback instead of opening its ports on the host's external
+/// interface. nullptr when no candidate is of `domain`.
 [[nodiscard]] inline const fi_info* pick(const fi_info* list, bool one_host,
-                                         std::string_view domain = {}) {
+                                         std::string_view domain = {},
+                                         std::optional<in_addr> near = std::nullopt) {
   const fi_info* best = nullptr;
   int best_score = -1;
   for (const fi_info* i = list; i; i = i->next) {
     if (!domain.empty() && (!i->domain_attr->name || domain != i->domain_attr->name)) continue;
-    const int score = (one_host || !is_loopback(i) ? 4 : 0) + (is_link_local(i) ? 0 : 2) +
-                      (i->addr_format != FI_SOCKADDR_IN6 ? 1 : 0);
+    const bool reachable = one_host || !is_loopback(i);
+    const int score = (reachable ? 8 : 0) + (reachable && near && bound_to(i, *near) ? 4 : 0) +
+                      (is_link_local(i) ? 0 : 2) + (i->addr_format != FI_SOCKADDR_IN6 ? 1 : 0);
     if (score > best_score) {
       best = i;
       best_score = score;
@@ -296,6 +308,9 @@ class rail {
     /// The NIC, as the provider names its domain (tcp: the interface, efa: the device); empty:
     /// the best candidate the provider offers (pick()).
     std::string domain;
+    /// With no `domain`: the address this rank rendezvouses from (pick()'s `near`); none: the
+    /// provider's order decides among reachable candidates.
+    std::optional<in_addr> near{};
     bool register_always = false;
     bool one_host = true;  ///< every rank on this host: loopback addresses will do
     /// Ask for FI_HMEM: the caller will pass CUDA device buffers (register_device).
@@ -327,7 +342,7 @@ class rail {
           "libfabric has no FI_EP_RDM provider with tagged messages{}{}: {} (fi_info -l lists "
           "the providers built in; FI_PROVIDER restricts them)",
           cfg.provider.empty() ? "" : " named ", cfg.provider, fi_text(rc)));
-    const fi_info* chosen = pick(list.get(), cfg.one_host, cfg.domain);
+    const fi_info* chosen = pick(list.get(), cfg.one_host, cfg.domain, cfg.near);
     if (!chosen)
       throw unsupported(fmt::format(
           "libfabric provider '{}' has no domain named '{}' for a rail (RINGZERO_RAILS names "

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,10 @@ struct engine_limits {
   /// The largest piece: larger messages are cut into more pieces than there are rails, so that
   /// the rails that drain first take more of them.
   static constexpr std::size_t max_piece_bytes = std::size_t{4} << 20;
+  /// The largest message: what a frame header may announce. Far above what one host holds,
+  /// it only keeps sizes and offsets clear of overflow; what bounds a receiver's memory is
+  /// that an unmatched message holds only the pieces that arrived (incoming::hold).
+  static constexpr std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
   /// A striped message is cut into one piece per live rail at least, and up to this many while
   /// pieces stay over min_piece_bytes: the granularity of its division among rails of different
   /// rates.
@@ -122,7 +127,12 @@ struct incoming {
   std::uint64_t seq = 0;
   tag_t tag = 0;
   std::size_t total = 0;
-  std::vector<std::byte> heap;  ///< its bytes until a receive is matched with it
+  /// Every piece announced so far, offset to length: pieces never overlap.
+  std::map<std::uint64_t, std::size_t> pieces;
+  /// Its pieces' bytes until a receive is matched with it, by offset: each allocated when its
+  /// piece's header arrives, at the piece's length (checked against the message first), so an
+  /// unmatched message holds what its sender sent, never what a header claims is coming.
+  std::map<std::uint64_t, std::vector<std::byte>> held;
   std::shared_ptr<op> recv;     ///< the receive it goes into
   bool matched = false;         ///< its turn came: given to a receive or queued unexpected
   bool discard = false;         ///< its bytes go nowhere (size mismatch, receive abandoned)
@@ -130,13 +140,28 @@ struct incoming {
   std::vector<std::uint64_t> done_offsets;  ///< pieces read whole (duplicates are dropped)
 
   [[nodiscard]] bool complete() const noexcept { return got == total; }
-  /// Where byte `offset` goes, or nullptr: nowhere.
-  [[nodiscard]] std::byte* target(std::size_t offset) {
-    if (discard) return nullptr;
-    if (recv) return recv->data + offset;
-    if (heap.size() != total) heap.resize(total);
-    return heap.data() + offset;
+  /// Takes in the piece at [offset, offset + length), which on_header checked lies within the
+  /// message, with room for its bytes while no receive is matched. False when it contradicts
+  /// the pieces announced before: another length at that offset (a piece sent again after a
+  /// rail failed is the same piece), or bytes another piece covers.
+  [[nodiscard]] bool admit(std::uint64_t offset, std::size_t length) {
+    const auto next = pieces.lower_bound(offset);
+    if (next != pieces.end() && next->first == offset) return next->second == length;
+    if (next != pieces.end() && next->first - offset < length) return false;
+    if (next != pieces.begin() && offset - std::prev(next)->first < std::prev(next)->second)
+      return false;
+    pieces.emplace_hint(next, offset, length);
+    if (!discard && !recv) held.emplace(offset, std::vector<std::byte>(length));
+    return true;
   }
+  /// Where byte `at` of the piece starting at `offset` goes, or nullptr: nowhere.
+  [[nodiscard]] std::byte* target(std::uint64_t offset, std::size_t at) {
+    if (discard) return nullptr;
+    if (recv) return recv->data + offset + at;
+    const auto it = held.find(offset);
+    return it == held.end() ? nullptr : it->second.data() + at;
+  }
+  void drop_held() noexcept { held.clear(); }
 };
 
 /// A piece of a send, queued on one connection until acknowledged.
@@ -563,17 +588,14 @@ class engine {
           "(ranks disagree on the collective's count or type?)",
           r->peer, r->size, e.total);
       e.discard = true;
-      e.heap.clear();
-      e.heap.shrink_to_fit();
+      e.drop_held();
       return;
     }
     e.recv = r;
     r->attached = &e;
-    if (!e.heap.empty()) {
-      std::memcpy(r->data, e.heap.data(), e.total);
-      e.heap.clear();
-      e.heap.shrink_to_fit();
-    }
+    for (const auto& [offset, bytes] : e.held)
+      std::memcpy(r->data + offset, bytes.data(), bytes.size());
+    e.drop_held();
   }
 
   /// Matches arrived messages with receives, in the order they were sent.
@@ -850,9 +872,26 @@ class engine {
   }
 
   [[nodiscard]] std::byte* piece_target(connection& c) {
-    if (!c.cur_msg) return nullptr;
-    std::byte* t = c.cur_msg->target(c.cur.offset);
-    return t ? t + c.cur_got : nullptr;
+    return c.cur_msg ? c.cur_msg->target(c.cur.offset, c.cur_got) : nullptr;
+  }
+
+  /// Why a data frame's header cannot be a piece this engine's sender cut, or nullptr. Every
+  /// field that sizes, places or counts bytes is checked here, before anything is allocated for
+  /// the frame or a byte of its payload is copied.
+  [[nodiscard]] static const char* bad_data_header(const frame_header& h) noexcept {
+    if (h.length > engine_limits::max_piece_bytes) return "a piece longer than a sender cuts";
+    if (h.total > engine_limits::max_message_bytes) return "a message over the size limit";
+    if (h.offset > h.total || h.length > h.total - h.offset) return "a piece outside its message";
+    return nullptr;
+  }
+
+  /// A frame no rank of this job sends: the connection is given up (as if it broke), since
+  /// nothing after it on that stream can be trusted to be framed right.
+  bool violation(int peer, connection& c, const std::string& what) {
+    log::error("socket: rank {} sent {} on rail {}; giving the connection up", peer, what,
+               rail_names_[static_cast<std::size_t>(c.rail)]);
+    rail_failed(peer, c, fmt::format("protocol violation: {}", what));
+    return false;
   }
 
   /// A frame header read; false once the connection is closed.
@@ -860,10 +899,16 @@ class engine {
     auto& ps = peers_[static_cast<std::size_t>(peer)];
     switch (h.kind) {
       case frame_kind::ack:
+        if (h.seq > c.acked + c.written)
+          return violation(peer, c,
+                           fmt::format("an acknowledgement of {} pieces, {} were sent", h.seq,
+                                       c.acked + c.written));
         on_ack(c, h.seq);
         if (h.length > 0) c.rate = static_cast<double>(h.length) * 1024.0;
         return true;
       case frame_kind::bye: {
+        if (h.seq > peers_.size())
+          return violation(peer, c, fmt::format("a goodbye naming rank {}", h.seq - 1));
         c.got_bye = true;
         const int culprit = static_cast<int>(h.seq) - 1;
         if (culprit >= 0 && culprit != rank_ && failed_rank_ < 0)
@@ -874,10 +919,13 @@ class engine {
       case frame_kind::data:
         break;
       default:
-        rail_failed(peer, c,
-                    fmt::format("a frame of unknown kind {}", static_cast<unsigned>(h.kind)));
-        return false;
+        return violation(peer, c,
+                         fmt::format("a frame of unknown kind {}", static_cast<unsigned>(h.kind)));
     }
+    if (const char* bad = bad_data_header(h))
+      return violation(peer, c,
+                       fmt::format("{} ({} bytes at offset {} of a {}-byte message)", bad,
+                                   h.length, h.offset, h.total));
     c.cur = h;
     c.cur_got = 0;
     c.in_payload = true;
@@ -890,10 +938,17 @@ class engine {
         slot->tag = h.tag;
         slot->total = h.total;
         c.cur_msg = slot;
-        match(ps);
+        match(ps);  // first: a receive posted already takes the bytes, nothing is held
       } else {
         c.cur_msg = slot;
+        if (slot->total != h.total || slot->tag != h.tag)
+          return violation(peer, c,
+                           fmt::format("pieces of message {} that disagree on its size ({} and "
+                                       "{} bytes) or tag",
+                                       h.seq, slot->total, h.total));
       }
+      if (!c.cur_msg->admit(h.offset, h.length))
+        return violation(peer, c, "a piece that overlaps its message's other pieces");
     }
     if (c.cur.length == 0) end_piece(ps, c);
     return true;

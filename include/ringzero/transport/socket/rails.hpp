@@ -74,32 +74,12 @@ using ringzero::detail::interfaces_text;
 using ringzero::detail::local_interfaces;
 using ringzero::detail::parse_interfaces;
 
-/// The address this host uses to reach `host` (the route's source address), found by
-/// connecting a UDP socket, which sends nothing.
+/// The address this host uses to reach `host` (ringzero::detail::route_source), as a rail.
 [[nodiscard]] inline std::optional<rail> route_to(const std::string& host) {
-  in_addr to{};
-  if (::inet_pton(AF_INET, host.c_str(), &to) != 1) {
-    try {
-      const auto eps = bsd::resolve(host, 9);
-      if (eps.empty() || eps.front().family() != AF_INET) return std::nullopt;
-      to = reinterpret_cast<const sockaddr_in*>(eps.front().sa())->sin_addr;
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  bsd::unique_fd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd) return std::nullopt;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr = to;
-  a.sin_port = htons(9);
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0)
-    return std::nullopt;
-  sockaddr_in local{};
-  socklen_t len = sizeof local;
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) return std::nullopt;
+  const auto from = ringzero::detail::route_source(host);
+  if (!from) return std::nullopt;
   rail r;
-  r.address = local.sin_addr;
+  r.address = *from;
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &r.address, buf, sizeof buf);
   r.name = buf;
@@ -146,45 +126,27 @@ inline void tune(int fd, std::size_t buffer_bytes, std::chrono::milliseconds use
   return {std::move(fd), a};
 }
 
-/// Connects from `from` (port any) to `to`, before `deadline`, retrying refusals (the peer's
-/// listener exists before its address is published, so they are rare).
-[[nodiscard]] inline bsd::unique_fd connect_from(const rail& from, const sockaddr_in& to,
-                                                 std::size_t buffer_bytes,
-                                                 std::chrono::milliseconds user_timeout,
-                                                 bsd::clock::time_point deadline) {
-  for (;;) {
-    bsd::unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!fd) throw bootstrap_error(fmt::format("socket() failed: {}", std::strerror(errno)));
-    tune(fd.get(), buffer_bytes, user_timeout);
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    src.sin_addr = from.address;
-    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&src), sizeof src) != 0)
-      throw bootstrap_error(fmt::format("socket transport: cannot bind to rail {}: {}", from.name,
-                                        std::strerror(errno)));
-    int err = 0;
-    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
-      err = errno;
-      if (err == EINPROGRESS) {
-        pollfd p{fd.get(), POLLOUT, 0};
-        int rc = 0;
-        do {
-          rc = ::poll(&p, 1, bsd::poll_ms_until(deadline));
-        } while (rc < 0 && errno == EINTR);
-        err = rc == 0 ? ETIMEDOUT : 0;
-        if (rc > 0) {
-          socklen_t len = sizeof err;
-          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        }
-      }
-    }
-    if (err == 0) return fd;
-    if (bsd::clock::now() >= deadline || (err != ECONNREFUSED && err != EAGAIN))
-      throw bootstrap_error(
-          fmt::format("socket transport: connecting from rail {} to {} failed: {}", from.name,
-                      address_text(to), std::strerror(err)));
-    ::usleep(10000);
-  }
+/// Starts a connection from `from` (port any) to `to` without waiting for it: the socket, and
+/// 0 or the error connect() gave at once (EINPROGRESS is no error: poll for POLLOUT, then read
+/// SO_ERROR). The handshake (handshake.hpp) waits for it among the others and retries refusals
+/// (the peer's listener exists before its address is published, so they are rare).
+[[nodiscard]] inline std::pair<bsd::unique_fd, int> start_connect(
+    const rail& from, const sockaddr_in& to, std::size_t buffer_bytes,
+    std::chrono::milliseconds user_timeout) {
+  bsd::unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) throw bootstrap_error(fmt::format("socket() failed: {}", std::strerror(errno)));
+  tune(fd.get(), buffer_bytes, user_timeout);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr = from.address;
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&src), sizeof src) != 0)
+    throw bootstrap_error(fmt::format("socket transport: cannot bind to rail {}: {}", from.name,
+                                      std::strerror(errno)));
+  int err = 0;
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0 &&
+      errno != EINPROGRESS)
+    err = errno;
+  return {std::move(fd), err};
 }
 
 }  // namespace ringzero::socket::detail
