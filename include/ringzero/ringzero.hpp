@@ -9,6 +9,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
+#include "ringzero/p2p.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/loopback.hpp"

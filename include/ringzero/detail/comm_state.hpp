@@ -7,8 +7,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "ringzero/detail/trace_state.hpp"
@@ -24,6 +26,10 @@ struct comm_state {
   std::uint32_t collective_seq = 0;
   std::vector<std::uint32_t> p2p_send_seq;
   std::vector<std::uint32_t> p2p_recv_seq;
+  /// isend()/irecv() with a tag other than 0 (p2p.hpp): the next sequence number per (peer,
+  /// tag). Tag 0 shares p2p_send_seq/p2p_recv_seq with send() and recv().
+  std::map<std::pair<int, std::uint32_t>, std::uint32_t> p2p_tagged_send_seq;
+  std::map<std::pair<int, std::uint32_t>, std::uint32_t> p2p_tagged_recv_seq;
   std::vector<std::byte> scratch_buffer;
   /// The stream and registered scratch of calls on device buffers (detail/device_executor.hpp),
   /// made by the first one.
