@@ -327,6 +327,26 @@ TEST_CASE("the segment's name is gone once every rank mapped it") {
   require_all_passed(out);
 }
 
+TEST_CASE("a symmetric allocation a rank never joins times out naming that rank") {
+  auto out = multiprocess::run(2, 60s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    shm::communicator comm(shm::transport(s, r, n, {.timeout = 300ms}));
+    if (r == 0) {
+      try {
+        (void)comm.allocate<float>(10);
+        check.expect(false, "the allocation to time out");
+      } catch (const ringzero::timeout_error& e) {
+        check.expect(e.peer() == 1, fmt::format("peer() 1, got {}", e.peer()));
+        check.expect(std::string(e.what()).find("waiting for rank 1") != std::string::npos,
+                     fmt::format("the message to name rank 1: {}", e.what()));
+      }
+    }
+    s.barrier("timed out", n);
+    return check.code();
+  });
+  require_all_passed(out);
+}
+
 TEST_CASE("a segment of one slot is refused") {
   auto bad = multiprocess::run(1, 30s, [&](int r, int n, ringzero::bootstrap::store& s) {
     try {

@@ -341,14 +341,16 @@ class transport {
       std::vector<request> sent;
       for (int r = 1; r < size_; ++r)
         sent.push_back(isend(r, tag, std::as_bytes(std::span<const char>(name))));
-      for (auto& q : sent) wait(q, deadline, "symmetric allocation");
+      for (std::size_t i = 0; i < sent.size(); ++i)
+        wait(sent[i], deadline, "symmetric allocation", static_cast<int>(i) + 1);
       // Every other rank answers once it mapped the memory; then the name can go.
       std::vector<std::byte> acks(static_cast<std::size_t>(size_));
       std::vector<request> got;
       for (int r = 1; r < size_; ++r)
         got.push_back(irecv(r, tag, std::span<std::byte>(&acks[static_cast<std::size_t>(r)], 1)));
       try {
-        for (auto& q : got) wait(q, deadline, "symmetric allocation");
+        for (std::size_t i = 0; i < got.size(); ++i)
+          wait(got[i], deadline, "symmetric allocation", static_cast<int>(i) + 1);
       } catch (...) {
         m->unlink();
         throw;
@@ -356,13 +358,13 @@ class transport {
       m->unlink();
     } else {
       auto q = irecv(0, tag, std::as_writable_bytes(std::span<char>(name)));
-      wait(q, deadline, "symmetric allocation");
+      wait(q, deadline, "symmetric allocation", 0);
       name.back() = '\0';
       m = std::make_shared<detail::mapping>(
           detail::mapping::open(name.data(), stride * static_cast<std::size_t>(size_)));
       const std::byte ack{1};
       auto a = isend(0, tag, std::span<const std::byte>(&ack, 1));
-      wait(a, deadline, "symmetric allocation");
+      wait(a, deadline, "symmetric allocation", 0);
     }
     std::erase_if(allocations_live_, [](const auto& w) { return w.expired(); });
     allocations_live_.push_back(m);
@@ -386,15 +388,18 @@ class transport {
     return nullptr;
   }
 
-  /// Blocks on q until it completes or the deadline passes (spinning, then yielding).
-  void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what) {
+  /// Blocks on q, a message exchanged with `peer`, until it completes or the deadline passes
+  /// (spinning, then yielding); the timeout names the peer that never answered.
+  void wait(request& q, std::chrono::steady_clock::time_point deadline, std::string_view what,
+            int peer) {
     eng_->check_aborted(what);
     ringzero::detail::backoff b = ringzero::detail::backoff_for(size_);
     while (!test(q)) {
       if (std::chrono::steady_clock::now() > deadline)
-        throw timeout_error(fmt::format("shm: {} on rank {} timed out after {:g} s", what, rank_,
-                                        std::chrono::duration<double>(timeout_).count()),
-                            -1);
+        throw timeout_error(
+            fmt::format("shm: {} on rank {} timed out after {:g} s waiting for rank {}", what,
+                        rank_, std::chrono::duration<double>(timeout_).count(), peer),
+            peer);
       b.pause();
     }
   }
