@@ -6,6 +6,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake ninja-build pkg-config git python3 python3-venv
+  python3-dev                          # Python.h, for the torch backend's extension (integrations/torch)
   libfmt-dev doctest-dev               # the core: logging and the test framework
   libfabric-dev libfabric-bin          # ringzero::libfabric (shm, tcp;ofi_rxm, sockets)
   iproute2                             # network namespaces for the two-host test
@@ -39,5 +40,23 @@ if ! command -v conan >/dev/null && [[ ! -x $root/build/conan-venv/bin/conan ]];
     "$root/build/conan-venv/bin/pip" install --quiet conan; }; then
     echo "deps: could not install conan from PyPI; the packaging test will try again" >&2
     rm -rf "$root/build/conan-venv"
+  fi
+fi
+
+# torch, for the torch stage of scripts/test.sh (integrations/torch, tests/torch): PyPI's wheel,
+# a few GB with the CUDA libraries it carries (it runs on CPU without them), installed once into
+# build/torch-venv and reused. The virtual environment is made with Debian's own interpreter
+# (/usr/bin/python3, whose headers python3-dev installs), whatever python3 comes first on PATH.
+# expecttest and pytest are what torch's own distributed test suite imports. torch is pinned to
+# the version whose suite docs/torch.md counts. RINGZERO_TORCH=0 skips it (and the stage).
+torch_pin="torch==2.15.*"
+if [[ ${RINGZERO_TORCH:-1} != 0 ]] &&
+  ! "$root/build/torch-venv/bin/python" -c "import torch, expecttest, pytest" 2>/dev/null; then
+  echo "deps: installing $torch_pin into build/torch-venv (once; a few GB)"
+  rm -rf "$root/build/torch-venv"
+  if ! { /usr/bin/python3 -m venv "$root/build/torch-venv" &&
+    "$root/build/torch-venv/bin/pip" install --quiet "$torch_pin" numpy expecttest pytest; }; then
+    echo "deps: could not install torch from PyPI; the torch stage will be skipped" >&2
+    rm -rf "$root/build/torch-venv"
   fi
 fi

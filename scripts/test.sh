@@ -217,6 +217,24 @@ fi
 lap "1 clang-format"
 run_ctest build/ci -LE unit
 lap "1 ctest"
+# The torch backend (integrations/torch, docs/torch.md), against the torch scripts/deps.sh put in
+# build/torch-venv: the extension's build, the examples against gloo, the fault cases and a
+# fixed subset of PyTorch's own distributed suite (tests/torch/run.sh; about 5 minutes,
+# docs/testing.md). RINGZERO_TORCH=0 skips it; RINGZERO_TORCH_SUITE=full runs PyTorch's whole
+# suite instead of the subset.
+if [[ ${RINGZERO_TORCH:-1} != 0 ]]; then
+  if [[ -x build/torch-venv/bin/python ]]; then
+    if bash tests/torch/run.sh; then
+      passed=$((passed + 1))
+    else
+      failures+=("torch: tests/torch/run.sh")
+      failed=$((failed + 1))
+    fi
+  else
+    echo "torch stage skipped: scripts/deps.sh could not install torch into build/torch-venv"
+  fi
+  lap "1 torch (build, examples, faults, suite subset)"
+fi
 # Conan is a PyPI package, installed by scripts/deps.sh (build/conan-venv); the other consumers
 # ran above.
 if bash tests/package/run.sh --build build/ci --work build/ci/tests/package/work conan; then

@@ -33,7 +33,10 @@ def main() -> None:
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step:3d} loss {loss.item():.6f}", flush=True)
     step_ms, tokens_s = clock.report(args, world)
-    digest = checksum(model.module.parameters())
+    params = [p.detach() for p in model.module.parameters()]
+    digest = checksum(params)
+    if rank == 0 and args.save:
+        torch.save(params, args.save)
     if rank == 0:
         print(f"backend {args.backend} ranks {world} checksum {digest}")
         print(f"step {step_ms:.2f} ms tokens/s {tokens_s:.0f}", flush=True)

@@ -43,6 +43,8 @@ def main() -> None:
     step_ms, tokens_s = clock.report(args, world)
     full = [p.full_tensor() for p in model.parameters()]
     digest = checksum(full)
+    if rank == 0 and args.save:
+        torch.save([t.detach() for t in full], args.save)
     if rank == 0:
         print(f"backend {args.backend} ranks {world} checksum {digest}")
         print(f"step {step_ms:.2f} ms tokens/s {tokens_s:.0f}", flush=True)

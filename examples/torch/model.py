@@ -63,6 +63,7 @@ def arguments(description: str) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the timing")
+    p.add_argument("--save", help="rank 0 saves the final parameters here (torch.save)")
     return p.parse_args()
 
 

@@ -6,11 +6,12 @@ suite torch's test/distributed/test_distributed_spawn.py runs for gloo, with BAC
     python tests/torch/distributed_suite.py --world-size 2 [--subset] [unittest -k patterns]
 
 The suite's skip decorators are evaluated while the module is imported, and they name the
-backends that have each feature; an out-of-tree backend is in none of those lists. So that every
-test gloo runs on CPU also runs here, the module is imported as gloo's run would import it, and
-its BACKEND is then set to "ringzero", which is what every test reads when it runs
-(init_process_group, the backend-specific branches). The tests that still cannot pass on
-ringzero are skipped by name in SKIPPED below, each with its reason (docs/torch.md lists them).
+backends that have each feature; an out-of-tree backend is in none of those lists, and the tests
+choose their CPU paths with `if BACKEND == "gloo"` while they run. So that every test gloo runs on
+CPU also runs here, the module is imported as gloo's run would import it, and its BACKEND is then
+the name "ringzero" that also compares equal to "gloo": init_process_group gets "ringzero", and
+every branch on the name takes gloo's (CPU) path. The tests that still cannot pass on ringzero
+are skipped by name in SKIPPED below, each with its reason (docs/torch.md lists them).
 
 --subset runs the fixed subset of the README's test command (collectives, DDP, subgroups).
 """
@@ -28,6 +29,9 @@ _parser = argparse.ArgumentParser(add_help=False)
 _parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "2")))
 _parser.add_argument("--subset", action="store_true")
 _parser.add_argument("--list", action="store_true")
+_parser.add_argument("--cpu", action="store_true",
+                     help="leave out the tests named for GPUs (cuda, nccl, gpu), which skip "
+                     "themselves without one")
 _args, _rest = _parser.parse_known_args()
 os.environ["WORLD_SIZE"] = str(_args.world_size)
 os.environ["BACKEND"] = "gloo"
@@ -41,7 +45,19 @@ from torch.testing._internal.common_utils import run_tests  # noqa: E402
 
 import ringzero_torch  # noqa: E402,F401  (registers the backend in the spawned ranks as well)
 
-distributed_test.BACKEND = "ringzero"
+class _BackendName(str):
+    """ "ringzero", which the suite's branches on the backend's name also take for "gloo"."""
+
+    def __eq__(self, other):
+        return str.__eq__(self, other) or other == "gloo"
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+distributed_test.BACKEND = _BackendName("ringzero")
 for feature in ("ddp", "subgroup", "plugin"):
     DistTestCases.backend_feature[feature].add("ringzero")
 
@@ -94,7 +110,10 @@ for _name, _reason in SKIPPED.items():
 
 
 def _all_tests() -> list[str]:
-    return sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_"))
+    names = sorted(n for n in dir(TestDistBackendWithSpawn) if n.startswith("test_"))
+    if _args.cpu:
+        names = [n for n in names if not any(g in n.lower() for g in ("cuda", "nccl", "gpu"))]
+    return names
 
 
 if __name__ == "__main__":
@@ -107,4 +126,6 @@ if __name__ == "__main__":
         if missing:
             sys.exit(f"distributed_suite: the subset names tests this torch lacks: {missing}")
         argv += [f"TestDistBackendWithSpawn.{t}" for t in SUBSET]
+    elif _args.cpu and not _rest:
+        argv += [f"TestDistBackendWithSpawn.{t}" for t in _all_tests()]
     run_tests(argv)

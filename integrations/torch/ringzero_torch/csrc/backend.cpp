@@ -221,9 +221,11 @@ void check_root(int64_t root, int size, const char* what) {
 
 }  // namespace
 
-std::exception_ptr backend_error(const std::string& what, int rank, int size, int failed) {
+std::exception_ptr backend_error(const std::string& what, int rank, int size, int culprit,
+                                 bool timed_out) {
   std::string msg = what;
-  if (failed >= 0) msg += " [failed rank: " + std::to_string(failed) + "]";
+  if (culprit >= 0)
+    msg += (timed_out ? " [waiting for rank " : " [failed rank: ") + std::to_string(culprit) + "]";
   msg += " (ringzero backend, rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   try {
     C10_THROW_ERROR(DistBackendError, msg);
@@ -369,7 +371,8 @@ void progress::execute(const c10::intrusive_ptr<work>& w) {
   try {
     m = w->run_();
   } catch (const comm_error& e) {
-    w->complete(backend_error(e.what(), w->rank_, w->size_, e.peer));
+    w->complete(
+        backend_error(e.what(), w->rank_, w->size_, e.peer, e.k == comm_error::kind::timeout));
     return;
   } catch (const c10::Error&) {
     w->complete(std::current_exception());
@@ -395,7 +398,7 @@ bool progress::poll_messages() {
     try {
       done = m->test();
     } catch (const comm_error& e) {
-      error = backend_error(e.what(), w->rank_, w->size_, e.peer);
+      error = backend_error(e.what(), w->rank_, w->size_, e.peer, e.k == comm_error::kind::timeout);
       done = true;
     }
     if (!done) {
@@ -495,7 +498,8 @@ backend::backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int siz
   try {
     comm_ = make_comm(kv, rank, size, options_.timeout);
   } catch (const comm_error& e) {
-    std::rethrow_exception(backend_error(e.what(), rank, size, e.peer));
+    std::rethrow_exception(
+        backend_error(e.what(), rank, size, e.peer, e.k == comm_error::kind::timeout));
   }
   progress_ = std::make_shared<progress>();
 }
@@ -536,7 +540,8 @@ c10::intrusive_ptr<c10d::Work> backend::enqueue(c10d::OpType type, const char* t
     try {
       return body();
     } catch (const comm_error& e) {
-      std::rethrow_exception(backend_error(e.what(), r, n, e.peer));
+      std::rethrow_exception(
+          backend_error(e.what(), r, n, e.peer, e.k == comm_error::kind::timeout));
     }
   };
   w->progress_ = progress_;

@@ -186,8 +186,9 @@ class backend : public c10d::Backend {
   std::atomic<uint64_t> sequence_{0};
 };
 
-/// The DistBackendError for a failed call, naming the failed rank where one is known.
+/// The DistBackendError for a failed call, naming the rank that failed (or, for a timeout, the
+/// one that never answered) where one is known.
 [[nodiscard]] std::exception_ptr backend_error(const std::string& what, int rank, int size,
-                                               int failed);
+                                               int culprit, bool timed_out = false);
 
 }  // namespace ringzero_torch

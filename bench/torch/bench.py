@@ -1,0 +1,222 @@
+"""torch.distributed over ringzero against gloo, and against ringzero-perf on the same transport.
+
+    build/torch-venv/bin/python bench/torch/bench.py                       # 2 and 4 ranks
+    build/torch-venv/bin/python bench/torch/bench.py --ranks 2 --max 16M \\
+        --perf build/bench/tools/perf/ringzero-perf --run build/bench/tools/run/ringzero-run
+    build/torch-venv/bin/python bench/torch/bench.py --ddp                 # the DDP example too
+
+For each world size it starts the ranks once, and each rank runs the sweep over every backend in
+turn (side by side in one run, so the machine's load falls on both alike): float32 all_reduce,
+all_gather_into_tensor and reduce_scatter_tensor from --min to --max bytes, as nccl-tests sizes
+them (the whole buffer: all_reduce's, all_gather's output, reduce_scatter's input). A row's time
+is the slowest rank's mean over enough calls to fill --seconds, after warm-up calls; bus
+bandwidth is nccl-tests' (docs/performance.md). With --perf and --run, ringzero-perf measures the
+same collectives on the transport the backend picked (shm on one host), and the table shows what
+the binding adds per call: the torch call's time less ringzero-perf's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+PERF_NAMES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+              "reduce_scatter_tensor": "reduce_scatter"}
+
+
+def size_arg(v: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMG]?)", v)
+    if not m:
+        raise argparse.ArgumentTypeError(f"'{v}' is not a size (8, 64K, 256M)")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def human(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def elements(op: str, size: int, n: int) -> int:
+    # float32 elements of the whole buffer, a multiple of n so that every rank's block is whole.
+    count = max(size // 4, 1)
+    return max(n, count - count % n) if op != "all_reduce" else count
+
+
+def time_op(op: str, size: int, n: int, seconds: float, warmup: int) -> float:
+    count = elements(op, size, n)
+    full = torch.ones(count)
+    part = torch.ones(count // n) if op != "all_reduce" else None
+
+    def call():
+        if op == "all_reduce":
+            dist.all_reduce(full)
+        elif op == "all_gather_into_tensor":
+            dist.all_gather_into_tensor(full, part)
+        else:
+            dist.reduce_scatter_tensor(part, full)
+
+    for _ in range(warmup):
+        call()
+    # Calibrate on rank 0, then everybody runs the same number of calls.
+    dist.barrier()
+    start = time.perf_counter()
+    call()
+    once = time.perf_counter() - start
+    iters = torch.tensor([max(3, min(100000, int(seconds / max(once, 1e-7))))], dtype=torch.int64)
+    dist.broadcast(iters, 0)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(int(iters.item())):
+        call()
+    mean = torch.tensor([(time.perf_counter() - start) / int(iters.item())], dtype=torch.float64)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    return mean.item()
+
+
+def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    results = []
+    for backend in args.backends:
+        dist.init_process_group(backend, rank=rank, world_size=n)
+        size = args.min
+        while size <= args.max:
+            for op in args.ops:
+                t = time_op(op, size, n, args.seconds, args.warmup)
+                results.append({"backend": backend, "ranks": n, "op": op, "bytes": size, "us": t * 1e6})
+            size *= args.factor
+        dist.destroy_process_group()
+    if rank == 0:
+        queue.put(results)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perf_rows(args: argparse.Namespace, n: int, op: str) -> dict[int, float]:
+    """ringzero-perf's out-of-place time (us) per size, on the shm transport."""
+    cmd = [args.run, "-n", str(n), "--", args.perf, PERF_NAMES[op], "-T", "shm", "-d", "float",
+           "-b", str(args.min), "-e", str(args.max), "-f", str(args.factor), "-n", "50", "-w", "5",
+           "-c", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}")
+    rows = {}
+    for line in out.stdout.splitlines():
+        cols = line.split()
+        if len(cols) > 6 and cols[0].isdigit():
+            rows[int(cols[0])] = float(cols[5])
+    return rows
+
+
+def ddp_step_times(args: argparse.Namespace, n: int) -> dict[str, float]:
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch", "ddp.py")
+    times = {}
+    for backend in args.backends:
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), script,
+             "--backend", backend, "--steps", str(args.ddp_steps)],
+            capture_output=True, text=True, timeout=1800,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+        m = re.search(r"step ([\d.]+) ms tokens/s (\d+)", out.stdout)
+        if not m:
+            raise RuntimeError(f"ddp.py over {backend} failed:\n{out.stdout}\n{out.stderr}")
+        times[backend] = float(m.group(1))
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS)
+    p.add_argument("--backends", nargs="+", default=["ringzero", "gloo"])
+    p.add_argument("--min", type=size_arg, default=8)
+    p.add_argument("--max", type=size_arg, default=256 << 20)
+    p.add_argument("--factor", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=0.2, help="time to fill per row")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--perf", help="ringzero-perf, to compare the binding with")
+    p.add_argument("--run", help="ringzero-run, to start ringzero-perf's ranks")
+    p.add_argument("--ddp", action="store_true", help="also time the DDP example's steps")
+    p.add_argument("--ddp-steps", type=int, default=30)
+    p.add_argument("--json", help="write every row here too")
+    args = p.parse_args()
+    if bool(args.perf) != bool(args.run):
+        p.error("--perf and --run go together")
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}, torch {torch.__version__}")
+    rows = []
+    for n in args.ranks:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = mp.start_processes(worker, args=(n, free_port(), args, queue), nprocs=n, join=False,
+                                   start_method="spawn")
+        got = queue.get()
+        procs.join()
+        perf = {op: perf_rows(args, n, op) for op in args.ops} if args.perf else {}
+        by = {(r["backend"], r["op"], r["bytes"]): r["us"] for r in got}
+        for op in args.ops:
+            print(f"\n## {op}, {n} ranks (float32; time in us, busbw in GB/s)\n")
+            head = ["bytes"]
+            for b in args.backends:
+                head += [f"{b} us", f"{b} busbw"]
+            if len(args.backends) > 1:
+                head += [f"{args.backends[0]}/{args.backends[1]} busbw"]
+            if perf:
+                head += ["ringzero-perf us", "binding us"]
+            print("| " + " | ".join(head) + " |")
+            print("|" + "---|" * len(head))
+            size = args.min
+            while size <= args.max:
+                line = [human(size)]
+                bw = []
+                for b in args.backends:
+                    us = by[(b, op, size)]
+                    busbw = size / (us * 1e-6) / 1e9 * busbw_factor(op, n)
+                    bw.append(busbw)
+                    line += [f"{us:.1f}", f"{busbw:.3f}"]
+                if len(args.backends) > 1:
+                    line.append(f"{bw[0] / bw[1]:.2f}x")
+                row = {"ranks": n, "op": op, "bytes": size,
+                       **{f"{b}_us": by[(b, op, size)] for b in args.backends}}
+                if perf:
+                    pus = perf[op].get(size)
+                    line += [f"{pus:.1f}" if pus is not None else "-",
+                             f"{by[(args.backends[0], op, size)] - pus:.1f}" if pus is not None else "-"]
+                    row["perf_us"] = pus
+                print("| " + " | ".join(line) + " |")
+                rows.append(row)
+                size *= args.factor
+        if args.ddp:
+            t = ddp_step_times(args, n)
+            print(f"\nDDP example ({n} ranks, {args.ddp_steps} steps): step time "
+                  + ", ".join(f"{b} {ms:.1f} ms" for b, ms in t.items()))
+            rows.append({"ranks": n, "ddp_step_ms": t})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""ringzero-torch as a user meets it: found by the entry point, the examples against gloo, the
+fault cases, the store, options and traces. Run with the torch environment's pytest:
+
+    build/torch-venv/bin/python -m pytest tests/torch/test_backend.py
+
+Each case starts its ranks with torchrun or torch.multiprocessing, as a user would.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "torch"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun(n: int, script: list[str], *, env=None, timeout=240, extra=()) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.update(env or {})
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.run(
+        [*TORCHRUN, "--nproc-per-node", str(n), *extra, *script],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_snippet(tmp_path: pathlib.Path, n: int, body: str, **kw) -> subprocess.CompletedProcess:
+    script = tmp_path / "snippet.py"
+    script.write_text(textwrap.dedent(body))
+    return torchrun(n, [str(script)], **kw)
+
+
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+def test_entry_point_registers_the_backend_without_an_import():
+    # A fresh interpreter that never imports ringzero_torch: torch finds it by the entry point.
+    code = textwrap.dedent(
+        """
+        import sys
+        from importlib.metadata import entry_points
+        import torch.distributed as dist
+        names = [e.name for e in entry_points(group="torch.distributed.backends")]
+        assert "ringzero" in names, names
+        assert "ringzero_torch" not in sys.modules
+        dist.Backend._ensure_backend_registered("ringzero")
+        assert "RINGZERO" in dist.Backend._plugins
+        assert dist.Backend.backend_capability["ringzero"] == ["cpu", "cuda"]
+        print("registered")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "registered" in out.stdout
+
+
+def example(tmp_path, name: str, backend: str, n: int, steps: int) -> tuple[str, list[float], list]:
+    save = tmp_path / f"{name}-{backend}-{n}.pt"
+    out = torchrun(
+        n,
+        [str(EXAMPLES / name), "--backend", backend, "--steps", str(steps), "--warmup", "1",
+         "--save", str(save)],
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    digest = re.search(r"checksum (\w+)", out.stdout).group(1)
+    losses = [float(x) for x in re.findall(r"loss (\S+)", out.stdout)]
+    assert re.search(r"tokens/s \d+", out.stdout), out.stdout
+    return digest, losses, torch.load(save)
+
+
+def test_ddp_over_ringzero_ends_bitwise_equal_to_gloo_on_two_ranks(tmp_path):
+    ours = example(tmp_path, "ddp.py", "ringzero", 2, 6)
+    gloo = example(tmp_path, "ddp.py", "gloo", 2, 6)
+    assert ours[0] == gloo[0]
+    assert ours[1] == gloo[1]
+
+
+@pytest.mark.full
+def test_ddp_over_ringzero_matches_gloo_to_float_tolerance_on_four_ranks(tmp_path):
+    ours = example(tmp_path, "ddp.py", "ringzero", 4, 4)
+    gloo = example(tmp_path, "ddp.py", "gloo", 4, 4)
+    for a, b in zip(ours[2], gloo[2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp2_over_ringzero_trains_to_gloos_loss_curve(tmp_path):
+    ours = example(tmp_path, "fsdp2.py", "ringzero", 2, 5)
+    gloo = example(tmp_path, "fsdp2.py", "gloo", 2, 5)
+    assert len(ours[1]) == 5
+    assert ours[1] == pytest.approx(gloo[1], rel=1e-5)
+    for a, b in zip(ours[2], gloo[2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+KILL = """
+import os, signal, sys, time, datetime
+import torch, torch.distributed as dist
+dist.init_process_group("ringzero", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+t = torch.ones(1 << 16)
+for i in range(1000000):
+    if i == 20:
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except dist.DistBackendError as e:
+        print(f"rank {rank} DistBackendError after {time.monotonic() - start:.3f} s: {e}", flush=True)
+        sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "socket"])
+def test_a_sigkilled_rank_ends_every_survivor_with_an_error_naming_it(tmp_path, transport):
+    before = shm_names()
+    # torchrun stops the survivors itself once it sees a rank die; a longer monitor interval
+    # lets them end on their own, which is what is checked.
+    out = run_snippet(tmp_path, 3, KILL, env={"RINGZERO_TORCH_TRANSPORT": transport},
+                      extra=("--monitor-interval", "20"))
+    lines = [l for l in out.stdout.splitlines() if "DistBackendError" in l]
+    assert sorted(l.split()[1] for l in lines) == ["0", "2"], out.stdout + out.stderr
+    for line in lines:
+        assert "rank 1" in line and "[failed rank: 1]" in line, line
+        assert float(re.search(r"after (\S+) s", line).group(1)) < 5.0, line
+    assert shm_names() <= before, shm_names() - before
+
+
+WRONG_SIZE = """
+import datetime, torch, torch.distributed as dist
+dist.init_process_group("ringzero", timeout=datetime.timedelta(seconds=30))
+rank = dist.get_rank()
+for n in (100, 1 << 20):
+    t = torch.ones(n + 5 * rank)
+    try:
+        dist.all_reduce(t)
+        print(f"rank {rank} n {n} no error", flush=True)
+    except dist.DistBackendError as e:
+        print(f"rank {rank} n {n} DistBackendError: {e}", flush=True)
+"""
+
+
+def test_a_wrong_size_tensor_on_one_rank_is_an_error(tmp_path):
+    start = time.monotonic()
+    out = run_snippet(tmp_path, 2, WRONG_SIZE)
+    assert time.monotonic() - start < 60
+    errors = [l for l in out.stdout.splitlines() if "DistBackendError" in l]
+    assert len(errors) == 4, out.stdout + out.stderr
+    assert all("disagree" in l for l in errors), errors
+    assert "no error" not in out.stdout
+
+
+def test_a_store_that_never_answers_is_a_clear_error(tmp_path):
+    import torch.distributed as dist
+
+    import ringzero_torch
+
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    store.set_timeout(datetime.timedelta(seconds=1))
+    with pytest.raises(dist.DistBackendError, match="rendezvous through torch's Store failed"):
+        ringzero_torch._C.create_backend(store, 0, 2, datetime.timedelta(seconds=1))
+
+
+P2P = """
+import datetime, torch, torch.distributed as dist
+dist.init_process_group("ringzero", timeout=datetime.timedelta(seconds=30))
+rank, peer = dist.get_rank(), 1 - dist.get_rank()
+got = torch.zeros(1000)
+# Both ranks post the receive first: with blocking messages each would wait for the other.
+reqs = [dist.irecv(got, peer, tag=7), dist.isend(torch.full((1000,), float(rank)), peer, tag=7)]
+for r in reqs:
+    r.wait()
+assert torch.equal(got, torch.full((1000,), float(peer))), got
+ops = [dist.P2POp(dist.irecv, torch.zeros(3), peer, tag=2), dist.P2POp(dist.isend, torch.ones(3) * rank, peer, tag=2)]
+for r in dist.batch_isend_irecv(ops):
+    r.wait()
+assert torch.equal(ops[0].tensor, torch.full((3,), float(peer)))
+print(f"rank {rank} p2p ok", flush=True)
+"""
+
+
+def test_isend_and_irecv_in_either_order_do_not_deadlock(tmp_path):
+    out = run_snippet(tmp_path, 2, P2P, timeout=120)
+    assert out.stdout.count("p2p ok") == 2, out.stdout + out.stderr
+
+
+REPRODUCIBLE = """
+import torch, torch.distributed as dist, ringzero_torch
+dist.init_process_group("ringzero", pg_options=ringzero_torch.Options(reproducible=True))
+rank = dist.get_rank()
+# 1e16 + 1 - 1e16 summed in float64: the exact sum is 1 on any rank order and algorithm.
+t = torch.tensor([[1e16, 1.0, -1e16][rank]] * 4, dtype=torch.float64)
+dist.all_reduce(t)
+print(f"rank {rank} sum {t.tolist()}", flush=True)
+"""
+
+
+def test_reproducible_sums_through_pg_options(tmp_path):
+    out = run_snippet(tmp_path, 3, REPRODUCIBLE)
+    sums = re.findall(r"sum (\[.*\])", out.stdout)
+    assert sums == ["[1.0, 1.0, 1.0, 1.0]"] * 3, out.stdout + out.stderr
+
+
+TIMEOUT = """
+import datetime, time, torch, torch.distributed as dist
+dist.init_process_group("ringzero", timeout=datetime.timedelta(seconds=2))
+rank = dist.get_rank()
+if rank == 0:
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(10))
+    except dist.DistBackendError as e:
+        print(f"timed out after {time.monotonic() - start:.1f} s: {e}", flush=True)
+else:
+    time.sleep(8)
+"""
+
+
+def test_the_init_timeout_is_every_waits_deadline(tmp_path):
+    out = run_snippet(tmp_path, 2, TIMEOUT)
+    m = re.search(r"timed out after (\S+) s: (.*)", out.stdout)
+    assert m, out.stdout + out.stderr
+    assert 1.5 < float(m.group(1)) < 6.0
+    assert "rank 1" in m.group(2)
+
+
+TRACE = """
+import torch, torch.distributed as dist
+dist.init_process_group("ringzero")
+for _ in range(3):
+    dist.all_reduce(torch.ones(1000))
+dist.all_gather_into_tensor(torch.empty(2000), torch.ones(1000))
+dist.destroy_process_group()
+"""
+
+
+def test_ringzero_trace_records_the_calls_pytorch_makes(tmp_path):
+    trace = tmp_path / "trace"
+    out = run_snippet(tmp_path, 2, TRACE, env={"RINGZERO_TRACE": str(trace)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = sorted(trace.glob("rank*.json"))
+    assert [f.name for f in files] == ["rank0.json", "rank1.json"]
+    for f in files:
+        text = f.read_text()
+        assert text.count('"all_reduce') >= 3, text[:2000]
+        assert '"all_gather' in text
