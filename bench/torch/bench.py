@@ -5,12 +5,13 @@
         --perf build/bench/tools/perf/ringzero-perf --run build/bench/tools/run/ringzero-run
     build/torch-venv/bin/python bench/torch/bench.py --ddp                 # the DDP example too
 
-For each world size it starts the ranks once, and each rank runs the sweep over every backend in
-turn (side by side in one run, so the machine's load falls on both alike): float32 all_reduce,
+For each world size it starts the ranks once, with a process group of every backend, and times
+each row over the backends in turn, in interleaved rounds (the median kept), so whatever else
+loads the machine falls on all of them alike: float32 all_reduce,
 all_gather_into_tensor and reduce_scatter_tensor from --min to --max bytes, as nccl-tests sizes
-them (the whole buffer: all_reduce's, all_gather's output, reduce_scatter's input). A row's time
-is the slowest rank's mean over enough calls to fill --seconds, after warm-up calls; bus
-bandwidth is nccl-tests' (docs/performance.md). With --perf and --run, ringzero-perf measures the
+them (the whole buffer: all_reduce's, all_gather's output, reduce_scatter's input). A round's time
+is the slowest rank's mean per call over a loop filling --seconds / --rounds, after warm-up
+calls; bus bandwidth is nccl-tests' (docs/performance.md). With --perf and --run, ringzero-perf measures the
 same collectives on the transport the backend picked (shm on one host), and the table shows what
 the binding adds per call: the torch call's time less ringzero-perf's.
 """
@@ -22,6 +23,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -59,50 +61,62 @@ def elements(op: str, size: int, n: int) -> int:
     return max(n, count - count % n) if op != "all_reduce" else count
 
 
-def time_op(op: str, size: int, n: int, seconds: float, warmup: int) -> float:
+def time_op(op: str, size: int, n: int, group, seconds: float, warmup: int) -> float:
+    """Mean seconds per call over a loop filling `seconds`: the slowest rank's."""
     count = elements(op, size, n)
     full = torch.ones(count)
     part = torch.ones(count // n) if op != "all_reduce" else None
 
     def call():
         if op == "all_reduce":
-            dist.all_reduce(full)
+            dist.all_reduce(full, group=group)
         elif op == "all_gather_into_tensor":
-            dist.all_gather_into_tensor(full, part)
+            dist.all_gather_into_tensor(full, part, group=group)
         else:
-            dist.reduce_scatter_tensor(part, full)
+            dist.reduce_scatter_tensor(part, full, group=group)
 
     for _ in range(warmup):
         call()
-    # Calibrate on rank 0, then everybody runs the same number of calls.
-    dist.barrier()
+    # Calibrate on rank 0, then every rank runs the same number of calls.
+    dist.barrier(group=group)
     start = time.perf_counter()
     call()
     once = time.perf_counter() - start
     iters = torch.tensor([max(3, min(100000, int(seconds / max(once, 1e-7))))], dtype=torch.int64)
-    dist.broadcast(iters, 0)
-    dist.barrier()
+    dist.broadcast(iters, 0, group=group)
+    dist.barrier(group=group)
     start = time.perf_counter()
     for _ in range(int(iters.item())):
         call()
     mean = torch.tensor([(time.perf_counter() - start) / int(iters.item())], dtype=torch.float64)
-    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=group)
     return mean.item()
 
 
 def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    # Every backend's group at once, and the rows interleaved: for each size, a round of each
+    # backend in turn, --rounds times, the median round kept. Whatever else loads the machine
+    # then falls on every backend alike.
+    dist.init_process_group(args.backends[0], rank=rank, world_size=n)
+    groups = {args.backends[0]: None}
+    for b in args.backends[1:]:
+        groups[b] = dist.new_group(backend=b)
     results = []
-    for backend in args.backends:
-        dist.init_process_group(backend, rank=rank, world_size=n)
-        size = args.min
-        while size <= args.max:
-            for op in args.ops:
-                t = time_op(op, size, n, args.seconds, args.warmup)
-                results.append({"backend": backend, "ranks": n, "op": op, "bytes": size, "us": t * 1e6})
-            size *= args.factor
-        dist.destroy_process_group()
+    size = args.min
+    while size <= args.max:
+        for op in args.ops:
+            times = {b: [] for b in args.backends}
+            for _ in range(args.rounds):
+                for b in args.backends:
+                    times[b].append(time_op(op, size, n, groups[b], args.seconds / args.rounds,
+                                            args.warmup))
+            for b in args.backends:
+                results.append({"backend": b, "ranks": n, "op": op, "bytes": size,
+                                "us": statistics.median(times[b]) * 1e6})
+        size *= args.factor
+    dist.destroy_process_group()
     if rank == 0:
         queue.put(results)
 
@@ -153,7 +167,8 @@ def main() -> None:
     p.add_argument("--min", type=size_arg, default=8)
     p.add_argument("--max", type=size_arg, default=256 << 20)
     p.add_argument("--factor", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=0.2, help="time to fill per row")
+    p.add_argument("--seconds", type=float, default=0.3, help="time to fill per row and backend")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per row; the median")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--perf", help="ringzero-perf, to compare the binding with")
     p.add_argument("--run", help="ringzero-run, to start ringzero-perf's ranks")
@@ -197,7 +212,9 @@ def main() -> None:
                     bw.append(busbw)
                     line += [f"{us:.1f}", f"{busbw:.3f}"]
                 if len(args.backends) > 1:
-                    line.append(f"{bw[0] / bw[1]:.2f}x")
+                    # The bandwidth ratio is the inverse time ratio (same bytes), which also
+                    # holds on one rank, where bus bandwidth is 0.
+                    line.append(f"{by[(args.backends[1], op, size)] / by[(args.backends[0], op, size)]:.2f}x")
                 row = {"ranks": n, "op": op, "bytes": size,
                        **{f"{b}_us": by[(b, op, size)] for b in args.backends}}
                 if perf:

@@ -332,7 +332,7 @@ progress::~progress() {
   if (thread_.joinable()) thread_.join();
 }
 
-void progress::post(const c10::intrusive_ptr<work>& w) {
+void progress::post(const c10::intrusive_ptr<work>& w, bool wake) {
   {
     std::lock_guard lock(mutex_);
     if (stopping_) {
@@ -343,7 +343,7 @@ void progress::post(const c10::intrusive_ptr<work>& w) {
     queue_.push_back(w);
     queued_.fetch_add(1, std::memory_order_release);
   }
-  wake_.notify_one();
+  if (wake) wake_.notify_one();
 }
 
 bool progress::run_inline(work* w) {
@@ -529,7 +529,7 @@ call_options backend::call(std::chrono::milliseconds timeout) const {
 
 c10::intrusive_ptr<c10d::Work> backend::enqueue(c10d::OpType type, const char* title,
                                                 std::vector<at::Tensor> outputs, work::body run,
-                                                std::function<void()> finish) {
+                                                std::function<void()> finish, bool async) {
   auto w = c10::make_intrusive<work>(rank_, size_, type, title, std::move(outputs), std::move(run),
                                      std::move(finish));
   ++sequence_;
@@ -545,7 +545,8 @@ c10::intrusive_ptr<c10d::Work> backend::enqueue(c10d::OpType type, const char* t
     }
   };
   w->progress_ = progress_;
-  progress_->post(w);
+  progress_->post(w, async);
+  if (!async && !progress_->run_inline(w.get())) progress_->wake();
   return w;
 }
 
@@ -564,7 +565,8 @@ c10::intrusive_ptr<c10d::Work> backend::broadcast(std::vector<at::Tensor>& tenso
       },
       [t, buf]() mutable {
         if (!t.is_same(buf)) t.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 namespace {
@@ -596,7 +598,8 @@ c10::intrusive_ptr<c10d::Work> backend::allreduce(std::vector<at::Tensor>& tenso
       },
       [t, buf]() mutable {
         if (!t.is_same(buf)) t.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::allreduce_coalesced(
@@ -620,7 +623,8 @@ c10::intrusive_ptr<c10d::Work> backend::allreduce_coalesced(
           t.copy_(buf.narrow(0, at, t.numel()).view_as(t));
           at += t.numel();
         }
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::reduce(std::vector<at::Tensor>& tensors,
@@ -646,7 +650,8 @@ c10::intrusive_ptr<c10d::Work> backend::reduce(std::vector<at::Tensor>& tensors,
       },
       [t, buf, root, r = rank_]() mutable {
         if (r == root && !t.is_same(buf)) t.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -667,7 +672,8 @@ c10::intrusive_ptr<c10d::Work> backend::_allgather_base(at::Tensor& output, at::
       },
       [output, out]() mutable {
         if (!output.is_same(out)) output.copy_(out);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -694,7 +700,8 @@ c10::intrusive_ptr<c10d::Work> backend::allgather(std::vector<std::vector<at::Te
       [outs, flat, n = in.numel()]() mutable {
         for (std::size_t r = 0; r < outs.size(); ++r)
           outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view_as(outs[r]));
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::allgather_coalesced(
@@ -735,7 +742,8 @@ c10::intrusive_ptr<c10d::Work> backend::allgather_coalesced(
             at += t.numel();
           }
         }
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::allgather_into_tensor_coalesced(
@@ -763,7 +771,8 @@ c10::intrusive_ptr<c10d::Work> backend::allgather_into_tensor_coalesced(
       [outputs, outs]() mutable {
         for (std::size_t i = 0; i < outs.size(); ++i)
           if (!outputs[i].is_same(outs[i])) outputs[i].copy_(outs[i]);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -795,7 +804,8 @@ c10::intrusive_ptr<c10d::Work> backend::gather(std::vector<std::vector<at::Tenso
       [outs, flat, n = in.numel()]() mutable {
         for (std::size_t r = 0; r < outs.size(); ++r)
           outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view_as(outs[r]));
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::scatter(std::vector<at::Tensor>& outputs,
@@ -829,7 +839,8 @@ c10::intrusive_ptr<c10d::Work> backend::scatter(std::vector<at::Tensor>& outputs
       },
       [out, buf]() mutable {
         if (!out.is_same(buf)) out.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 namespace {
@@ -875,7 +886,8 @@ c10::intrusive_ptr<c10d::Work> backend::reduce_scatter(std::vector<at::Tensor>& 
       },
       [out, buf]() mutable {
         if (!out.is_same(buf)) out.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::_reduce_scatter_base(
@@ -897,7 +909,8 @@ c10::intrusive_ptr<c10d::Work> backend::_reduce_scatter_base(
       },
       [output, buf]() mutable {
         if (!output.is_same(buf)) output.copy_(buf);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::reduce_scatter_tensor_coalesced(
@@ -927,7 +940,8 @@ c10::intrusive_ptr<c10d::Work> backend::reduce_scatter_tensor_coalesced(
       [outputs, bufs]() mutable {
         for (std::size_t i = 0; i < bufs.size(); ++i)
           if (!outputs[i].is_same(bufs[i])) outputs[i].copy_(bufs[i]);
-      });
+      },
+      opts.asyncOp);
 }
 
 namespace {
@@ -1000,7 +1014,8 @@ c10::intrusive_ptr<c10d::Work> backend::alltoall_base(at::Tensor& output, at::Te
       },
       [output, out]() mutable {
         if (!output.is_same(out)) output.copy_(out);
-      });
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> backend::alltoall(std::vector<at::Tensor>& outputs,
@@ -1036,7 +1051,8 @@ c10::intrusive_ptr<c10d::Work> backend::alltoall(std::vector<at::Tensor>& output
           t.copy_(out.narrow(0, at, t.numel()).view_as(t));
           at += t.numel();
         }
-      });
+      },
+      opts.asyncOp);
 }
 
 namespace {
@@ -1076,11 +1092,13 @@ c10::intrusive_ptr<c10d::Work> backend::recv(std::vector<at::Tensor>& tensors, i
 }
 
 c10::intrusive_ptr<c10d::Work> backend::barrier(const c10d::BarrierOptions& opts) {
-  return enqueue(c10d::OpType::BARRIER, "ringzero:barrier", {},
-                 [c = comm_, o = call(opts.timeout)]() -> std::unique_ptr<message> {
-                   c->barrier(o);
-                   return nullptr;
-                 });
+  return enqueue(
+      c10d::OpType::BARRIER, "ringzero:barrier", {},
+      [c = comm_, o = call(opts.timeout)]() -> std::unique_ptr<message> {
+        c->barrier(o);
+        return nullptr;
+      },
+      {}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Backend> backend::split(const c10::intrusive_ptr<c10d::Store>&,

@@ -4,8 +4,8 @@
 // the communicator's transport (one per transport: a backend and the ones split from it share
 // it, so their calls keep the order they were made in, as ringzero's transports need). DDP's
 // bucket all_reduces so run while backward goes on, as with gloo and NCCL. A caller that waits
-// on a work nobody has started runs it itself (the thread is idle, the order is the same), which
-// saves the two thread hand-offs of a blocking call.
+// on a work nobody has started runs it itself (the thread is idle, the order is the same), and a
+// call made with async_op=False runs so at once: a blocking call costs no thread hand-off.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -74,7 +74,11 @@ class progress : public std::enable_shared_from_this<progress> {
   progress(const progress&) = delete;
   progress& operator=(const progress&) = delete;
 
-  void post(const c10::intrusive_ptr<work>& w);
+  /// Queues w. wake = false leaves the thread asleep: for a caller that runs w itself at once
+  /// (run_inline) unless the thread is busy, which then finds w when it looks again.
+  void post(const c10::intrusive_ptr<work>& w, bool wake = true);
+  /// Wakes the thread (after a post without waking that run_inline could not serve).
+  void wake() { wake_.notify_one(); }
   /// Runs w in the calling thread if nothing runs now and w is next; false otherwise.
   bool run_inline(work* w);
   /// Fails every queued work with `error` and stops the thread (abort, shutdown after a failure).
@@ -173,10 +177,12 @@ class backend : public c10d::Backend {
   void shutdown() override;
 
  private:
-  /// Queues `run` as one work; `finish` runs on success before the future completes.
+  /// Queues `run` as one work; `finish` runs on success before the future completes. A call
+  /// torch makes with async_op=False (`async` false) is waited on at once: it runs in the
+  /// caller's thread when the communication thread is idle, without the two hand-offs.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          std::vector<at::Tensor> outputs, work::body run,
-                                         std::function<void()> finish = {});
+                                         std::function<void()> finish = {}, bool async = true);
   /// The options of one call: its own timeout if set, else the backend's.
   [[nodiscard]] call_options call(std::chrono::milliseconds timeout) const;
 
