@@ -260,3 +260,26 @@ def test_ringzero_trace_records_the_calls_pytorch_makes(tmp_path):
         text = f.read_text()
         assert text.count('"all_reduce') >= 3, text[:2000]
         assert '"all_gather' in text
+
+
+SPLIT = """
+import torch, torch.distributed as dist
+dist.init_process_group("ringzero")
+rank = dist.get_rank()
+# split_group runs Backend::split on every rank of the parent: ringzero's split().
+group = dist.split_group(split_ranks=[[0, 2], [1]])
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t, group=group)
+world = torch.tensor([1.0])
+dist.all_reduce(world)
+print(f"rank {rank} size {dist.get_world_size(group)} sum {t.item()} world {world.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_split_group_splits_the_world_communicator(tmp_path):
+    out = run_snippet(tmp_path, 3, SPLIT)
+    got = sorted(re.findall(r"rank (\d) size (\d) sum (\S+) world (\S+)", out.stdout))
+    assert got == [("0", "2", "4.0", "3.0"), ("1", "1", "2.0", "3.0"), ("2", "2", "4.0", "3.0")], (
+        out.stdout + out.stderr
+    )
