@@ -533,17 +533,6 @@ c10::intrusive_ptr<c10d::Work> backend::enqueue(c10d::OpType type, const char* t
   auto w = c10::make_intrusive<work>(rank_, size_, type, title, std::move(outputs), std::move(run),
                                      std::move(finish));
   ++sequence_;
-  // The work reports its failures in this backend's numbering.
-  auto c = comm_;
-  auto body = std::move(w->run_);
-  w->run_ = [c, body = std::move(body), r = rank_, n = size_]() -> std::unique_ptr<message> {
-    try {
-      return body();
-    } catch (const comm_error& e) {
-      std::rethrow_exception(
-          backend_error(e.what(), r, n, e.peer, e.k == comm_error::kind::timeout));
-    }
-  };
   w->progress_ = progress_;
   progress_->post(w, async);
   if (!async && !progress_->run_inline(w.get())) progress_->wake();
