@@ -17,10 +17,12 @@ TEST_CASE("isend and irecv posted in either order on two ranks complete without 
     const std::vector<float> mine(1000, static_cast<float>(c.rank() + 1));
     std::vector<float> theirs(1000);
     // Both ranks receive first: with blocking calls each would wait for the other's send.
-    auto r = irecv(c, std::span<float>(theirs), peer, 3);
+    // docs-begin: either-order
+    auto r = irecv(c, std::span<float>(theirs), peer, /*tag=*/3);
     auto s = isend(c, std::span<const float>(mine), peer, 3);
     r.wait();
     s.wait();
+    // docs-end: either-order
     CHECK(r.done());
     CHECK(theirs == std::vector<float>(1000, static_cast<float>(peer + 1)));
   });

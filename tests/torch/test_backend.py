@@ -201,8 +201,11 @@ def test_isend_and_irecv_in_either_order_do_not_deadlock(tmp_path):
 
 
 REPRODUCIBLE = """
-import torch, torch.distributed as dist, ringzero_torch
+import torch, torch.distributed as dist
+# docs-begin: options
+import ringzero_torch
 dist.init_process_group("ringzero", pg_options=ringzero_torch.Options(reproducible=True))
+# docs-end: options
 rank = dist.get_rank()
 # 1e16 + 1 - 1e16 summed in float64: the exact sum is 1 on any rank order and algorithm.
 t = torch.tensor([[1e16, 1.0, -1e16][rank]] * 4, dtype=torch.float64)
@@ -241,8 +244,11 @@ def test_the_init_timeout_is_every_waits_deadline(tmp_path):
 
 
 TRACE = """
-import torch, torch.distributed as dist
-dist.init_process_group("ringzero")
+import torch
+# docs-begin: switch
+import torch.distributed as dist
+dist.init_process_group("ringzero")  # was: dist.init_process_group("gloo")
+# docs-end: switch
 for _ in range(3):
     dist.all_reduce(torch.ones(1000))
 dist.all_gather_into_tensor(torch.empty(2000), torch.ones(1000))
