@@ -73,7 +73,7 @@ SUBSET = [
     "test_reduce_sum",
     "test_all_gather",
     "test_all_gather_coalesced_simple",
-    "test_all_to_all_single_unequal_split",
+    "test_reduce_full_group_sum",
     "test_gather",
     "test_scatter",
     "test_barrier",

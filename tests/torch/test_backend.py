@@ -289,3 +289,80 @@ def test_split_group_splits_the_world_communicator(tmp_path):
     assert got == [("0", "2", "4.0", "3.0"), ("1", "1", "2.0", "3.0"), ("2", "2", "4.0", "3.0")], (
         out.stdout + out.stderr
     )
+
+
+COLLECTIVES = """
+import torch, torch.distributed as dist
+dist.init_process_group("ringzero")
+r, n = dist.get_rank(), dist.get_world_size()
+ok = []
+
+def check(name, got, want):
+    assert torch.equal(got, want), (name, got, want)
+    ok.append(name)
+
+# all_to_all_single, equal and uneven splits (PyTorch's suite runs them for MPI only).
+x = torch.arange(n * 2, dtype=torch.float32) + 100 * r
+y = torch.empty(n * 2)
+dist.all_to_all_single(y, x)
+check("alltoall equal", y, torch.tensor([100.0 * p + 2 * r + k for p in range(n) for k in range(2)]))
+send = [p + 1 for p in range(n)]  # rank r sends p+1 rows to rank p
+recv = [r + 1] * n
+x = torch.full((sum(send), 3), float(r))
+y = torch.empty(sum(recv), 3)
+dist.all_to_all_single(y, x, recv, send)
+check("alltoall uneven", y, torch.cat([torch.full((r + 1, 3), float(p)) for p in range(n)]))
+outs = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
+dist.all_to_all(outs, [torch.tensor([r, p]) for p in range(n)])
+check("alltoall list", torch.stack(outs), torch.tensor([[p, r] for p in range(n)]))
+# reduce_scatter_tensor, all_gather_into_tensor.
+full = torch.arange(n * 4, dtype=torch.float64) * (r + 1)
+part = torch.empty(4, dtype=torch.float64)
+dist.reduce_scatter_tensor(part, full)
+check("reduce_scatter", part, torch.arange(r * 4, r * 4 + 4, dtype=torch.float64) * (n * (n + 1) // 2))
+gathered = torch.empty(n * 4, dtype=torch.float64)
+dist.all_gather_into_tensor(gathered, part)
+check("all_gather", gathered, torch.arange(n * 4, dtype=torch.float64) * (n * (n + 1) // 2))
+# Types and ops ringzero reduces as bytes or leaves to torch's elementwise ops.
+b = torch.tensor([r == 0, False, True])
+dist.all_reduce(b)
+check("bool or", b, torch.tensor([True, False, True]))
+b = torch.tensor([r == 0, True])
+dist.all_reduce(b, op=dist.ReduceOp.MIN)
+check("bool and", b, torch.tensor([n == 1, True]))
+s16 = torch.tensor([r + 1, -2], dtype=torch.int16)
+dist.all_reduce(s16)
+check("int16 sum", s16, torch.tensor([n * (n + 1) // 2, -2 * n], dtype=torch.int16))
+bits = torch.tensor([1 << r, 7], dtype=torch.int32)
+dist.all_reduce(bits, op=dist.ReduceOp.BOR)
+check("bor", bits, torch.tensor([(1 << n) - 1, 7], dtype=torch.int32))
+dist.all_reduce(bits, op=dist.ReduceOp.BXOR)
+check("bxor", bits, torch.tensor([(1 << n) - 1 if n % 2 else 0, 7 if n % 2 else 0], dtype=torch.int32))
+avg = torch.full((5,), float(r))
+dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+check("avg", avg, torch.full((5,), (n - 1) / 2))
+# A non-contiguous tensor: reduced in a contiguous copy, written back.
+m = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (r + 1)
+dist.all_reduce(m)
+check("strided", m, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (n * (n + 1) // 2))
+# gather and scatter.
+g = [torch.empty(2) for _ in range(n)] if r == 0 else None
+dist.gather(torch.full((2,), float(r)), g, dst=0)
+if r == 0:
+    check("gather", torch.stack(g), torch.stack([torch.full((2,), float(p)) for p in range(n)]))
+sc = torch.empty(3)
+dist.scatter(sc, [torch.full((3,), float(p)) for p in range(n)] if r == 0 else None, src=0)
+check("scatter", sc, torch.full((3,), float(r)))
+# An async all_reduce's future holds the output tensor (DDP's default hook reads it).
+t = torch.ones(4)
+fut = dist.all_reduce(t, async_op=True).get_future()
+check("future", fut.wait()[0], torch.full((4,), float(n)))
+print(f"rank {r} checked {len(ok)}", flush=True)
+"""
+
+
+def test_collectives_types_and_ops_against_expected_values(tmp_path):
+    out = run_snippet(tmp_path, 3, COLLECTIVES)
+    # Rank 0 checks what it gathered too.
+    got = sorted(re.findall(r"rank (\d) checked (\d+)", out.stdout))
+    assert got == [("0", "15"), ("1", "14"), ("2", "14")], out.stdout + out.stderr

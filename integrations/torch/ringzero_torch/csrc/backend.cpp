@@ -224,8 +224,11 @@ void check_root(int64_t root, int size, const char* what) {
 std::exception_ptr backend_error(const std::string& what, int rank, int size, int culprit,
                                  bool timed_out) {
   std::string msg = what;
-  if (culprit >= 0)
-    msg += (timed_out ? " [waiting for rank " : " [failed rank: ") + std::to_string(culprit) + "]";
+  // "Timed out" as gloo says it: scripts (and torch's tests) look for those words.
+  if (timed_out)
+    msg += "; Timed out" + (culprit >= 0 ? " waiting for rank " + std::to_string(culprit) : "");
+  else if (culprit >= 0)
+    msg += " [failed rank: " + std::to_string(culprit) + "]";
   msg += " (ringzero backend, rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   try {
     C10_THROW_ERROR(DistBackendError, msg);
