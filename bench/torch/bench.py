@@ -4,6 +4,7 @@
     build/torch-venv/bin/python bench/torch/bench.py --ranks 2 --max 16M \\
         --perf build/bench/tools/perf/ringzero-perf --run build/bench/tools/run/ringzero-run
     build/torch-venv/bin/python bench/torch/bench.py --ddp                 # the DDP example too
+    build/torch-venv/bin/python bench/torch/bench.py --binding             # per-call cost, 1 rank
 
 For each world size it starts the ranks once, with a process group of every backend, and times
 each row over the backends in turn, in interleaved rounds (the median kept), so whatever else
@@ -143,6 +144,38 @@ def perf_rows(args: argparse.Namespace, n: int, op: str) -> dict[int, float]:
     return rows
 
 
+def binding(args: argparse.Namespace) -> None:
+    """Per-call cost on one rank, where a collective waits for nobody: float32 all_reduce of 8
+    bytes through dist.all_reduce and through the backend object (torch's Python layer left
+    out), the median of 5 loops of 20,000 calls."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    torch.set_num_threads(1)
+    dist.init_process_group(args.backends[0], rank=0, world_size=1)
+    groups = {args.backends[0]: dist.group.WORLD}
+    for b in args.backends[1:]:
+        groups[b] = dist.new_group(backend=b)
+    t = torch.ones(2)
+
+    def per_call(f, n=20000):
+        for _ in range(1000):
+            f()
+        loops = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                f()
+            loops.append((time.perf_counter() - start) / n * 1e6)
+        return statistics.median(loops)
+
+    print("\n## per-call cost on one rank (us): dist.all_reduce, backend.allreduce().wait()\n")
+    for b, g in groups.items():
+        be = g._get_backend(torch.device("cpu"))
+        opts = dist.AllreduceOptions()
+        print(f"| {b} | {per_call(lambda: dist.all_reduce(t, group=g)):.2f} | "
+              f"{per_call(lambda: be.allreduce([t], opts).wait()):.2f} |")
+    dist.destroy_process_group()
+
+
 def ddp_step_times(args: argparse.Namespace, n: int) -> dict[str, float]:
     script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "torch", "ddp.py")
     times = {}
@@ -175,12 +208,17 @@ def main() -> None:
     p.add_argument("--ddp", action="store_true", help="also time the DDP example's steps")
     p.add_argument("--ddp-steps", type=int, default=30)
     p.add_argument("--json", help="write every row here too")
+    p.add_argument("--binding", action="store_true",
+                   help="only the per-call cost on one rank, in this process")
     args = p.parse_args()
     if bool(args.perf) != bool(args.run):
         p.error("--perf and --run go together")
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}, torch {torch.__version__}")
+    if args.binding:
+        binding(args)
+        return
     rows = []
     for n in args.ranks:
         ctx = mp.get_context("spawn")
