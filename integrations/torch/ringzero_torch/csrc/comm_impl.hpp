@@ -115,6 +115,24 @@ class store_adapter final : public ringzero::bootstrap::store {
   key_value& kv_;
 };
 
+// comm.hpp mirrors ringzero's codes so that the torch half needs no ringzero header: the
+// mirror must keep their order.
+static_assert(static_cast<int>(element::int8) == static_cast<int>(ringzero::dtype::int8) &&
+              static_cast<int>(element::uint8) == static_cast<int>(ringzero::dtype::uint8) &&
+              static_cast<int>(element::int32) == static_cast<int>(ringzero::dtype::int32) &&
+              static_cast<int>(element::uint32) == static_cast<int>(ringzero::dtype::uint32) &&
+              static_cast<int>(element::int64) == static_cast<int>(ringzero::dtype::int64) &&
+              static_cast<int>(element::uint64) == static_cast<int>(ringzero::dtype::uint64) &&
+              static_cast<int>(element::float16) == static_cast<int>(ringzero::dtype::float16) &&
+              static_cast<int>(element::float32) == static_cast<int>(ringzero::dtype::float32) &&
+              static_cast<int>(element::float64) == static_cast<int>(ringzero::dtype::float64) &&
+              static_cast<int>(element::bfloat16) == static_cast<int>(ringzero::dtype::bfloat16));
+static_assert(static_cast<int>(reduction::sum) == static_cast<int>(ringzero::op::sum) &&
+              static_cast<int>(reduction::prod) == static_cast<int>(ringzero::op::prod) &&
+              static_cast<int>(reduction::min) == static_cast<int>(ringzero::op::min) &&
+              static_cast<int>(reduction::max) == static_cast<int>(ringzero::op::max) &&
+              static_cast<int>(reduction::avg) == static_cast<int>(ringzero::op::avg));
+
 [[nodiscard]] inline ringzero::op to_op(reduction r) {
   return static_cast<ringzero::op>(static_cast<std::uint8_t>(r));
 }
