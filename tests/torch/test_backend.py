@@ -95,8 +95,12 @@ def test_ddp_over_ringzero_ends_bitwise_equal_to_gloo_on_two_ranks(tmp_path):
 def test_ddp_over_ringzero_matches_gloo_to_float_tolerance_on_four_ranks(tmp_path):
     ours = example(tmp_path, "ddp.py", "ringzero", 4, 4)
     gloo = example(tmp_path, "ddp.py", "gloo", 4, 4)
+    # Four terms summed in another order differ in the last bit, and AdamW's update (about lr
+    # whatever the gradient's size) carries a flipped near-zero gradient to lr's scale: 1e-4
+    # after 4 steps at lr 3e-3 (measured: 2.7e-5 at most).
+    assert ours[1] == pytest.approx(gloo[1], rel=1e-5)
     for a, b in zip(ours[2], gloo[2]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_fsdp2_over_ringzero_trains_to_gloos_loss_curve(tmp_path):
