@@ -93,8 +93,8 @@ SUBSET = [
     "test_barrier",
     "test_isend",
     "test_batch_isend_irecv_gloo",
-    "test_all_reduce_group_sum",
-    "test_new_subgroups",
+    "test_all_reduce_full_group_sum",
+    "test_all_gather_object_subgroup",
     "test_DistributedDataParallelCPU",
 ]
 
