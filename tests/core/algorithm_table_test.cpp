@@ -195,7 +195,7 @@ TEST_CASE(
         std::vector<std::int64_t> in(count), out(count, -1);
         for (std::size_t i = 0; i < count; ++i)
           in[i] = static_cast<std::int64_t>(i * 7 + static_cast<std::size_t>(r) * 1000 + 3);
-        detail::run<with_everyone>(
+        detail::dispatch<with_everyone>(
             c, algorithms::call<std::int64_t>{collective::all_reduce, in, out, op::sum, 0},
             options{});
         for (std::size_t i = 0; i < count; ++i) {
@@ -206,7 +206,7 @@ TEST_CASE(
         }
         // Forced through options, by its enumerator, like any built-in algorithm.
         std::vector<std::int64_t> in2(in), out2(count, -1);
-        detail::run<with_everyone>(
+        detail::dispatch<with_everyone>(
             c, algorithms::call<std::int64_t>{collective::all_reduce, in2, out2, op::max, 0},
             options{.algorithm = everyone_id});
         for (std::size_t i = 0; i < count; ++i)
@@ -223,9 +223,9 @@ TEST_CASE("table: forcing a registered algorithm where it does not apply names i
   w.run([&](loopback::communicator& c) {
     std::vector<float> v(4, 1.0f);
     try {
-      detail::run<with_everyone>(c,
-                                 algorithms::call<float>{collective::broadcast, v, v, op::sum, 0},
-                                 options{.algorithm = everyone_id});
+      detail::dispatch<with_everyone>(
+          c, algorithms::call<float>{collective::broadcast, v, v, op::sum, 0},
+          options{.algorithm = everyone_id});
       FAIL("forcing an algorithm that does not implement broadcast was accepted");
     } catch (const invalid_argument& e) {
       CHECK(std::string(e.what()).find("broadcast") != std::string::npos);

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -121,6 +122,45 @@ TEST_CASE("collective table: a collective of the caller's own runs from its desc
           });
         }
       }
+    }
+  }
+}
+
+TEST_CASE("collective table: a caller's reducing collective honours options::reproducible") {
+  // Terms whose float sum depends on their order: 2^27 + 3 rounds to 2^27 (float keeps 24 bits),
+  // so the chain's prefix on rank 2 is 0 where the exact sum is 3. options::reproducible gives
+  // each rank its prefix summed exactly and rounded once, from the descriptor's `reduces` alone:
+  // neither the dispatcher nor the reproducible path knows the scan.
+  const auto term = [](int rank, std::size_t i) {
+    constexpr float big = 134217728.0f;  // 2^27
+    const float x[] = {big, 3.0f, -big, 0.75f, 0.0625f};
+    return x[static_cast<std::size_t>(rank) % 5] * (i % 2 == 0 ? 1.0f : -1.0f) +
+           static_cast<float>(i % 7) * 0.125f;
+  };
+  for (int n : {1, 3, 5}) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{70}, std::size_t{300}}) {
+      INFO("n " << n << ", count " << count);
+      loopback::world w(n);
+      w.run([&](loopback::communicator& c) {
+        const int r = c.rank();
+        std::vector<float> in(count), exact(count), plain(count);
+        for (std::size_t i = 0; i < count; ++i) in[i] = term(r, i);
+        run_collective<with_scan>(c, scan, std::span<const float>(in), std::span<float>(exact),
+                                  op::sum, 0, {.reproducible = true});
+        run_collective<with_scan>(c, scan, std::span<const float>(in), std::span<float>(plain),
+                                  op::sum, 0);
+        bool differs = false;
+        for (std::size_t i = 0; i < count; ++i) {
+          double want = 0;  // exact: a few floats within 2^53 of each other
+          for (int p = 0; p <= r; ++p) want += static_cast<double>(term(p, i));
+          const auto rounded = static_cast<float>(want);
+          REQUIRE_MESSAGE(std::memcmp(&exact[i], &rounded, sizeof(float)) == 0,
+                          "element " << i << ": " << exact[i] << ", exact " << rounded);
+          differs = differs || std::memcmp(&plain[i], &rounded, sizeof(float)) != 0;
+        }
+        // The chain's own sum is not the exact one from the third rank on: the option mattered.
+        if (r == 2) CHECK(differs);
+      });
     }
   }
 }

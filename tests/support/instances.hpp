@@ -1,6 +1,6 @@
 // The collectives every test program runs, compiled once (ringzero_test_instances) instead of
 // in every test source: the build force-includes this header into each test, and the
-// declarations below keep the compiler from instantiating detail::run, and through it every
+// declarations below keep the compiler from instantiating detail::dispatch, and through it every
 // algorithm of algorithms::builtin, for these transports and element types. A test that runs
 // another combination (its own transport or table) still instantiates that one itself.
 // Header-only users of ringzero never see this file.
@@ -19,8 +19,8 @@
 #define RINGZERO_TEST_FLOATING_ELEMENTS(X, T) \
   X(T, ringzero::float16) X(T, float) X(T, double) X(T, ringzero::bfloat16)
 
-#define RINGZERO_TEST_RUN_SIGNATURE(T, E)                          \
-  void ringzero::detail::run<ringzero::algorithms::builtin, T, E>( \
+#define RINGZERO_TEST_RUN_SIGNATURE(T, E)                               \
+  void ringzero::detail::dispatch<ringzero::algorithms::builtin, T, E>( \
       ringzero::communicator<T>&, const ringzero::algorithms::call<E>&, const ringzero::options&);
 #define RINGZERO_TEST_EXTERN_RUN(T, E) extern template RINGZERO_TEST_RUN_SIGNATURE(T, E)
 #define RINGZERO_TEST_INSTANTIATE_RUN(T, E) template RINGZERO_TEST_RUN_SIGNATURE(T, E)

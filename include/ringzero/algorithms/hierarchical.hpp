@@ -11,15 +11,15 @@
 // nodes, so each node reduces to its first rank, those leaders all_reduce, and each leader
 // broadcasts to its node.
 //
-// Each level is a public collective on a sub-communicator with algorithm::automatic, so it
-// picks its own algorithm for its size. The two sub-communicators are split once per
-// communicator and kept by it (communicator::nodes()). Where the transport advertises one
-// for the ranks of a host (libfabric: node_transport = shm), the node levels run over it: one
-// shared-memory communicator per node, set up collectively with the split; the cross-node level
-// stays on the parent's transport. RINGZERO_NODE_SHM=0 keeps every level on the parent's.
-// With two ranks per node each block is reduced from two operands, so the result is bitwise the
-// same over either transport; with more, the node level may add its operands in another order
-// than the parent's algorithms would (each rank still ends bitwise identical to the others).
+// Each level is a collective on a sub-communicator, run by the dispatcher with
+// algorithm::automatic, so it picks its own algorithm for its size. The two sub-communicators are
+// split once per communicator and kept by it (communicator::nodes()). Where the transport
+// advertises one for the ranks of a host (libfabric: node_transport = shm), the node levels run
+// over it: one shared-memory communicator per node, set up collectively with the split; the
+// cross-node level stays on the parent's transport. RINGZERO_NODE_SHM=0 keeps every level on the
+// parent's. With two ranks per node each block is reduced from two operands, so the result is
+// bitwise the same over either transport; with more, the node level may add its operands in another
+// order than the parent's algorithms would (each rank still ends bitwise identical to the others).
 #pragma once
 
 #include <fmt/core.h>
@@ -43,6 +43,7 @@
 #include "ringzero/algorithms/pairwise.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/comm_state.hpp"
+#include "ringzero/detail/dispatch_fwd.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
@@ -92,6 +93,15 @@ void on_node(C& comm, node_communicators<C>& nodes, F&& f) {
   f(nodes.local);
 }
 
+/// One level's collective on `comm` (a node's or the leaders' communicator), through the
+/// dispatcher: its buffers are parts of the checked call's.
+template <class C, element E>
+void level(C& comm, collective k, std::span<const E> in, std::span<E> out, op o, int root,
+           const options& opt) {
+  ringzero::detail::dispatch_builtin(
+      comm, call<E>{.kind = k, .in = in, .out = out, .reduction = o, .root = root}, opt);
+}
+
 }  // namespace detail
 
 /// Preconditions (checked by the collectives layer): size() >= 2, in.size() == out.size() > 0;
@@ -107,7 +117,7 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
     // One level only: nothing to decompose. The cost model picks a flat algorithm (the
     // hierarchical one does not apply on one level, so RINGZERO_ALGO=hier cannot send this
     // call straight back here).
-    all_reduce(comm, in, out, o, level);
+    detail::level(comm, collective::all_reduce, in, out, o, 0, level);
     return;
   }
   auto& nodes = comm.nodes();
@@ -118,12 +128,17 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
 
   if (!nodes.uniform) {
     const bool leader = nodes.local.rank() == 0;
-    detail::on_node(comm, nodes, [&](auto& node) { reduce(node, in, out, sum_op, 0, level); });
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::reduce, in, out, sum_op, 0, level);
+    });
     if (leader) {
-      all_reduce(nodes.cross, out, sum_op, level);
+      detail::level(nodes.cross, collective::all_reduce, std::span<const E>(out), out, sum_op, 0,
+                    level);
       if (o == op::avg) reduction::finish_avg(out.data(), out.size(), n);
     }
-    detail::on_node(comm, nodes, [&](auto& node) { broadcast(node, out, 0, level); });
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::broadcast, std::span<const E>(out), out, op::sum, 0, level);
+    });
     return;
   }
 
@@ -133,12 +148,15 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
   const std::size_t block = (count + local_size - 1) / local_size;
   auto levels = [&](std::span<const E> src, std::span<E> dst) {
     std::span<E> mine = dst.subspan(local_rank * block, block);
-    detail::on_node(comm, nodes,
-                    [&](auto& node) { reduce_scatter(node, src, mine, sum_op, level); });
-    all_reduce(nodes.cross, mine, sum_op, level);
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::reduce_scatter, src, mine, sum_op, 0, level);
+    });
+    detail::level(nodes.cross, collective::all_reduce, std::span<const E>(mine), mine, sum_op, 0,
+                  level);
     if (o == op::avg) reduction::finish_avg(mine.data(), mine.size(), n);
-    detail::on_node(comm, nodes,
-                    [&](auto& node) { all_gather(node, std::span<const E>(mine), dst, level); });
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::all_gather, std::span<const E>(mine), dst, op::sum, 0, level);
+    });
   };
   if (block * local_size == count) {
     levels(in, out);
@@ -167,7 +185,7 @@ void hierarchical_all_reduce(T& comm, std::span<const E> in, std::span<E> out, o
 //   latency is N-1 messages per leader instead of n-1 per rank, at the price of the leader's
 //   link carrying L times a rank's share: it wins for small blocks on many ranks per node.
 //
-// Each level is a public collective on the sub-communicators of hierarchical.hpp with
+// Each level is a collective on the sub-communicators, run by the dispatcher with
 // algorithm::automatic. Nodes of unequal size (or a single level) fall back to the best flat
 // algorithm. In place is free: every input is gathered before any output is written.
 
@@ -196,9 +214,12 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
   const std::size_t per_rank = n * b;  // one rank's whole buffer
 
   if (nodes.local.rank() != 0) {
-    detail::on_node(comm, nodes, [&](auto& node) { gather(node, in, std::span<E>{}, 0, level); });
-    detail::on_node(comm, nodes,
-                    [&](auto& node) { scatter(node, std::span<const E>{}, out, 0, level); });
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::gather, in, std::span<E>{}, op::sum, 0, level);
+    });
+    detail::on_node(comm, nodes, [&](auto& node) {
+      detail::level(node, collective::scatter, std::span<const E>{}, out, op::sum, 0, level);
+    });
     return;
   }
   // gathered[s][g]: local rank s's block for rank g. bundles[c][s][d]: that block when g is
@@ -208,7 +229,9 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
   const std::span<E> gathered = scratch.subspan(0, l * per_rank);
   const std::span<E> bundles = scratch.subspan(l * per_rank, l * per_rank);
   const std::span<E> exchanged = scratch.subspan(2 * l * per_rank, l * per_rank);
-  detail::on_node(comm, nodes, [&](auto& node) { gather(node, in, gathered, 0, level); });
+  detail::on_node(comm, nodes, [&](auto& node) {
+    detail::level(node, collective::gather, in, gathered, op::sum, 0, level);
+  });
   const auto& rank_of = nodes.parent_rank;
   for (std::size_t c = 0; c < nodes_count; ++c)
     for (std::size_t s = 0; s < l; ++s)
@@ -217,7 +240,8 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
         std::memcpy(bundles.data() + ((c * l + s) * l + d) * b, gathered.data() + (s * n + g) * b,
                     b * sizeof(E));
       }
-  all_to_all(nodes.cross, std::span<const E>(bundles), exchanged, level);
+  detail::level(nodes.cross, collective::all_to_all, std::span<const E>(bundles), exchanged,
+                op::sum, 0, level);
   // The scatter's input reuses `gathered`: local rank d's n blocks, in source rank order.
   for (std::size_t c = 0; c < nodes_count; ++c)
     for (std::size_t s = 0; s < l; ++s) {
@@ -226,8 +250,9 @@ void hierarchical_all_to_all(T& comm, std::span<const E> in, std::span<E> out, c
         std::memcpy(gathered.data() + (d * n + g) * b, exchanged.data() + ((c * l + s) * l + d) * b,
                     b * sizeof(E));
     }
-  detail::on_node(comm, nodes,
-                  [&](auto& node) { scatter(node, std::span<const E>(gathered), out, 0, level); });
+  detail::on_node(comm, nodes, [&](auto& node) {
+    detail::level(node, collective::scatter, std::span<const E>(gathered), out, op::sum, 0, level);
+  });
 }
 
 namespace hierarchical {

@@ -1,9 +1,10 @@
-// options::reproducible on host buffers: all_reduce, reduce_scatter and reduce of floating
-// types with sum or avg, as three ordinary collectives on integers (reduce/reproducible.hpp):
+// options::reproducible on host buffers: a collective whose descriptor reduces (all_reduce,
+// reduce_scatter, reduce, or one of the caller's own) on floating types with sum or avg, as
+// three ordinary collectives on integers (reduce/reproducible.hpp), each run by the dispatcher:
 //   windows  int32 max over 2 per block of 64 elements and one flag for inf/NaN;
 //   digits   int64 sum over one digit per element for ordinary data (more where a block's
-//            values span more than 40 bits), the same collective as the call (all_reduce,
-//            reduce_scatter or reduce) with the call's options;
+//            values span more than 40 bits), the same collective as the call with the call's
+//            options and algorithms;
 //   specials int64 sum of inf/NaN counts, only when some rank holds one.
 // Integer sums are exact, so the words every rank ends with depend on nothing but the terms;
 // each rank then rounds them once. The inner calls are counted and traced as what they are.
@@ -32,6 +33,10 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/algorithms/table.hpp"
+#include "ringzero/collective_table.hpp"
+#include "ringzero/communicator.hpp"
+#include "ringzero/detail/dispatch_fwd.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/detail/gathered.hpp"
@@ -350,26 +355,6 @@ void apply_specials(const std::int64_t* codes, std::size_t n, E* out) {
   }
 }
 
-/// Whether a call takes the reproducible path: the option set on a floating type with sum or
-/// avg (min and max are exact already, integers too). prod has no exact form and is refused.
-template <element E>
-[[nodiscard]] bool takes_reproducible_path(const algorithms::call<E>& c, const options& opt) {
-  if (!opt.reproducible) return false;
-  if (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter &&
-      c.kind != collective::reduce)
-    return false;  // nothing is added: the result is the same bits whatever the option says
-  if constexpr (!rp::supported_v<std::remove_cv_t<E>>) {
-    return false;
-  } else {
-    if (c.reduction == op::prod)
-      throw invalid_argument(fmt::format(
-          "{}: options::reproducible takes sum or avg (min and max are exact already); prod has "
-          "no reproducible form",
-          collective_name(c.kind)));
-    return c.reduction == op::sum || c.reduction == op::avg;
-  }
-}
-
 /// Scratch a thread keeps across its reproducible calls: fresh digits on every call would cost
 /// page faults and zeroing (8 bytes per element) that the collective itself does not. It keeps
 /// the largest call's until the thread ends.
@@ -412,6 +397,31 @@ template <class E>
   return v;
 }
 
+/// Which input element each output element of `d` sums, as the digits carry them: the one at the
+/// same place (all_reduce, reduce, a scan: false), or the one at that place of this rank's block
+/// (the input is size() blocks of the output, reduce_scatter: true). unsupported for any other
+/// shape, before anything is sent.
+[[nodiscard]] inline bool sums_one_block(const collective_descriptor& d) {
+  if (d.in.size == extent::blocks && d.out.size == extent::one) return true;
+  if (d.in.size == extent::one && d.out.size == extent::one) return false;
+  throw unsupported(fmt::format(
+      "{}: options::reproducible sums collectives whose output holds the input's elements or "
+      "one size()-th of them",
+      d.name));
+}
+
+/// The collectives the passes run, each a validated call of its own: `d`'s, on int64 digits or
+/// codes (with the call's table), and built-in ones for the windows and gathered terms.
+template <class Table, class T, element E>
+void pass(communicator<T>& comm, const collective_descriptor& d, std::span<const E> in,
+          std::span<E> out, op o, int root, const options& opt) {
+  dispatch<Table>(
+      comm,
+      algorithms::call<E>{
+          .kind = d.id, .in = in, .out = out, .reduction = o, .root = root, .described = &d},
+      opt);
+}
+
 /// A float all_reduce or reduce_scatter with no algorithm forced and more than
 /// reproducible_gather_bytes_of<float>(size()) of gathered terms sends each rank the terms of its
 /// block as they are (one all_to_all), sums them there in one pass (gathered_float_sums) and,
@@ -419,16 +429,18 @@ template <class E>
 /// moves the same), where the digits would move twice as many and add a window pass before and a
 /// rounding pass after. The exact sum rounded once is one value, so both give the same bits
 /// (docs/performance.md, "Reproducible sums: the cost").
-template <class Comm>
-void run_reproducible_gathered(Comm& comm, const algorithms::call<float>& c, const options& aux,
-                               std::uint32_t divisor) {
+template <class T>
+void run_reproducible_gathered(communicator<T>& comm, const algorithms::call<float>& c,
+                               const options& aux, std::uint32_t divisor) {
+  namespace bc = builtin_collectives;
+  using builtin = algorithms::builtin;
   const auto ranks = static_cast<std::size_t>(comm.size());
   const auto me = static_cast<std::size_t>(comm.rank());
   reproducible_scratch& s = scratch_here();
   if (c.kind == collective::reduce_scatter) {
     const std::size_t count = c.out.size();
     float* t = s.floats(ranks * count);
-    all_to_all(comm, c.in, std::span<float>(t, ranks * count), aux);
+    pass<builtin>(comm, bc::all_to_all, c.in, std::span<float>(t, ranks * count), op::sum, 0, aux);
     // In place, out is in's block rank(): the terms have left it.
     gathered_float_sums(reduction::active_simd(), t, count, ranks, count, divisor, c.out.data());
     return;
@@ -445,18 +457,27 @@ void run_reproducible_gathered(Comm& comm, const algorithms::call<float>& c, con
     std::fill(padded + count, padded + ranks * block, 0.0f);
   }
   const std::span<const float> send = even ? c.in : std::span<const float>(padded, ranks * block);
-  all_to_all(comm, send, std::span<float>(t, ranks * block), aux);
+  pass<builtin>(comm, bc::all_to_all, send, std::span<float>(t, ranks * block), op::sum, 0, aux);
   // The sums go where all_gather takes them in place: c.out's block (in place too, since the
   // terms have left c.in), or the padded copy's.
   float* sums = even ? c.out.data() : padded;
   gathered_float_sums(reduction::active_simd(), t, block, ranks, block, divisor, sums + me * block);
-  all_gather(comm, std::span<float>(sums + me * block, block),
-             std::span<float>(sums, ranks * block), aux);
+  pass<builtin>(comm, bc::all_gather, std::span<const float>(sums + me * block, block),
+                std::span<float>(sums, ranks * block), op::sum, 0, aux);
   if (!even) std::copy(padded, padded + count, c.out.begin());
 }
 
-template <class Comm, class E>
-void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& opt) {
+/// options::reproducible on host buffers, for any collective whose descriptor reduces and whose
+/// output holds the input's elements (all_reduce, reduce, a scan) or one size()-th of them,
+/// this rank's block (reduce_scatter): every output element is an exact sum of input elements at
+/// one position, which is what the digits carry. The windows are agreed over every rank's whole
+/// input, so they hold whichever ranks' terms the collective adds. all_reduce and reduce_scatter
+/// have faster forms at the sizes where they pay.
+template <class Table = algorithms::builtin, class T, class E>
+void run_reproducible(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
+  namespace bc = builtin_collectives;
+  using builtin = algorithms::builtin;
+  const collective_descriptor& d = algorithms::describe(c);
   const int n = comm.size();
   options inner = opt;
   inner.reproducible = false;
@@ -470,17 +491,19 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
     throw invalid_argument(
         fmt::format("{}: options::reproducible adds at most {} terms; the "
                     "world has {} ranks",
-                    collective_name(c.kind), rp::max_terms, n));
-  const bool root = comm.rank() == c.root;
+                    d.name, rp::max_terms, n));
+  const bool one_block = sums_one_block(d);
   const auto ranks = static_cast<std::size_t>(n);
+  const bool automatic = opt.algorithm == algorithm::automatic;
 
   // Small all_reduce: gather the terms, sum them here.
-  if (c.kind == collective::all_reduce && n > 1 && opt.algorithm == algorithm::automatic &&
+  if (c.kind == collective::all_reduce && n > 1 && automatic &&
       c.in.size() * ranks * sizeof(E) <= reproducible_gather_bytes_of<E>(ranks)) {
     const std::size_t count = c.in.size();
     std::vector<E>& all = gathered_here<E>();
     all.resize(count * ranks);
-    all_gather(comm, c.in, std::span<E>(all.data(), count * ranks), aux);
+    pass<builtin>(comm, bc::all_gather, c.in, std::span<E>(all.data(), count * ranks), op::sum, 0,
+                  aux);
     if constexpr (std::is_same_v<E, float>) {
       gathered_float_sums(reduction::active_simd(), all.data(), count, ranks, count, divisor,
                           c.out.data());
@@ -493,21 +516,22 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
 
   if constexpr (std::is_same_v<E, float>) {
     if ((c.kind == collective::all_reduce || c.kind == collective::reduce_scatter) && n > 1 &&
-        opt.algorithm == algorithm::automatic)
+        automatic)
       return run_reproducible_gathered(comm, c, aux, divisor);
   }
 
   reproducible_scratch& s = scratch_here();
   std::vector<std::int32_t>& win = s.win;
   local_windows(c.in, win);
-  all_reduce(comm, std::span<std::int32_t>(win), op::max, aux);
+  pass<builtin>(comm, bc::all_reduce, std::span<const std::int32_t>(win),
+                std::span<std::int32_t>(win), op::max, 0, aux);
   const bool special = win.back() != 0;
   std::vector<std::int64_t>& codes = s.codes;
   if (special) special_codes(c.in, codes);
 
-  if (c.kind == collective::reduce_scatter) {
+  if (one_block) {
     const std::size_t count = c.out.size();
-    // Every rank's segment padded to the longest, so reduce_scatter's equal blocks line up.
+    // Every rank's segment padded to the longest, so the blocks of the digits line up.
     std::size_t seg = 0;
     for (int r = 0; r < n; ++r)
       seg = std::max(seg, digits_between(win, static_cast<std::size_t>(r) * count,
@@ -519,34 +543,30 @@ void run_reproducible(Comm& comm, const algorithms::call<E>& c, const options& o
       write_digits(c.in, win, r * count, (r + 1) * count, q + r * seg);
       std::fill(q + r * seg + used, q + (r + 1) * seg, std::int64_t{0});
     }
-    reduce_scatter(comm, std::span<const std::int64_t>(q, seg * ranks),
-                   std::span<std::int64_t>(mine, seg), op::sum, inner);
+    pass<Table>(comm, d, std::span<const std::int64_t>(q, seg * ranks),
+                std::span<std::int64_t>(mine, seg), op::sum, c.root, inner);
     const std::size_t from = static_cast<std::size_t>(comm.rank()) * count;
     read_digits(mine, win, from, from + count, divisor, c.out.data());
     if (special) {
       std::vector<std::int64_t> mine_codes(count);
-      reduce_scatter(comm, std::span<const std::int64_t>(codes),
-                     std::span<std::int64_t>(mine_codes), op::sum, inner);
+      pass<Table>(comm, d, std::span<const std::int64_t>(codes),
+                  std::span<std::int64_t>(mine_codes), op::sum, c.root, inner);
       apply_specials(mine_codes.data(), count, c.out.data());
     }
     return;
   }
 
+  // The digits and codes are summed in place, each in the call's collective.
   const std::size_t count = c.in.size();
   const std::size_t words = digits_between(win, 0, count);
   std::int64_t* q = s.words(words);
   write_digits(c.in, win, 0, count, q);
-  if (c.kind == collective::all_reduce)
-    all_reduce(comm, std::span<std::int64_t>(q, words), op::sum, inner);
-  else
-    reduce(comm, std::span<std::int64_t>(q, words), op::sum, c.root, inner);
-  if (special) {
-    if (c.kind == collective::all_reduce)
-      all_reduce(comm, std::span<std::int64_t>(codes), op::sum, inner);
-    else
-      reduce(comm, std::span<std::int64_t>(codes), op::sum, c.root, inner);
-  }
-  if (c.kind == collective::reduce && !root) return;
+  pass<Table>(comm, d, std::span<const std::int64_t>(q, words), std::span<std::int64_t>(q, words),
+              op::sum, c.root, inner);
+  if (special)
+    pass<Table>(comm, d, std::span<const std::int64_t>(codes), std::span<std::int64_t>(codes),
+                op::sum, c.root, inner);
+  if (!d.uses_out(comm.rank(), c.root)) return;
   read_digits(q, win, 0, count, divisor, c.out.data());
   if (special) apply_specials(codes.data(), count, c.out.data());
 }

@@ -17,7 +17,10 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/algorithms/descriptor.hpp"
+#include "ringzero/algorithms/table.hpp"
+#include "ringzero/collective_table.hpp"
 #include "ringzero/detail/device_executor.hpp"
+#include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
@@ -46,14 +49,18 @@ enum scratch_use : std::size_t {
   layout_slot,
 };
 
-template <class Comm, class E>
+/// `Table`: the algorithms of the call, which the digits' collective runs with (it is the
+/// call's); the collective is any whose descriptor reduces, with an output of the input's
+/// elements or of this rank's block of them (detail/reproducible_call.hpp).
+template <class Table = algorithms::builtin, class Comm, class E>
 void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const options& opt,
                              const kernels::device_runtime& rt,
                              const kernels::device_reproducible& k) {
   namespace rp = reproducible;
+  const collective_descriptor& d = algorithms::describe(c);
   const int n = comm.size();
   const auto un = static_cast<std::size_t>(n);
-  const bool scatter = c.kind == collective::reduce_scatter;
+  const bool scatter = sums_one_block(d);
   const std::size_t total = c.in.size();
   const std::size_t count = scatter ? c.out.size() : total;
   const auto divisor = static_cast<std::uint32_t>(c.reduction == op::avg ? n : 1);
@@ -86,7 +93,9 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   std::int32_t* d_win = scratch_slot<std::int32_t>(cache, windows_slot, 2 * blocks + 1);
   k.windows(t, c.in.data(), total, d_win, s);
   k.synchronize(s);
-  all_reduce(comm, std::span<std::int32_t>(d_win, 2 * blocks + 1), op::max, aux);
+  pass<algorithms::builtin>(comm, builtin_collectives::all_reduce,
+                            std::span<const std::int32_t>(d_win, 2 * blocks + 1),
+                            std::span<std::int32_t>(d_win, 2 * blocks + 1), op::max, 0, aux);
 
   // 2. the layout the windows give, on the device. It was read back and scanned on the host: at
   // 128 MiB, 4 MiB copied each way and a loop over 524,288 blocks in a call of 3.8 ms against
@@ -118,33 +127,21 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   k.synchronize(s);
   std::int64_t* d_mine = d_q;
   const std::size_t from = scatter ? static_cast<std::size_t>(comm.rank()) * count : 0;
-  if (scatter) {
-    d_mine = scratch_slot<std::int64_t>(cache, mine_slot, seg);
-    reduce_scatter(comm, std::span<const std::int64_t>(d_q, q_len),
-                   std::span<std::int64_t>(d_mine, seg), op::sum, inner);
-  } else if (c.kind == collective::all_reduce) {
-    all_reduce(comm, std::span<std::int64_t>(d_q, q_len), op::sum, inner);
-  } else {
-    reduce(comm, std::span<std::int64_t>(d_q, q_len), op::sum, c.root, inner);
-  }
+  // The call's own collective on the digits: into this rank's segment, or in place.
+  if (scatter) d_mine = scratch_slot<std::int64_t>(cache, mine_slot, seg);
+  pass<Table>(comm, d, std::span<const std::int64_t>(d_q, q_len),
+              std::span<std::int64_t>(d_mine, scatter ? seg : q_len), op::sum, c.root, inner);
   std::int64_t* d_codes = nullptr;
   std::int64_t* d_my_codes = nullptr;
   if (special) {
     d_codes = scratch_slot<std::int64_t>(cache, codes_slot, total);
     k.special_codes(t, c.in.data(), total, d_codes, s);
     k.synchronize(s);
-    d_my_codes = d_codes;
-    if (scatter) {
-      d_my_codes = scratch_slot<std::int64_t>(cache, my_codes_slot, count);
-      reduce_scatter(comm, std::span<const std::int64_t>(d_codes, total),
-                     std::span<std::int64_t>(d_my_codes, count), op::sum, aux);
-    } else if (c.kind == collective::all_reduce) {
-      all_reduce(comm, std::span<std::int64_t>(d_codes, total), op::sum, aux);
-    } else {
-      reduce(comm, std::span<std::int64_t>(d_codes, total), op::sum, c.root, aux);
-    }
+    d_my_codes = scatter ? scratch_slot<std::int64_t>(cache, my_codes_slot, count) : d_codes;
+    pass<Table>(comm, d, std::span<const std::int64_t>(d_codes, total),
+                std::span<std::int64_t>(d_my_codes, scatter ? count : total), op::sum, c.root, aux);
   }
-  if (c.kind == collective::reduce && comm.rank() != c.root) return;
+  if (!d.uses_out(comm.rank(), c.root)) return;
 
   // 4. rounded once into out
   if (count > 0) k.round(t, d_mine, d_win, d_off, from, count, divisor, c.out.data(), s);

@@ -29,17 +29,25 @@ template <class E>
 inline constexpr std::size_t max_elements = static_cast<std::size_t>(PTRDIFF_MAX) /
                                             sizeof(std::remove_cv_t<E>);
 
+/// check_buffer's error, kept out of the check's way: the check runs on every call.
+[[noreturn, gnu::cold]] inline void refuse_buffer(std::string_view what, std::string_view name,
+                                                  bool null, std::size_t size,
+                                                  std::size_t elem_bytes, std::size_t most) {
+  if (null)
+    throw invalid_argument(
+        fmt::format("{}: {} is a null pointer with {} elements", what, name, size));
+  throw invalid_argument(
+      fmt::format("{}: {} holds {} elements of {} bytes, more than any buffer can ({} at most)",
+                  what, name, size, elem_bytes, most));
+}
+
 /// Every buffer a call is given, whether this rank reads it or not: a null pointer with a
 /// non-zero count is never a buffer, and no buffer holds more than max_elements.
 template <class E>
 void check_buffer(std::string_view what, std::string_view name, std::span<E> s) {
-  if (s.data() == nullptr && !s.empty())
-    throw invalid_argument(
-        fmt::format("{}: {} is a null pointer with {} elements", what, name, s.size()));
-  if (s.size() > max_elements<E>)
-    throw invalid_argument(
-        fmt::format("{}: {} holds {} elements of {} bytes, more than any buffer can ({} at most)",
-                    what, name, s.size(), sizeof(E), max_elements<E>));
+  const bool null = s.data() == nullptr && !s.empty();
+  if (null || s.size() > max_elements<E>) [[unlikely]]
+    refuse_buffer(what, name, null, s.size(), sizeof(E), max_elements<E>);
 }
 
 /// "n * count = product" for a message, without letting the product wrap.
@@ -107,6 +115,14 @@ inline void check_peer(std::string_view what, int rank, int size, int peer) {
         fmt::format("{}: peer {} is not another rank of this {}-rank "
                     "communicator (this is rank {})",
                     what, peer, size, rank));
+}
+
+/// A point-to-point call's options and buffers (its peers are check_peer's).
+template <element E>
+void check_p2p(std::string_view what, const options& opt, std::span<const E> out, std::span<E> in) {
+  check_options(what, opt);
+  check_buffer(what, "send buffer", out);
+  check_buffer(what, "receive buffer", in);
 }
 
 /// The buffers, op and root of a call of collective `d`, from its descriptor: sizes as its

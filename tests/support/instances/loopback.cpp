@@ -1,4 +1,4 @@
-// detail::run over the loopback transport, every element type (instances.hpp says why). One
+// detail::dispatch over the loopback transport, every element type (instances.hpp says why). One
 // source for all ten types: what their collectives share (the transport, the communicator,
 // the parts of each algorithm that do not depend on the type) is compiled once, not once per
 // kind of type (docs/testing.md).
