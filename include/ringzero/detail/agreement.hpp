@@ -12,8 +12,10 @@
 #include <fmt/core.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/collective_table.hpp"
@@ -43,9 +45,14 @@ struct call_record {
   std::int32_t root = 0;  ///< where the collective has one
   std::uint32_t pad2 = 0;
   std::uint64_t count = 0;
-  friend bool operator==(const call_record&, const call_record&) = default;
+  /// Byte for byte, as the records travel: three words, compared on every shm segment call.
+  friend bool operator==(const call_record& a, const call_record& b) noexcept {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+  }
 };
 static_assert(sizeof(call_record) == 24, "the shm segment keeps two records in a cache line");
+static_assert(std::has_unique_object_representations_v<call_record>,
+              "no padding: records are compared byte for byte");
 
 /// A record as an error names it; `algorithm_name` (algorithms/table.hpp's, which this header
 /// cannot include) names options::algorithm where given.

@@ -427,8 +427,7 @@ class transport {
         .desc = {.kind = static_cast<std::uint8_t>(c.kind),
                  .type = barrier ? std::uint8_t{0} : static_cast<std::uint8_t>(c.type),
                  .reduction = reduces ? static_cast<std::uint8_t>(c.reduction) : std::uint8_t{0},
-                 .symmetric = 0,
-                 .exact = static_cast<std::uint8_t>(c.reproducible ? 1 : 0),
+                 .reproducible = static_cast<std::uint8_t>(c.reproducible ? 1 : 0),
                  .root = d->rooted ? c.root : 0,
                  .count = barrier ? 0 : c.count},
         .sequence = c.sequence,
@@ -655,7 +654,7 @@ class transport {
     switch (c.kind) {
       case collective::all_reduce:
         if (symmetric_call<E>(c)) {
-          call.desc.symmetric = 1;
+          call.desc.path = ringzero::detail::call_path::symmetric;
           detail::all_reduce_symmetric<E>(
               workspace(), [&](int q) { return reinterpret_cast<const E*>(peer_address(in, q)); },
               [&](int q) { return reinterpret_cast<E*>(peer_address(out, q)); }, c.count, combine,
@@ -719,7 +718,7 @@ class transport {
     if (!cross_memory_ || block < segment_.cross_memory_bytes) return false;
     // Ranks that differ here (RINGZERO_SHM_CMA, segment_options) differ in the call's
     // descriptor, so they fail alike at its first phase instead of waiting on each other.
-    call.desc.symmetric = detail::path_cross_memory;
+    call.desc.path = ringzero::detail::call_path::cross_memory;
     detail::cross_memory_failure failed;
     if (detail::exchange_across_processes(workspace(), base, stride, block, out, call, failed))
       return true;
@@ -754,9 +753,9 @@ class transport {
                                              const Combine& combine) {
     if (!cross_memory_ || size_ < 2 || c.count * sizeof(E) < segment_.cross_memory_all_reduce_bytes)
       return false;
-    call.desc.symmetric = detail::path_cross_memory;
+    call.desc.path = ringzero::detail::call_path::cross_memory;
     if (!probe_cross_memory(call)) {
-      call.desc.symmetric = detail::path_segment;
+      call.desc.path = ringzero::detail::call_path::segment;
       return false;
     }
     detail::cross_memory_failure failed;

@@ -39,8 +39,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ringzero/detail/agreement.hpp"
 #include "ringzero/detail/comm_state.hpp"
-#include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/exchange_records.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
@@ -376,12 +377,14 @@ struct tuning_record {
       throw invalid_argument(
           fmt::format("RINGZERO_TUNING={}: rank {} could not use it: {}", path, r, why));
     }
-  for (std::size_t r = 1; r < all.size(); ++r)
-    if (!same_values(all[r], all[0]))
-      throw mismatch_error(fmt::format(
-          "RINGZERO_TUNING={}: rank {} read [{}] as {}, rank 0 as {}; every rank must read the "
-          "same file",
-          path, r, section, describe(all[r]), describe(all[0])));
+  const int r = ringzero::detail::first_disagreeing(
+      static_cast<int>(all.size()), 0, all[0],
+      [&](int q) { return all[static_cast<std::size_t>(q)]; }, &same_values);
+  if (r >= 0)
+    throw mismatch_error(fmt::format(
+        "RINGZERO_TUNING={}: rank {} read [{}] as {}, rank 0 as {}; every rank must read the "
+        "same file",
+        path, r, section, describe(all[static_cast<std::size_t>(r)]), describe(all[0])));
   if (static_cast<tuning_outcome::kind>(all[0].what) == tuning_outcome::kind::no_section) {
     static std::atomic<bool> logged{false};
     if (me == 0 && !logged.exchange(true))
@@ -400,23 +403,9 @@ struct tuning_record {
 template <collective_comm C>
 [[nodiscard]] tuning::policy agree_tuning(C& comm, const std::string& path,
                                           std::string_view section, const tuning_outcome& mine) {
-  const int n = comm.size();
-  const int me = comm.rank();
-  std::vector<detail::tuning_record> all(static_cast<std::size_t>(n));
-  const detail::tuning_record own = detail::record_of(mine);
-  all[static_cast<std::size_t>(me)] = own;
-  if (n > 1) {
-    ringzero::detail::exchange<C> ex(comm, "tuning", "direct");
-    std::vector<typename ringzero::detail::exchange<C>::pending> ps;
-    for (int r = 0; r < n; ++r) {
-      if (r == me) continue;
-      ps.push_back(ex.recv(
-          r, 0, 0, std::as_writable_bytes(std::span(&all[static_cast<std::size_t>(r)], 1))));
-      ps.push_back(ex.send(r, 0, 0, std::as_bytes(std::span(&own, 1))));
-    }
-    ex.wait_all(ps);
-  }
-  return detail::settle(all, me, path, section, mine.values);
+  const std::vector<detail::tuning_record> all =
+      ringzero::detail::exchange_records(comm, detail::record_of(mine), "tuning");
+  return detail::settle(all, comm.rank(), path, section, mine.values);
 }
 
 }  // namespace ringzero::tuning

@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/detail/agreement.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
@@ -117,35 +118,26 @@ class workspace {
   /// Raises mismatch_error if some rank's descriptor for the call starting at phase p differs
   /// from this rank's, naming the lowest such rank and both descriptors.
   void check_agreement(const detail::segment_call& call, std::uint64_t p) const {
-    for (int q = 0; q < size(); ++q) {
-      if (q == rank()) continue;
-      detail::call_descriptor theirs;
-      std::memcpy(&theirs, descriptor(q, p), sizeof theirs);
-      if (theirs == call.desc) continue;
-      throw mismatch_error(fmt::format(
-          "{} (shm segment) on rank {} of {}: the ranks disagree on the call (sequence {}): rank "
-          "{} called {} but rank {} called {}",
-          call.what, rank(), size(), call.sequence, rank(), describe(call.desc), q,
-          describe(theirs)));
-    }
-  }
-
-  [[nodiscard]] static std::string describe(const detail::call_descriptor& d) {
-    return fmt::format("{} (count {}, type {}, op {}{}, root {}{})",
-                       collective_name(static_cast<collective>(d.kind)), d.count,
-                       dtype_name(static_cast<dtype>(d.type)),
-                       op_name(static_cast<op>(d.reduction)), d.exact != 0 ? ", reproducible" : "",
-                       d.root,
-                       d.symmetric == detail::path_symmetric      ? ", buffers in symmetric memory"
-                       : d.symmetric == detail::path_cross_memory ? ", inputs read across processes"
-                                                                  : "");
+    using ringzero::detail::call_record;
+    const auto theirs = [&](int q) {
+      call_record r;
+      std::memcpy(&r, descriptor(q, p), sizeof r);
+      return r;
+    };
+    const int q = ringzero::detail::first_disagreeing(size(), rank(), call.desc, theirs);
+    if (q < 0) return;
+    throw mismatch_error(fmt::format(
+        "{} (shm segment) on rank {} of {}: the ranks disagree on the call (sequence {}): rank {} "
+        "called {} but rank {} called {}",
+        call.what, rank(), size(), call.sequence, rank(), ringzero::detail::describe(call.desc), q,
+        ringzero::detail::describe(theirs(q))));
   }
 
   /// Rank r's descriptor slot for the call that starts at phase p: in the counter's cache line,
   /// which the waits load anyway.
   [[nodiscard]] std::byte* descriptor(int r, std::uint64_t p) const noexcept {
-    static_assert(16 + 2 * sizeof(detail::call_descriptor) <= detail::cache_line);
-    return mem_.peer(r).data() + 16 + (p % 2) * sizeof(detail::call_descriptor);
+    static_assert(16 + 2 * sizeof(ringzero::detail::call_record) <= detail::cache_line);
+    return mem_.peer(r).data() + 16 + (p % 2) * sizeof(ringzero::detail::call_record);
   }
 
   [[nodiscard]] timeout_error timed_out(const detail::segment_call& call, std::uint64_t p,

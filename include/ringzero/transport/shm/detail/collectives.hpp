@@ -40,6 +40,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "ringzero/detail/agreement.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
 #include "ringzero/reduce/detail/gathered.hpp"
@@ -90,34 +91,16 @@ inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noe
 #endif
 }
 
-/// What a rank is about to run, published in its workspace line before it posts a call's first
-/// phase and compared with every other rank's once all have posted it: ranks that disagree stop
-/// there, before any of them reads a peer's buffer by its own idea of the size.
-struct call_descriptor {
-  std::uint8_t kind = 0;
-  std::uint8_t type = 0;
-  std::uint8_t reduction = 0;
-  /// How the call reads its peers: path_segment (through the workspace), path_symmetric
-  /// (all_reduce on symmetric buffers: peers' inputs read in place, outputs written there) or
-  /// path_cross_memory (all_gather reading peers' inputs from their address spaces).
-  std::uint8_t symmetric = 0;
-  /// 1: the sum is options::reproducible's (exact_float_sum); a rank that asked for the plain
-  /// sum would combine other bits.
-  std::uint8_t exact = 0;
-  std::int32_t root = 0;
-  std::uint64_t count = 0;
-  friend bool operator==(const call_descriptor&, const call_descriptor&) = default;
-};
-static_assert(sizeof(call_descriptor) == 24);
-
-inline constexpr std::uint8_t path_segment = 0;
-inline constexpr std::uint8_t path_symmetric = 1;
-inline constexpr std::uint8_t path_cross_memory = 2;
-
 /// One collective run in the segment, as its waits report it.
 struct segment_call {
   std::string_view what;
-  call_descriptor desc;
+  /// What this rank is about to run, published in its workspace line before it posts the call's
+  /// first phase and compared with every other rank's once all have posted it: ranks that
+  /// disagree stop there, before any of them reads a peer's buffer by its own idea of the size.
+  /// `path`: how the call reads its peers (all_reduce on symmetric buffers in place, all_gather
+  /// and all_to_all from their address spaces); `reproducible`: the sum is exact_float_sum, and a
+  /// rank that asked for the plain sum would combine other bits.
+  ringzero::detail::call_record desc;
   /// The communicator's collective sequence number.
   std::uint32_t sequence = 0;
   std::chrono::nanoseconds timeout{0};
