@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/collective_table.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/tuning/fabric.hpp"
@@ -143,6 +144,13 @@ TEST_CASE("fabric: bus bandwidth follows nccl-tests") {
   CHECK(tuning::bus_bandwidth(collective::all_gather, 1e9, 4, 2.0) == doctest::Approx(0.375e9));
   CHECK(tuning::bus_bandwidth(collective::broadcast, 1e9, 4, 1.0) == doctest::Approx(1e9));
   CHECK(tuning::bus_bandwidth(collective::all_reduce, 1e9, 1, 1.0) == 0.0);
+  // The descriptor's factor for every collective: 1 for gather, scatter and all_to_all was the
+  // copy's, where ringzero-perf reports (n-1)/n.
+  for (collective c : {collective::all_to_all, collective::gather, collective::scatter})
+    CHECK(tuning::bus_bandwidth(c, 1e9, 4, 1.0) == doctest::Approx(0.75e9));
+  for (const collective_descriptor& d : builtin_collectives::all)
+    CHECK(tuning::bus_bandwidth(d.id, 1e9, 4, 1.0) ==
+          doctest::Approx(1e9 * d.bus_bandwidth_factor(4)));
 }
 
 TEST_CASE("fabric: hierarchical all_to_all gathers and scatters inside, exchanges across") {

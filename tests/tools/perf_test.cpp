@@ -18,6 +18,7 @@
 
 #include "checks.hpp"
 #include "perf.hpp"
+#include "ringzero/tuning/fabric.hpp"
 
 namespace perf = ringzero::perf;
 using test_support::scoped_env;
@@ -296,6 +297,15 @@ TEST_CASE("bus bandwidth uses nccl-tests' factors") {
   for (collective c : {collective::all_to_all, collective::gather, collective::scatter}) {
     CHECK(bw(c).alg == doctest::Approx(1.0));
     CHECK(bw(c).bus == doctest::Approx(0.75));
+  }
+
+  // ringzero-model prints busbw through tuning::bus_bandwidth: the same figure for every row.
+  for (collective c : {collective::all_reduce, collective::reduce_scatter, collective::all_gather,
+                       collective::broadcast, collective::reduce, collective::send_recv,
+                       collective::all_to_all, collective::gather, collective::scatter}) {
+    INFO(ringzero::collective_name(c));
+    CHECK(ringzero::tuning::bus_bandwidth(c, bw(c).alg * 1e9, 4, 1.0) ==
+          doctest::Approx(bw(c).bus * 1e9));
   }
 
   const auto rs = perf::shape_for(collective::reduce_scatter, 1000, 4, 3);  // 250 floats

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/collective_table.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/tuning/cost_model.hpp"
 
@@ -124,16 +125,14 @@ struct fabric {
   return predict(c, algorithm::ring, bytes, nodes * f.gpus_per_node, p);
 }
 
-/// nccl-tests' bus bandwidth (bytes per second) of `c` on `ranks` ranks moving `bytes` in
-/// `seconds`: the all_reduce algorithm bandwidth times 2(n-1)/n, reduce_scatter and all_gather
-/// times (n-1)/n, others times 1.
+/// nccl-tests' bus bandwidth (bytes per second) of `c` on `ranks` ranks moving `bytes` (the
+/// call's full buffer) in `seconds`: the algorithm bandwidth times the collective's factor in
+/// its descriptor (collective_table.hpp), the one ringzero-perf reports too. 0 for a collective
+/// outside the built-in list.
 [[nodiscard]] inline double bus_bandwidth(collective c, double bytes, int ranks, double seconds) {
-  if (seconds <= 0 || ranks <= 1) return 0.0;
-  const double frac = static_cast<double>(ranks - 1) / ranks;
-  const double factor = c == collective::all_reduce                                      ? 2 * frac
-                        : c == collective::reduce_scatter || c == collective::all_gather ? frac
-                                                                                         : 1.0;
-  return bytes / seconds * factor;
+  const collective_descriptor* d = builtin_collectives::find(c);
+  if (seconds <= 0 || d == nullptr) return 0.0;
+  return bytes / seconds * d->bus_bandwidth_factor(ranks);
 }
 
 }  // namespace ringzero::tuning
