@@ -62,7 +62,7 @@ template <detail::counted_comm T>
       k.algo = static_cast<ringzero::algorithm>(a);
       k.calls = x.calls;
       k.bytes = x.bytes;
-      k.seconds = static_cast<double>(x.ns) * 1e-9;
+      k.seconds = x.seconds();
       k.busbw_gbps = k.seconds > 0 ? static_cast<double>(x.bytes) / k.seconds *
                                          detail::busbw_factor(k.kind, comm.size()) / 1e9
                                    : 0.0;

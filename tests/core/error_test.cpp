@@ -118,4 +118,19 @@ TEST_CASE("call_env sees every setenv, unsetenv and putenv between calls") {
   CHECK(seen == "rhd");
   ::unsetenv("RINGZERO_ALGO");
   CHECK(algo() == "(unset)");
+  // One name removed and another added keep the count; the last entry differs.
+  ::setenv("RINGZERO_TEST_SPARE", "1", 1);
+  CHECK(algo() == "(unset)");
+  ::unsetenv("RINGZERO_TEST_SPARE");
+  ::setenv("RINGZERO_ALGO", "tree", 1);
+  CHECK(algo() == "tree");
+  // The same with the found entry moved down: it is looked up again where it was.
+  ::setenv("RINGZERO_TEST_SPARE", "1", 1);
+  CHECK(algo() == "tree");
+  ::unsetenv("RINGZERO_ALGO");
+  ::setenv("RINGZERO_TEST_OTHER", "1", 1);
+  CHECK(algo() == "(unset)");
+  ::unsetenv("RINGZERO_TEST_SPARE");
+  ::unsetenv("RINGZERO_TEST_OTHER");
+  CHECK(algo() == "(unset)");
 }

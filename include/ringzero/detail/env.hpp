@@ -113,57 +113,80 @@ inline void check_timeout(const std::string& what, std::chrono::nanoseconds t) {
 /// (empty counts as unset, as for getenv_str). Reading them must cost next to nothing: a small
 /// shared-memory all_reduce takes a few hundred nanoseconds, and two getenv calls, each a scan
 /// of every variable's text (a cluster job has a hundred or more), were a quarter of its host
-/// time. setenv, unsetenv and putenv each change a pointer in `environ` (glibc never rewrites a
-/// string it handed out), so this thread remembers the pointers it last scanned and scans the
-/// text again only when one differs; a string passed to putenv and then edited in place is the
-/// one change it cannot see. The views point into the environment: use them before it changes.
+/// time; comparing every pointer of `environ` with the last scan's was still a quarter of what
+/// was left. The C library changes the array in three ways only (glibc and musl alike): setenv
+/// and putenv of a new name append it (the count changes), of a name already set they replace
+/// that entry's pointer in place, and unsetenv removes an entry and moves the later ones down
+/// (the count changes). So this thread keeps, from its last scan, the array, its count, its last
+/// pointer and the pointers of the two entries it found, and scans again only when one of them
+/// differs: an unsetenv followed by a setenv keeps the count but changes the last pointer. What
+/// it cannot see is a string passed to putenv and then edited in place, or an array rewritten by
+/// hand. The views point into the environment: use them before it changes.
 struct call_env {
   std::optional<std::string_view> algo;
   std::optional<std::string_view> check;
 
-  [[nodiscard]] static call_env read() noexcept {
-    thread_local std::vector<const char*> seen;
-    thread_local call_env found;
-    thread_local bool valid = false;
-    char** env = ::environ;
-    if (valid && env != nullptr && same_pointers(env, seen)) return found;
-    found = scan(env);
-    valid = false;
-    try {
-      seen.clear();
-      for (char** p = env; p != nullptr && *p != nullptr; ++p) seen.push_back(*p);
-      valid = true;
-    } catch (...) {
-      // Out of memory: scan again on the next call.
-    }
-    return found;
-  }
+  [[nodiscard]] static call_env read() noexcept;
 
   /// RINGZERO_CHECK as a flag: non-zero turns it on; a value that is no integer raises.
   [[nodiscard]] bool check_on() const { return check && parse_env_int("RINGZERO_CHECK", *check); }
+};
 
- private:
-  [[nodiscard]] static bool same_pointers(char** env, const std::vector<const char*>& seen) {
-    for (std::size_t i = 0; i < seen.size(); ++i)
-      if (env[i] != seen[i]) return false;  // a null env[i] (a shorter environment) differs too
-    return env[seen.size()] == nullptr;
+/// What call_env::read's last scan saw: enough to tell, in a few loads, that nothing it read
+/// has changed since.
+struct call_env_snapshot {
+  call_env found;
+  char** env = nullptr;
+  std::size_t count = 0;
+  const char* last = nullptr;  ///< env[count - 1]
+  /// The entries `found` points into (index, pointer), or count for none.
+  std::size_t at[2] = {0, 0};
+  const char* was[2] = {nullptr, nullptr};
+  bool valid = false;
+
+  [[nodiscard]] bool unchanged() const noexcept {
+    if (env == nullptr) return true;
+    if (env[count] != nullptr || (count > 0 && env[count - 1] != last)) return false;
+    for (int k = 0; k < 2; ++k)
+      if (at[k] < count && env[at[k]] != was[k]) return false;
+    return true;
   }
 
-  [[nodiscard]] static call_env scan(char** env) noexcept {
-    call_env e;
-    for (char** p = env; p != nullptr && *p != nullptr; ++p) {
+  [[nodiscard]] static call_env_snapshot scan(char** env) noexcept {
+    call_env_snapshot s;
+    s.env = env;
+    s.valid = true;
+    std::size_t n = 0;
+    for (char** p = env; p != nullptr && *p != nullptr; ++p, ++n) {
       const char* v = *p;
       if (v[0] != 'R' || std::strncmp(v, "RINGZERO_", 9) != 0) continue;
       // The first definition wins, as getenv finds it.
-      if (!e.algo && std::strncmp(v + 9, "ALGO=", 5) == 0)
-        e.algo = std::string_view(v + 14);
-      else if (!e.check && std::strncmp(v + 9, "CHECK=", 6) == 0)
-        e.check = std::string_view(v + 15);
+      if (!s.found.algo && std::strncmp(v + 9, "ALGO=", 5) == 0) {
+        s.found.algo = std::string_view(v + 14);
+        s.at[0] = n;
+        s.was[0] = v;
+      } else if (!s.found.check && std::strncmp(v + 9, "CHECK=", 6) == 0) {
+        s.found.check = std::string_view(v + 15);
+        s.at[1] = n;
+        s.was[1] = v;
+      }
     }
-    if (e.algo && e.algo->empty()) e.algo.reset();
-    if (e.check && e.check->empty()) e.check.reset();
-    return e;
+    s.count = n;
+    if (!s.found.algo) s.at[0] = n;
+    if (!s.found.check) s.at[1] = n;
+    s.last = n > 0 ? env[n - 1] : nullptr;
+    if (s.found.algo && s.found.algo->empty()) s.found.algo.reset();
+    if (s.found.check && s.found.check->empty()) s.found.check.reset();
+    return s;
   }
 };
+
+inline call_env call_env::read() noexcept {
+  constinit thread_local call_env_snapshot last;
+  char** env = ::environ;
+  if (last.valid && env == last.env && last.unchanged()) return last.found;
+  last = call_env_snapshot::scan(env);
+  return last.found;
+}
 
 }  // namespace ringzero::detail

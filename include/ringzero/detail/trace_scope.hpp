@@ -1,6 +1,7 @@
 // The scopes the collectives layer (one per entry point) and callers' phases open. With
-// RINGZERO_TRACE unset a collective_scope costs two clock reads, three counter additions and
-// one well-predicted branch; defining RINGZERO_DISABLE_TRACE compiles even those away.
+// RINGZERO_TRACE unset a collective_scope costs two readings of the counters' clock
+// (detail/tick_clock.hpp), three counter additions and one well-predicted branch; defining
+// RINGZERO_DISABLE_TRACE compiles even those away.
 #pragma once
 
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/tick_clock.hpp"
 #include "ringzero/detail/trace_state.hpp"
 #include "ringzero/detail/trace_writer.hpp"
 #include "ringzero/log.hpp"
@@ -148,7 +150,7 @@ class collective_scope {
         bytes_(bytes),
         opt_(opt),
         name_(name),
-        start_(std::chrono::steady_clock::now()) {
+        ticks_(tick_clock::now()) {
     if constexpr (collective_comm<T>) {
       if (st_.current_mode() != 0) [[unlikely]]
         begin();
@@ -161,15 +163,14 @@ class collective_scope {
   void set_algorithm(algorithm a) noexcept { algo_ = a; }
 
   ~collective_scope() {
-    const auto end = std::chrono::steady_clock::now();
     counter_cell& c = st_.cell(kind_, algo_);
     st_.algorithm_name = &algorithms::builtin::name;
     ++c.calls;
     c.bytes += bytes_;
-    c.ns += (end - start_).count();
+    c.ticks += tick_clock::now() - ticks_;
     if constexpr (collective_comm<T>) {
       if (active_) [[unlikely]]
-        finish(end);
+        finish(std::chrono::steady_clock::now());
     }
   }
 
@@ -250,7 +251,9 @@ class collective_scope {
   std::size_t bytes_;
   const options& opt_;
   std::string_view name_;
-  std::chrono::steady_clock::time_point start_;
+  std::int64_t ticks_;  ///< the counters' clock at the start
+  /// The timeline's clock at the start, read only while the call is traced.
+  std::chrono::steady_clock::time_point start_{};
   trace_record rec_{};
   trace_record* saved_open_ = nullptr;
   std::uint64_t seq_ = 0;

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/detail/tick_clock.hpp"
 #include "ringzero/detail/trace_writer.hpp"
 #include "ringzero/log.hpp"
 
@@ -39,7 +40,9 @@ inline constexpr std::size_t traced_algorithms = static_cast<std::size_t>(algori
 struct counter_cell {
   std::uint64_t calls = 0;
   std::uint64_t bytes = 0;
-  std::int64_t ns = 0;
+  std::int64_t ticks = 0;  ///< of tick_clock
+
+  [[nodiscard]] double seconds() const { return tick_clock::seconds(ticks); }
 };
 
 /// One open traced call on this thread: a collective or a caller's phase. Nested calls (a
@@ -141,7 +144,7 @@ inline void trace_receive(trace_state& t, bool is_send) noexcept {
       const counter_cell& x = t.cells[c * traced_algorithms + a];
       if (x.calls == 0) continue;
       const auto kind = static_cast<collective>(c);
-      const double secs = static_cast<double>(x.ns) * 1e-9;
+      const double secs = x.seconds();
       const double busbw =
           secs > 0 ? static_cast<double>(x.bytes) / secs * busbw_factor(kind, size) / 1e9 : 0.0;
       out.push_back(fmt::format("{:<15}{:<10}{:>9}{:>13}{:>12.3f}{:>11.2f}{:>12.3f}",

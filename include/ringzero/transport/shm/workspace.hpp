@@ -58,7 +58,8 @@ class workspace {
       : eng_(std::move(eng)),
         buffer_bytes_(detail::round_up(buffer_bytes, detail::cache_line)),
         streaming_bytes_(streaming_bytes),
-        mem_(std::move(mem)) {}
+        mem_(std::move(mem)),
+        waiting_(ringzero::detail::backoff_for(mem_.size())) {}
 
   [[nodiscard]] int rank() const noexcept { return mem_.rank(); }
   [[nodiscard]] int size() const noexcept { return mem_.size(); }
@@ -82,7 +83,7 @@ class workspace {
     counter(rank()).store(p, std::memory_order_release);
     for (int q = 0; q < size(); ++q) {
       if (q == rank()) continue;
-      ringzero::detail::backoff b = ringzero::detail::backoff_for(size());
+      ringzero::detail::backoff b = waiting_;
       unsigned polls = 0;
       // Set at the first deadline check: a wait that ends within 256 polls (the common case
       // for small calls) reads no clock.
@@ -99,6 +100,8 @@ class workspace {
         if ((polls & 255u) != 0) continue;
         if (eng_->aborted()) eng_->check_aborted(fmt::format("{} (shm segment)", call.what));
         const auto now = std::chrono::steady_clock::now();
+        if (call.deadline == std::chrono::steady_clock::time_point{})
+          call.deadline = now + call.timeout;
         if (now > call.deadline) throw timed_out(call, p, q);
         if (last_check == std::chrono::steady_clock::time_point{}) last_check = now;
         if (now - last_check > std::chrono::milliseconds(5)) {
@@ -170,6 +173,8 @@ class workspace {
   std::size_t buffer_bytes_;
   std::size_t streaming_bytes_;
   symmetric_memory mem_;
+  /// How a phase waits for each peer: worked out once (its ranks share this node), not per wait.
+  ringzero::detail::backoff waiting_;
   std::uint64_t phase_ = 0;
 };
 

@@ -104,7 +104,9 @@ struct segment_call {
   /// The communicator's collective sequence number.
   std::uint32_t sequence = 0;
   std::chrono::nanoseconds timeout{0};
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::now() + timeout;
+  /// `timeout` after the call first waited long enough to read the clock (workspace::phase):
+  /// a call whose waits all end within a few hundred polls, as small ones do, reads none.
+  std::chrono::steady_clock::time_point deadline{};
   /// Phases this call posted so far.
   int step = 0;
 };
