@@ -1,6 +1,6 @@
 // The vocabulary of a collective call: which collective (collective_table.hpp describes each),
 // which algorithm, and the per-call options. automatic asks the cost model
-// (tuning/cost_model.hpp); RINGZERO_ALGO forces one for every collective it applies to, and
+// (model/cost_model.hpp); RINGZERO_ALGO forces one for every collective it applies to, and
 // options::algorithm forces one for a single call. Each algorithm's name and the collectives it
 // implements live in its descriptor (algorithms/table.hpp lists them; algorithm_name() and
 // parse_algorithm() are defined there).

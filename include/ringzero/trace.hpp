@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/detail/trace_state.hpp"
-#include "ringzero/transport/concept.hpp"
 
 namespace ringzero::trace {
 

@@ -11,10 +11,10 @@
 #include <fmt/core.h>
 
 #include "ringzero/algorithm.hpp"
+#include "ringzero/model/cost_model.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/loopback.hpp"
 #include "ringzero/transport/shm.hpp"
-#include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
 using namespace ringzero;

@@ -5,9 +5,9 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/collective_table.hpp"
+#include "ringzero/model/cost_model.hpp"
+#include "ringzero/model/fabric.hpp"
 #include "ringzero/transport/concept.hpp"
-#include "ringzero/tuning/cost_model.hpp"
-#include "ringzero/tuning/fabric.hpp"
 
 using namespace ringzero;
 

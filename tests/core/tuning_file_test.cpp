@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "ringzero/model/cost_model.hpp"
 #include "ringzero/ringzero.hpp"
 #include "ringzero/trace.hpp"
-#include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/tuning/tuning_file.hpp"
 
 using namespace ringzero;

@@ -5,7 +5,7 @@
 #include "fabric_file.hpp"
 #include "report.hpp"
 #include "ringzero/error.hpp"
-#include "ringzero/tuning/fabric.hpp"
+#include "ringzero/model/fabric.hpp"
 #include "workloads.hpp"
 
 using namespace ringzero;

@@ -18,7 +18,7 @@
 
 #include "checks.hpp"
 #include "perf.hpp"
-#include "ringzero/tuning/fabric.hpp"
+#include "ringzero/model/fabric.hpp"
 
 namespace perf = ringzero::perf;
 using test_support::scoped_env;

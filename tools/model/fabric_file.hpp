@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "ringzero/error.hpp"
-#include "ringzero/tuning/fabric.hpp"
+#include "ringzero/model/fabric.hpp"
 
 namespace ringzero::model {
 

@@ -1,7 +1,7 @@
 // ringzero-model: what ringzero's algorithms would do on a cluster this machine is not, from a
 // description of its links (tools/model/fabrics/*.fabric). The predictions come from the cost
-// model algorithm::automatic uses (tuning/cost_model.hpp), each level priced with its own links
-// (tuning/fabric.hpp).
+// model algorithm::automatic uses (model/cost_model.hpp), each level priced with its own links
+// (model/fabric.hpp).
 //
 //   ringzero-model tools/model/fabrics/p5.fabric -N 2,64 -b 1M -e 1G
 //   ringzero-model --section published tools/model/fabrics/p5.fabric

@@ -16,7 +16,7 @@
 
 #include "fabric_file.hpp"
 #include "ringzero/algorithm.hpp"
-#include "ringzero/tuning/fabric.hpp"
+#include "ringzero/model/fabric.hpp"
 #include "workloads.hpp"
 
 namespace ringzero::model {

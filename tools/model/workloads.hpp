@@ -8,7 +8,7 @@
 #include <cmath>
 #include <string_view>
 
-#include "ringzero/tuning/fabric.hpp"
+#include "ringzero/model/fabric.hpp"
 
 namespace ringzero::model {
 

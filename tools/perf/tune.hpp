@@ -46,8 +46,8 @@
 #include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/model/cost_model.hpp"
 #include "ringzero/reduce/cpu.hpp"
-#include "ringzero/tuning/cost_model.hpp"
 #include "ringzero/tuning/tuning_file.hpp"
 #include "ringzero/version.hpp"
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "ringzero/transport/concept.hpp"
+#include "ringzero/base.hpp"
 
 namespace ringzero::algorithms {
 

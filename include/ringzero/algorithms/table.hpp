@@ -1,5 +1,5 @@
 // The one list of ringzero's algorithms. Everything that needs to know which algorithms exist
-// asks it: the cost model's candidates and prices (tuning/cost_model.hpp), RINGZERO_ALGO and
+// asks it: the cost model's candidates and prices (model/cost_model.hpp), RINGZERO_ALGO and
 // ringzero-perf -A (parse), dispatch and error labels (collectives.hpp), and the docs table
 // (tests/core/algorithm_table_test.cpp checks docs/architecture.md against it).
 //

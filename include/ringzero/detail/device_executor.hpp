@@ -30,13 +30,13 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/executor.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::detail {

@@ -43,30 +43,11 @@
 #include "ringzero/reduce/detail/reproducible_x86.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/reduce/simd.hpp"
+#include "ringzero/tuning/thresholds.hpp"
 
 namespace ringzero::detail {
 
 namespace rp = ringzero::reproducible;
-
-/// Below this many bytes of gathered terms (size() * count * sizeof(E)), an all_reduce with no
-/// algorithm forced gathers the terms instead of agreeing on windows first: one collective
-/// instead of two, but every rank then sums every rank's terms exactly itself, at about 18 ns a
-/// term. At 64 KiB that made 1-16 KiB calls on native shm 1.4-4x slower than the two
-/// collectives (docs/performance.md, "Reproducible sums: the cost").
-inline constexpr std::size_t reproducible_gather_bytes = 1024;
-/// float's terms are summed by gathered_float_sums, in under a nanosecond a term: gathering
-/// pays up to 8 KiB of terms, against the all_to_all and all_gather that larger calls take
-/// (measured side by side on native shm, 2 and 4 ranks; docs/performance.md). On two ranks an
-/// all_gather moves the bytes a ring all_reduce does, in one step instead of two, and the pass
-/// sums two terms at a plain add's speed: there it pays up to 128 KiB (over libfabric shm and
-/// tcp;ofi_rxm at 16 KiB, 11-13 µs against 17-24; level at 64 KiB; behind at 1 MiB).
-template <class E>
-[[nodiscard]] constexpr std::size_t reproducible_gather_bytes_of(std::size_t ranks) noexcept {
-  if constexpr (std::is_same_v<E, float>)
-    return ranks == 2 ? std::size_t{128} << 10 : std::size_t{8} << 10;
-  else
-    return reproducible_gather_bytes;
-}
 
 /// Windows of the blocks of `in`, plus the special flag at the end: 2 * blocks + 1 int32. On a
 /// given path of the host loops (floats have AVX-512 loops, reduce/detail/reproducible_x86.hpp;
@@ -423,12 +404,12 @@ void pass(communicator<T>& comm, const collective_descriptor& d, std::span<const
 }
 
 /// A float all_reduce or reduce_scatter with no algorithm forced and more than
-/// reproducible_gather_bytes_of<float>(size()) of gathered terms sends each rank the terms of its
-/// block as they are (one all_to_all), sums them there in one pass (gathered_float_sums) and,
-/// for all_reduce, gathers the sums (one all_gather): the plain call's bytes (a ring all_reduce
-/// moves the same), where the digits would move twice as many and add a window pass before and a
-/// rounding pass after. The exact sum rounded once is one value, so both give the same bits
-/// (docs/performance.md, "Reproducible sums: the cost").
+/// tuning::thresholds::reproducible_gather_bytes_of<float>(size()) of gathered terms sends each
+/// rank the terms of its block as they are (one all_to_all), sums them there in one pass
+/// (gathered_float_sums) and, for all_reduce, gathers the sums (one all_gather): the plain call's
+/// bytes (a ring all_reduce moves the same), where the digits would move twice as many and add a
+/// window pass before and a rounding pass after. The exact sum rounded once is one value, so both
+/// give the same bits (docs/performance.md, "Reproducible sums: the cost").
 template <class T>
 void run_reproducible_gathered(communicator<T>& comm, const algorithms::call<float>& c,
                                const options& aux, std::uint32_t divisor) {
@@ -498,7 +479,8 @@ void run_reproducible(communicator<T>& comm, const algorithms::call<E>& c, const
 
   // Small all_reduce: gather the terms, sum them here.
   if (c.kind == collective::all_reduce && n > 1 && automatic &&
-      c.in.size() * ranks * sizeof(E) <= reproducible_gather_bytes_of<E>(ranks)) {
+      c.in.size() * ranks * sizeof(E) <=
+          tuning::thresholds::reproducible_gather_bytes_of<E>(ranks)) {
     const std::size_t count = c.in.size();
     std::vector<E>& all = gathered_here<E>();
     all.resize(count * ranks);

@@ -29,7 +29,6 @@
 #include "ringzero/detail/trace_writer.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::detail {

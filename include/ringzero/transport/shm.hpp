@@ -57,6 +57,7 @@
 #include "ringzero/transport/shm/symmetric.hpp"
 #include "ringzero/transport/shm/workspace.hpp"
 #include "ringzero/tuning/defaults.hpp"
+#include "ringzero/tuning/thresholds.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::shm {
@@ -81,22 +82,16 @@ struct segment_options {
   /// per peer. Against pairwise over messages, float, 2 and 4 ranks: 1.7-5.3x faster below
   /// 8 KiB, 1.2-2.3x up to 2 MiB but for 2 ranks at 512 KiB (0.89x); docs/performance.md.
   std::size_t all_to_all_segment_bytes = std::size_t{4} << 20;
-  /// all_gather and all_to_all blocks (each rank's input; the part of it for one peer) of at
-  /// least this many bytes are read from the peers' inputs in their own address spaces by
-  /// cross-memory attach (process_vm_readv), one copy per block, instead of through the
-  /// workspace or over messages (shm/detail/collectives.hpp).
+  /// all_gather and all_to_all blocks of at least this many bytes are read from the peers'
+  /// inputs by cross-memory attach (tuning/thresholds.hpp says why this size).
   /// RINGZERO_SHM_CMA=0 turns it off; where the kernel refuses such reads, the first call finds
   /// out on every rank alike, warns once and takes the other paths from then on.
-  std::size_t cross_memory_bytes = std::size_t{16} << 10;
+  std::size_t cross_memory_bytes = tuning::thresholds::shm_cross_memory_bytes;
   /// all_reduce (not options::reproducible's sum) of at least this many bytes on buffers that
   /// are not symmetric memory: each rank reduces its block reading the peers' inputs by
-  /// cross-memory attach, and reads the other blocks from their owners' outputs, about half the
-  /// memory traffic of the workspace's path (shm/detail/collectives.hpp). Off by default: it
-  /// pays only where the kernel's cross-process copy runs near memcpy's speed, and on the
-  /// virtual machines measured it ran at a quarter of it in cache and half out of it, so the
-  /// path took 1.6-4.2x the workspace's time (docs/performance.md, "all_reduce by cross-memory
-  /// attach"; bench/cross_memory measures a machine). Under RINGZERO_SHM_CMA as above.
-  std::size_t cross_memory_all_reduce_bytes = std::numeric_limits<std::size_t>::max();
+  /// cross-memory attach, and reads the other blocks from their owners' outputs. Off by default
+  /// (tuning/thresholds.hpp says why). Under RINGZERO_SHM_CMA as above.
+  std::size_t cross_memory_all_reduce_bytes = tuning::thresholds::shm_cross_memory_all_reduce_bytes;
   /// Outputs of at least this many bytes are written with streaming stores that bypass the
   /// cache (the output would not stay in it, and reading it for ownership costs a third more
   /// memory traffic).

@@ -56,17 +56,18 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/detail/hmac.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
-#include "ringzero/detail/hmac.hpp"
 #include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/handshake.hpp"
 #include "ringzero/transport/socket/rails.hpp"
 #include "ringzero/transport/socket/wire.hpp"
 #include "ringzero/tuning/defaults.hpp"
+#include "ringzero/tuning/thresholds.hpp"
 
 namespace ringzero::socket {
 
@@ -78,7 +79,7 @@ struct options {
   std::vector<std::string> rails{};
   /// Messages of at least this many bytes are striped over the rails; RINGZERO_STRIPE_BYTES,
   /// when set, replaces it.
-  std::size_t stripe_bytes = std::size_t{64} << 10;
+  std::size_t stripe_bytes = tuning::thresholds::socket_stripe_bytes;
   /// A striped message's pieces go to the rails in proportion to each rail's rate, as the
   /// receiving side measures it; false: each to the rail with the fewest bytes queued.
   /// RINGZERO_RAIL_SHARES=equal also turns it off (=measured is the default).
@@ -150,9 +151,9 @@ class transport {
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
     if (data.size() > detail::engine_limits::max_message_bytes)
-      throw invalid_argument(fmt::format(
-          "socket transport: a message of {} bytes to rank {}: the limit is {} bytes", data.size(),
-          peer, detail::engine_limits::max_message_bytes));
+      throw invalid_argument(
+          fmt::format("socket transport: a message of {} bytes to rank {}: the limit is {} bytes",
+                      data.size(), peer, detail::engine_limits::max_message_bytes));
     request r;
     r.eng_ = eng_;
     r.op_ = eng_->send(peer, tag, data);
@@ -359,8 +360,8 @@ class transport {
         1000, std::min<long long>(
                   opt.rail_timeout.count(),
                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count())));
-    d::handshake_terms terms{.rank = rank_, .size = size,
-                             .generation = static_cast<std::uint32_t>(generation)};
+    d::handshake_terms terms{
+        .rank = rank_, .size = size, .generation = static_cast<std::uint32_t>(generation)};
     terms.secret = secret;
     d::meet(terms,
             {.rails = rails,

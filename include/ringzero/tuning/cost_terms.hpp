@@ -1,6 +1,6 @@
 // The vocabulary of the alpha-beta-gamma cost model (Thakur, Rabenseifner & Gropp, 2005): what an
 // algorithm's cost formula is given, and the step counts the formulas share. Each algorithm
-// header prices itself with these in its descriptor; tuning/cost_model.hpp compares the prices.
+// header prices itself with these in its descriptor; model/cost_model.hpp compares the prices.
 #pragma once
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <cstddef>
 
 #include "ringzero/algorithm.hpp"
-#include "ringzero/transport/concept.hpp"
+#include "ringzero/tuning/policy.hpp"
 
 namespace ringzero::tuning {
 

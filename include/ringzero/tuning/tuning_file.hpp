@@ -44,7 +44,6 @@
 #include "ringzero/detail/exchange_records.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
-#include "ringzero/transport/concept.hpp"
 
 namespace ringzero::tuning {
 

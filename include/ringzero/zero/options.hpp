@@ -19,7 +19,7 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/error.hpp"
-#include "ringzero/tuning/cost_model.hpp"
+#include "ringzero/model/cost_model.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/zero/optimizer_table.hpp"
 #include "ringzero/zero/plan.hpp"

@@ -29,11 +29,11 @@
 #include "ringzero/algorithms/descriptor.hpp"
 #include "ringzero/algorithms/schedule.hpp"
 #include "ringzero/algorithms/schedule/executor.hpp"
+#include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/reduce.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/transport/concept.hpp"
 #include "ringzero/types.hpp"
 
 namespace ringzero::algorithms::schedule {

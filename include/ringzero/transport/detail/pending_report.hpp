@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "ringzero/transport/concept.hpp"
+#include "ringzero/base.hpp"
 
 namespace ringzero::detail {
 

@@ -30,7 +30,7 @@
 
 #include "ringzero/algorithm.hpp"
 #include "ringzero/detail/agreement.hpp"
-#include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/backoff.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
