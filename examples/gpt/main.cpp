@@ -31,7 +31,7 @@
 
 #if RINGZERO_GPT_HAVE_LIBFABRIC
 #include <ringzero/transport/libfabric.hpp>
-#include <ringzero/transport/shm/communicator.hpp>
+#include <ringzero/transport/shm.hpp>
 #endif
 
 namespace {

@@ -14,7 +14,6 @@
 #include <ringzero/bootstrap/environment.hpp>
 #include <ringzero/ringzero.hpp>
 #include <ringzero/transport/shm.hpp>
-#include <ringzero/transport/shm/communicator.hpp>
 #include <ringzero/zero/detail/crc32c.hpp>
 #include <ringzero/zero/sharder.hpp>
 

@@ -41,6 +41,7 @@
 #include "ringzero/detail/comm_state.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/exchange_records.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
@@ -217,6 +218,42 @@ requires requires {
 }
 struct node_level<communicator<T>> {
   using type = communicator<typename T::node_transport>;
+};
+
+/// What a node transport's join() asks of the communicator of the node's ranks
+/// (shm::transport::join): rank 0's bytes shared with every rank, and whether every rank said
+/// yes, in that communicator's own messages within its deadline.
+template <class Comm>
+class node_messages {
+ public:
+  explicit node_messages(Comm& node) : node_(node) {}
+
+  [[nodiscard]] int rank() const { return node_.rank(); }
+  [[nodiscard]] int size() const { return node_.size(); }
+  [[nodiscard]] std::chrono::nanoseconds timeout() const { return node_.timeout(); }
+
+  /// Rank 0's `bytes` into every other rank's (all pass the same size).
+  void share(std::span<char> bytes) {
+    exchange<Comm> ex(node_, "node setup", "direct");
+    std::vector<typename exchange<Comm>::pending> ps;
+    if (rank() == 0) {
+      for (int r = 1; r < size(); ++r)
+        ps.push_back(ex.send(r, 0, 0, std::as_bytes(std::span<const char>(bytes))));
+    } else {
+      ps.push_back(ex.recv(0, 0, 0, std::as_writable_bytes(bytes)));
+    }
+    ex.wait_all(ps);
+  }
+
+  /// True on every rank when every rank passed true: rank 0 gathers the answers and tells all.
+  [[nodiscard]] bool every(bool mine) {
+    const std::vector<std::uint8_t> all =
+        exchange_records(node_, static_cast<std::uint8_t>(mine ? 1 : 0), "node setup");
+    return std::all_of(all.begin(), all.end(), [](std::uint8_t a) { return a != 0; });
+  }
+
+ private:
+  Comm& node_;
 };
 
 }  // namespace detail
@@ -488,26 +525,24 @@ class communicator {
   [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
 
  private:
-  // nodes()'s first call. The collectives are found by argument-dependent lookup when this is
-  // instantiated (collectives.hpp defines them after including this header); a forced ring keeps
-  // RINGZERO_ALGO=hier from recursing into nodes() again.
+  // nodes()'s first call. Its exchanges are the communicator's own (detail::exchange_records),
+  // not collectives: those sit above it, and RINGZERO_ALGO=hier must not recurse into nodes().
   node_communicators<communicator> build_nodes() {
     const topology t = topo_;
     // Agreeing on uniformity needs every rank's node size.
-    int sizes[2] = {t.local_size, -t.local_size};
-    all_reduce(*this, std::span<int>(sizes), op::max, options{.algorithm = algorithm::ring});
+    const std::vector<int> sizes = detail::exchange_records(*this, t.local_size, "hierarchy");
     auto local = split(t.node, rank());
     auto cross = split(t.local_rank, t.node);
-    const bool uniform = sizes[0] == -sizes[1];
+    const bool uniform =
+        std::all_of(sizes.begin(), sizes.end(), [&](int s) { return s == t.local_size; });
     const auto n = static_cast<std::size_t>(size());
-    std::vector<int> where(2 * n), parent_rank;
-    const int mine[2] = {cross->rank(), local->rank()};
-    all_gather(*this, std::span<const int>(mine), std::span<int>(where),
-               options{.algorithm = algorithm::ring});
+    const std::vector<std::array<int, 2>> where = detail::exchange_records(
+        *this, std::array<int, 2>{cross->rank(), local->rank()}, "hierarchy");
+    std::vector<int> parent_rank;
     if (uniform) {
       parent_rank.resize(n);
       for (std::size_t g = 0; g < n; ++g)
-        parent_rank[static_cast<std::size_t>(where[2 * g] * local->size() + where[2 * g + 1])] =
+        parent_rank[static_cast<std::size_t>(where[g][0] * local->size() + where[g][1])] =
             static_cast<int>(g);
     }
     node_communicators<communicator> h{std::move(*local), std::move(*cross), uniform,
@@ -518,7 +553,8 @@ class communicator {
       // join(), which falls back on all of them alike.
       if (h.local.size() > 1) {
         const auto knob = detail::getenv_int("RINGZERO_NODE_SHM");
-        if (auto nt = node_transport::join(h.local, !knob || *knob != 0))
+        detail::node_messages<communicator> over(h.local);
+        if (auto nt = node_transport::join(over, !knob || *knob != 0))
           h.node = std::make_unique<communicator<node_transport>>(std::move(*nt), timeout_);
       }
     }

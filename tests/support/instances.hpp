@@ -31,7 +31,7 @@ RINGZERO_TEST_FLOATING_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::loopback::tr
 // The other transports only where the program links their instances (ringzero_add_test's
 // TRANSPORTS): their headers would cost every other test parse time.
 #ifdef RINGZERO_TEST_INSTANCES_SHM
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 RINGZERO_TEST_INTEGER_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::shm::transport)
 RINGZERO_TEST_FLOATING_ELEMENTS(RINGZERO_TEST_EXTERN_RUN, ringzero::shm::transport)
 #endif

@@ -34,7 +34,7 @@
 
 // The shm communicator's collectives first: the conformance matrix's qualified calls must see
 // them.
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 
 #include "conformance_matrix.hpp"
 #include "multiprocess.hpp"

@@ -39,7 +39,7 @@
 
 // The shm communicator's collectives first: the conformance matrix's qualified calls must see
 // them.
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket.hpp"
 
 #include "conformance_matrix.hpp"

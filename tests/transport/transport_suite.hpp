@@ -39,7 +39,7 @@
 
 // The communicators with collectives of their own first: the conformance matrix's qualified
 // calls must see them.
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket.hpp"
 #ifdef RINGZERO_SUITE_WITH_LIBFABRIC
 #include "ringzero/transport/libfabric.hpp"

@@ -6,7 +6,6 @@
 
 #include <ringzero/transport/loopback.hpp>
 #include <ringzero/transport/shm.hpp>
-#include <ringzero/transport/shm/communicator.hpp>
 
 #include "multiprocess.hpp"
 #include "zero_harness.hpp"

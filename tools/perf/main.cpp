@@ -11,7 +11,7 @@
 #if RINGZERO_PERF_WITH_NCCL
 #include "ringzero/transport/nccl.hpp"
 #endif
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket.hpp"
 
 #if RINGZERO_PERF_WITH_LIBFABRIC

@@ -11,7 +11,7 @@
 #include <vector>
 
 // The shm communicator must be declared before bench.hpp's calls to the collectives.
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 
 #include "bench.hpp"
 #include "cli.hpp"

@@ -25,15 +25,8 @@
 #pragma once
 
 #include "ringzero/communicator.hpp"
-#include "ringzero/transport/nccl/communicator.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
-
-// In a CUDA translation unit the sharder's device memory space comes along (it launches kernels,
-// so a host compiler cannot take it): zero::sharder over nccl::communicator then keeps its
-// buffers on the GPU.
-#if defined(__CUDACC__)
-#include "ringzero/zero/cuda_space.cuh"
-#endif
+#include "ringzero/transport/nccl/transport.hpp"
 
 namespace ringzero::nccl {
 

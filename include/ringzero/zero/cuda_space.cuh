@@ -6,7 +6,7 @@
 //   zero::sharder<ringzero::nccl::communicator, bfloat16> shd(comm, layout, cfg);
 //
 // keeps parameters, gradients, buckets and the fp32 optimizer state in device memory. Compile
-// such a translation unit with nvcc (this header launches kernels); ringzero/transport/nccl.hpp
+// such a translation unit with nvcc (this header launches kernels); ringzero/zero/sharder.hpp
 // includes it there by itself.
 //
 // Streams: the communication stream is the NCCL communicator's own (comm.transport().stream(),
@@ -474,7 +474,7 @@ class cuda_device_space {
 
 #ifdef RINGZERO_CUDA_SPACE_NCCL
 #include "ringzero/communicator.hpp"
-#include "ringzero/transport/nccl/communicator.hpp"
+#include "ringzero/transport/nccl/transport.hpp"
 
 namespace ringzero::nccl {
 

@@ -105,6 +105,12 @@
 #include "ringzero/zero/state_checkpoint.hpp"
 #include "ringzero/zero/step.hpp"
 
+// In a CUDA translation unit the device memory space comes along (it launches kernels, so a host
+// compiler cannot take it): a sharder over nccl::communicator then keeps its buffers on the GPU.
+#if defined(__CUDACC__)
+#include "ringzero/zero/cuda_space.cuh"
+#endif
+
 namespace ringzero::zero {
 
 template <class P>

@@ -1,21 +1,27 @@
 // Internals of the NCCL backend: CUDA and NCCL status codes turned into ringzero errors, element
-// types and ops mapped to NCCL's enums, the current-device guard, and the check that a buffer is
-// memory the communicator's GPU can address. Plain C++: nothing here needs nvcc.
+// types and ops mapped to NCCL's enums, the current-device guard, the check that a buffer is
+// memory the communicator's GPU can address, the device a rank picks, stream-ordered scratch and
+// the groups of sends and receives the block collectives are made of. Plain C++: nothing here
+// needs nvcc.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ringzero/detail/cuda_runtime.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
@@ -152,3 +158,103 @@ namespace ringzero::nccl {
 }
 
 }  // namespace ringzero::nccl
+
+namespace ringzero::nccl::detail {
+
+[[nodiscard]] inline std::chrono::nanoseconds resolve_timeout(std::chrono::nanoseconds t) {
+  return t.count() > 0 ? t : ringzero::detail::env_timeout();
+}
+
+inline void check_nccl(ncclResult_t r, std::string_view what) {
+  if (r != ncclSuccess)
+    throw transport_error(fmt::format("{}: NCCL error: {}", what, nccl_message(r, nullptr)));
+}
+
+/// The number of visible devices; unsupported when there is none.
+[[nodiscard]] inline int require_devices() {
+  const int n = device_count();
+  if (n == 0)
+    throw unsupported(
+        "nccl: no CUDA device is visible to this process (cudaGetDeviceCount found no GPU or no "
+        "driver); the NCCL backend needs one GPU per rank");
+  return n;
+}
+
+/// The device a rank uses when the caller did not pick one.
+[[nodiscard]] inline int pick_device(int requested, int rank) {
+  const int n = require_devices();
+  if (requested >= n)
+    throw invalid_argument(
+        fmt::format("nccl: device {} was requested but only {} are visible", requested, n));
+  if (requested >= 0) return requested;
+  const auto local = ringzero::detail::getenv_int("LOCAL_RANK");
+  const long long base = local && *local >= 0 ? *local : rank;
+  return static_cast<int>(base % n);
+}
+
+/// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.
+[[nodiscard]] inline ncclResult_t cuda_status(cudaError_t e) noexcept {
+  return e == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+/// Stream-ordered device scratch (cudaMallocAsync), freed on the same stream when the scope
+/// ends. Freed only after the enqueue that uses it has returned: in non-blocking mode
+/// ncclGroupEnd may answer before the group's kernels are on the stream, so a free enqueued
+/// inside the group's callback could run ahead of them.
+class stream_scratch {
+ public:
+  stream_scratch(int device, cudaStream_t s, std::size_t bytes) : device_(device), stream_(s) {
+    const device_guard guard(device_);
+    check_cuda(cudaMallocAsync(&data_, bytes, stream_), "nccl: cudaMallocAsync");
+  }
+  ~stream_scratch() {
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    if (previous != device_) static_cast<void>(cudaSetDevice(device_));
+    static_cast<void>(cudaFreeAsync(data_, stream_));
+    if (previous != device_) static_cast<void>(cudaSetDevice(previous));
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+};
+
+/// Blocks between every pair of ranks in one group, as nccl-tests' alltoall issues them: per
+/// peer (this rank included) one ncclSend of its block and one ncclRecv of the peer's. Counts
+/// and displacements are in elements of `es` bytes; empty blocks are skipped on both sides,
+/// which agree on them.
+[[nodiscard]] inline ncclResult_t exchange_blocks(
+    ncclComm_t h, cudaStream_t s, int size, ncclDataType_t type, std::size_t es,
+    const std::byte* in, std::span<const std::size_t> send_counts,
+    std::span<const std::size_t> send_displs, std::byte* out,
+    std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (send_counts[up] > 0)
+      first = ncclSend(in + send_displs[up] * es, send_counts[up], type, p, h, s);
+    if (first == ncclSuccess && recv_counts[up] > 0)
+      first = ncclRecv(out + recv_displs[up] * es, recv_counts[up], type, p, h, s);
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
+/// The root's side of gather (receive) or scatter (send): one message per other rank, grouped.
+template <class Op>
+[[nodiscard]] ncclResult_t root_group(int size, int root, Op&& one) {
+  if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+  ncclResult_t first = ncclSuccess;
+  for (int p = 0; p < size && first == ncclSuccess; ++p)
+    if (p != root) first = one(p);
+  const ncclResult_t end = ncclGroupEnd();
+  return first != ncclSuccess ? first : end;
+}
+
+}  // namespace ringzero::nccl::detail

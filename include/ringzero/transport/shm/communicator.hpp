@@ -1,15 +1,7 @@
-// ringzero's communicator over the shm transport: ranks as processes on one host.
-//
-//   auto comm = ringzero::shm::communicator::from_env();   // ringzero-run, torchrun, Slurm, ...
-//   auto grads = comm.allocate<float>(n);                 // optional: symmetric memory
-//   ringzero::all_reduce(comm, grads.local(), ringzero::op::sum);
+// Deprecated: ringzero/transport/shm.hpp gives shm::communicator since 0.4 (each transport's
+// communicator comes from the transport's own header). Removed in 0.5.
 #pragma once
 
-#include "ringzero/communicator.hpp"
+#pragma message( \
+    "ringzero/transport/shm/communicator.hpp is deprecated: include ringzero/transport/shm.hpp")
 #include "ringzero/transport/shm.hpp"
-
-namespace ringzero::shm {
-
-using communicator = ringzero::communicator<transport>;
-
-}  // namespace ringzero::shm

@@ -1,6 +1,6 @@
 // comm over ringzero's native shared-memory transport: every rank on one host.
 #include "comm_impl.hpp"
-#include "ringzero/transport/shm/communicator.hpp"
+#include "ringzero/transport/shm.hpp"
 
 namespace ringzero_torch::detail {
 

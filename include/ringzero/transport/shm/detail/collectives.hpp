@@ -12,7 +12,7 @@
 // in place and writes each reduced block into every rank's output, with streaming stores once
 // the output outgrows the cache: about 2 S bytes of memory traffic per rank. all_gather and
 // all_to_all of large blocks read the peers' inputs from their address spaces (cross-memory
-// attach), one copy per block.
+// attach, shm/detail/cross_memory.hpp), one copy per block.
 //
 // How the ranks' contributions combine is the collectives' parameter: in rank order with the op
 // (in_rank_order), or, for options::reproducible's float sums, exactly (exact_float_sum): each
@@ -29,12 +29,6 @@
 #include <span>
 #include <string_view>
 #include <vector>
-
-#include <sys/types.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
@@ -114,21 +108,21 @@ struct segment_call {
 /// out = in[0] (op) in[1] (op) ... in rank order, over n elements; out may be one of the inputs
 /// only if it is in[0].
 template <element E, class In>
-void reduce_in_order(op o, int ranks, In in, E* out, std::size_t n) {
+void reduce_in_order(ringzero::op o, int ranks, In in, E* out, std::size_t n) {
   if (ranks == 1) {
     if (out != in(0)) std::memcpy(out, in(0), n * sizeof(E));
   } else {
     reduction::combine(o, in(0), in(1), out, n);
     for (int q = 2; q < ranks; ++q) reduction::combine(o, out, in(q), out, n);
   }
-  if (o == op::avg) reduction::finish_avg(out, n, ranks);
+  if (o == ringzero::op::avg) reduction::finish_avg(out, n, ranks);
 }
 
 /// Combines the ranks' contributions with the op, in rank order: every rank gets the same bits,
 /// which depend on the number of ranks.
 template <element E>
 struct in_rank_order {
-  op o = op::sum;
+  ringzero::op o = ringzero::op::sum;
   /// The one-phase limit the communicator's tuning sets (tuning::one_phase_limit), 0 for
   /// one_shot_bytes' rule. Either way every rank gets the same bits: a block reduced by one rank
   /// in rank order is what every rank computes in one phase.
@@ -285,190 +279,6 @@ void all_gather(W& ws, std::span<const E> in, std::span<E> out, segment_call& ca
       std::memcpy(out.data() + static_cast<std::size_t>(q) * in.size() + first, ws.buffer(q, p),
                   count * sizeof(E));
   }
-}
-
-/// Reads `bytes` at `remote` in process `pid` into `local` with process_vm_readv (Linux's
-/// cross-memory attach), in as many calls as the kernel needs: 0, or the errno that stopped it.
-[[nodiscard]] inline int read_process_memory(std::int64_t pid, std::uint64_t remote,
-                                             std::byte* local, std::size_t bytes) noexcept {
-  while (bytes > 0) {
-    iovec to{local, bytes};
-    iovec from{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
-    const ssize_t got = ::process_vm_readv(static_cast<pid_t>(pid), &to, 1, &from, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return errno;
-    if (got == 0) return EFAULT;
-    local += got;
-    remote += static_cast<std::uint64_t>(got);
-    bytes -= static_cast<std::size_t>(got);
-  }
-  return 0;
-}
-
-/// Why a cross-memory collective did not complete: the lowest rank whose reads failed, the
-/// rank it read from and the errno.
-struct cross_memory_failure {
-  int rank = -1;
-  int peer = -1;
-  int error = 0;
-};
-
-/// Every rank's outcome of its reads in one phase: the lowest failing rank's, or none.
-template <class W>
-[[nodiscard]] bool agree_reads(W& ws, cross_memory_failure mine, segment_call& call,
-                               cross_memory_failure& failed) {
-  struct outcome {
-    std::int32_t error;
-    std::int32_t peer;
-  };
-  static_assert(sizeof(outcome) <= 64);
-  const outcome result{mine.error, mine.peer};
-  const std::uint64_t p = ws.next_phase();
-  std::memcpy(ws.buffer(ws.rank(), p), &result, sizeof result);
-  ws.phase(call);
-  for (int r = 0; r < ws.size(); ++r) {
-    outcome theirs;
-    std::memcpy(&theirs, ws.buffer(r, p), sizeof theirs);
-    if (theirs.error != 0) {
-      failed = {r, theirs.peer, theirs.error};
-      return false;
-    }
-  }
-  return true;
-}
-
-/// Block q of `out` (`block` bytes each) receives `block` bytes of rank q's buffer `base`, from
-/// offset rank() * stride: all_gather (stride 0: each rank's whole input) and all_to_all
-/// (stride block: the slice of each peer's input addressed to this rank). Each rank publishes
-/// where its buffer lies in its own address space; every rank reads its peers' parts from there
-/// straight into its output (process_vm_readv, Linux's cross-memory attach: the single copy
-/// Open MPI's vader makes for large messages), and a second phase tells each rank that its
-/// buffer has been read and may change. One copy per block and two phases whatever the size,
-/// where the workspace's paths copy every block in and out (about 2 S + 2 S / n bytes of
-/// traffic for an output of S) in one phase per workspace-full, and larger calls go over
-/// messages. `base` must not be written by this rank before the call returns, nor lie in
-/// `out` where a peer's block lands (the caller copies an in-place all_to_all's input first).
-/// Returns false, on every rank alike, when some rank's reads failed (a kernel or a container
-/// that refuses process_vm_readv to the job's own processes: EPERM, ENOSYS; a peer's process
-/// gone: ESRCH): `failed` says which; out is then incomplete.
-template <class W>
-[[nodiscard]] bool exchange_across_processes(W& ws, const std::byte* base, std::size_t stride,
-                                             std::size_t block, std::byte* out, segment_call& call,
-                                             cross_memory_failure& failed) {
-  struct published {
-    std::int64_t pid;
-    std::uint64_t address;
-  };
-  // A workspace buffer is at least a cache line (workspace::capacity rounds up to one).
-  static_assert(sizeof(published) <= 64);
-  const int n = ws.size();
-  const int me = ws.rank();
-  const std::size_t from = static_cast<std::size_t>(me) * stride;
-  const std::uint64_t p = ws.next_phase();
-  const published mine{static_cast<std::int64_t>(::getpid()),
-                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base))};
-  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
-  ws.phase(call);
-  cross_memory_failure result;
-  for (int k = 1; k < n && result.error == 0; ++k) {
-    // Each rank starts with its next peer, so that the n readers spread over the n buffers.
-    const int q = (me + k) % n;
-    published theirs;
-    std::memcpy(&theirs, ws.buffer(q, p), sizeof theirs);
-    const int e = read_process_memory(theirs.pid, theirs.address + from,
-                                      out + static_cast<std::size_t>(q) * block, block);
-    if (e != 0) result = {me, q, e};
-  }
-  std::byte* own = out + static_cast<std::size_t>(me) * block;
-  if (own != base + from) std::memcpy(own, base + from, block);
-  return agree_reads(ws, result, call, failed);
-}
-
-/// all_reduce by cross-memory attach: rank r reduces block r of the count elements, reading
-/// the peers' parts of it from their inputs in their own address spaces (process_vm_readv) in
-/// pieces that stay in the L2 cache, straight into its output; then every rank reads the other
-/// blocks from their owners' outputs. For S bytes a rank moves about 2.5 S to and from memory
-/// (its peers' block and its own read, its block written; the other blocks read and written),
-/// where the workspace's path copies every input in and every block out (about 5 S), the
-/// copy Open MPI's vader saves on large messages the same way. Three phases: addresses
-/// published, blocks reduced, outputs read (after which a rank may change its output). The
-/// same block partition and rank order as the workspace's path, so the same bits.
-/// Returns false, on every rank alike, when some rank's reads failed (`failed` says which);
-/// in place, that rank's block of its buffer may then hold its reduction already, so the
-/// caller cannot retry another way; transport::probe_cross_memory finds a kernel that refuses
-/// such reads before the first call.
-template <element E, class W, class Combine>
-[[nodiscard]] bool all_reduce_across_processes(W& ws, const E* in, E* out, std::size_t count,
-                                               const Combine& combine, segment_call& call,
-                                               cross_memory_failure& failed) {
-  struct published {
-    std::int64_t pid;
-    std::uint64_t in;
-    std::uint64_t out;
-  };
-  static_assert(sizeof(published) <= 64);
-  const int n = ws.size();
-  const int me = ws.rank();
-  const auto block = [&](int r) {
-    return std::array<std::size_t, 2>{
-        count * static_cast<std::size_t>(r) / static_cast<std::size_t>(n),
-        count * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(n)};
-  };
-  const std::uint64_t p = ws.next_phase();
-  const published mine{static_cast<std::int64_t>(::getpid()),
-                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(in)),
-                       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(out))};
-  std::memcpy(ws.buffer(me, p), &mine, sizeof mine);
-  ws.phase(call);
-  std::vector<published> peers(static_cast<std::size_t>(n));
-  for (int q = 0; q < n; ++q)
-    std::memcpy(&peers[static_cast<std::size_t>(q)], ws.buffer(q, p), sizeof(published));
-
-  // The peers' pieces side by side, and the reduced piece where it cannot go to out at once:
-  // in place on a rank other than 0, whose own input is not the combine's first (it writes
-  // over its first input only).
-  constexpr std::size_t piece_bytes = std::size_t{64} << 10;
-  const std::size_t piece = std::max<std::size_t>(1, piece_bytes / sizeof(E));
-  thread_local std::vector<E> pieces;
-  thread_local std::vector<E> reduced;
-  pieces.resize(piece * static_cast<std::size_t>(n));
-  const bool via_reduced = in == out && me != 0;
-  if (via_reduced) reduced.resize(piece);
-  cross_memory_failure error;
-  const auto [lo, hi] = block(me);
-  for (std::size_t first = lo; first < hi && error.error == 0; first += piece) {
-    const std::size_t len = std::min(piece, hi - first);
-    for (int k = 1; k < n && error.error == 0; ++k) {
-      const int q = (me + k) % n;
-      const int e = read_process_memory(
-          peers[static_cast<std::size_t>(q)].pid,
-          peers[static_cast<std::size_t>(q)].in + first * sizeof(E),
-          reinterpret_cast<std::byte*>(pieces.data() + static_cast<std::size_t>(q) * piece),
-          len * sizeof(E));
-      if (e != 0) error = {me, q, e};
-    }
-    if (error.error != 0) break;
-    const auto input = [&](int q) {
-      return q == me ? in + first
-                     : static_cast<const E*>(pieces.data() + static_cast<std::size_t>(q) * piece);
-    };
-    if (!via_reduced) {
-      combine(n, input, out + first, len);
-    } else {
-      combine(n, input, reduced.data(), len);
-      std::memcpy(out + first, reduced.data(), len * sizeof(E));
-    }
-  }
-  if (!agree_reads(ws, error, call, failed)) return false;
-  for (int k = 1; k < n && error.error == 0; ++k) {
-    const int q = (me + k) % n;
-    const auto [a, b] = block(q);
-    const int e = read_process_memory(peers[static_cast<std::size_t>(q)].pid,
-                                      peers[static_cast<std::size_t>(q)].out + a * sizeof(E),
-                                      reinterpret_cast<std::byte*>(out + a), (b - a) * sizeof(E));
-    if (e != 0) error = {me, q, e};
-  }
-  return agree_reads(ws, error, call, failed);
 }
 
 /// out receives block rank() of in (n * out.size() elements) reduced over all ranks, in rank
