@@ -56,12 +56,12 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/communicator.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/detail/hmac.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
-#include "ringzero/detail/hmac.hpp"
 #include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/handshake.hpp"
 #include "ringzero/transport/socket/rails.hpp"
@@ -150,9 +150,9 @@ class transport {
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
     if (data.size() > detail::engine_limits::max_message_bytes)
-      throw invalid_argument(fmt::format(
-          "socket transport: a message of {} bytes to rank {}: the limit is {} bytes", data.size(),
-          peer, detail::engine_limits::max_message_bytes));
+      throw invalid_argument(
+          fmt::format("socket transport: a message of {} bytes to rank {}: the limit is {} bytes",
+                      data.size(), peer, detail::engine_limits::max_message_bytes));
     request r;
     r.eng_ = eng_;
     r.op_ = eng_->send(peer, tag, data);
@@ -359,8 +359,8 @@ class transport {
         1000, std::min<long long>(
                   opt.rail_timeout.count(),
                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count())));
-    d::handshake_terms terms{.rank = rank_, .size = size,
-                             .generation = static_cast<std::uint32_t>(generation)};
+    d::handshake_terms terms{
+        .rank = rank_, .size = size, .generation = static_cast<std::uint32_t>(generation)};
     terms.secret = secret;
     d::meet(terms,
             {.rails = rails,
