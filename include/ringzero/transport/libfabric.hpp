@@ -55,6 +55,7 @@
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
+#include "ringzero/transport/libfabric/signals.hpp"
 #include "ringzero/transport/shm.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
