@@ -37,8 +37,8 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
