@@ -310,6 +310,21 @@ rank_pid() {
   return 1
 }
 
+# signal_rank <job pid> <log> <regex> <seconds> <exe> <var> <value> <signal>: once the log shows
+# the regex, sends the signal to the rank whose environment has var=value and prints its pid;
+# without one in time, ends the job and prints nothing.
+signal_rank() {
+  local job=$1 log=$2 regex=$3 wait_s=$4 exe=$5 var=$6 value=$7 sig=$8 pid=""
+  wait_for_line "$log" "$regex" "$wait_s" && pid=$(rank_pid "$exe" "$var" "$value")
+  if [[ -z $pid ]]; then
+    kill "$job" 2>/dev/null
+    wait "$job"
+    return 1
+  fi
+  kill "-$sig" "$pid" || return 1
+  echo "$pid"
+}
+
 # A rank stopped (SIGSTOP) in the middle of a collective: the other must end within
 # RINGZERO_TIMEOUT (5 s) plus a margin, with a timeout naming the call, and the launcher then
 # stops the job.
@@ -321,17 +336,11 @@ if [[ -x $run && -x $perf && ( -z ${GPU_CHECK_ONLY:-} || sigstop =~ $GPU_CHECK_O
   RINGZERO_TIMEOUT=5 "$run" -n "$n" --output "$dir" --timeout 100 -- "${spread[@]}" "$perf" \
     all_reduce -T nccl -b 64M -e 64M -n 1000000 -w 1 -c 0 >"$log_dir/sigstop.log" 2>&1 &
   job=$!
-  victim=""
-  if wait_for_line "$dir/rank0.log" '# Using devices' 60; then
-    sleep 3  # inside the timed loop, which has no end in sight
-    victim=$(rank_pid "$perf" RANK 1)
-  fi
-  if [[ -z $victim ]]; then
-    kill "$job" 2>/dev/null
-    wait "$job"
+  # The table's header, then 3 s: inside the timed loop, which has no end in sight.
+  if ! victim=$(signal_rank "$job" "$dir/rank0.log" '# Using devices' 60 "$perf" RANK 1 0) ||
+    ! sleep 3 || ! kill -STOP "$victim"; then
     record sigstop_rank FAIL $((SECONDS - start)) "the job never reached its timed loop"
   else
-    kill -STOP "$victim"
     stopped=$SECONDS
     wait "$job"
     rc=$?
@@ -360,16 +369,10 @@ if [[ -x $run && -x $train && ( -z ${GPU_CHECK_ONLY:-} || elastic =~ $GPU_CHECK_
     "${spread[@]}" "$train" --stage 3 --steps 3000 --checkpoint-every 100 \
     --save "$log_dir/elastic.ckpt" >"$log_dir/elastic.log" 2>&1 &
   job=$!
-  victim=""
-  if wait_for_line "$dir/rank0.log" '^step +200 ' 120; then
-    victim=$(rank_pid "$train" RINGZERO_ELASTIC_ID $((n - 1)))
-  fi
-  if [[ -z $victim ]]; then
-    kill "$job" 2>/dev/null
-    wait "$job"
+  if ! signal_rank "$job" "$dir/rank0.log" '^step +200 ' 120 "$train" RINGZERO_ELASTIC_ID \
+    $((n - 1)) KILL >/dev/null; then
     record elastic_kill FAIL $((SECONDS - start)) "the job never reached step 200 (see $dir)"
   else
-    kill -KILL "$victim"
     if ((ranks > 1)); then
       wait_for_line "$dir/rank0.log" 'elastic: generation 1' 60
       "$run" -n 1 --join "$job_file" --output "$dir/joined" --timeout 150 -- "$train" \
