@@ -25,11 +25,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
@@ -360,6 +362,36 @@ template <element E>
                   d.name, where(in), where(out)));
 }
 
+/// Refuses device memory on a transport that moves host memory only (loopback, shm, sockets):
+/// its algorithms would read it on the host, where a GPU's memory is not mapped. `buffers` are
+/// (name, pointer) pairs, null for a buffer the call does not use. Free in a program that
+/// registered no CUDA runtime (one atomic load); otherwise device_of per buffer, which the CUDA
+/// table answers from the few pointers it remembers per thread for the buffers a loop passes
+/// call after call (kernels/cuda/device_reduction.cuh), not with cudaPointerGetAttributes.
+inline void refuse_device_memory(
+    std::string_view what,
+    std::initializer_list<std::pair<std::string_view, const void*>> buffers) {
+  const kernels::device_runtime* rt = kernels::registered_device_runtime();
+  if (rt == nullptr) return;
+  for (const auto& [name, p] : buffers)
+    if (p != nullptr)
+      if (const int device = rt->device_of(p); device >= 0)
+        throw invalid_argument(fmt::format(
+            "{}: the {} is memory of CUDA device {}, and this transport moves host memory only: "
+            "use the NCCL transport or libfabric opened with options::device_memory, or copy it "
+            "to host memory",
+            what, name, device));
+}
+
+template <element E>
+void refuse_device_buffers(const algorithms::call<E>& c, int rank) {
+  const collective_descriptor& d = algorithms::describe(c);
+  const bool in = !c.in.empty() && d.uses_in(rank, c.root);
+  const bool out = !c.out.empty() && d.uses_out(rank, c.root);
+  refuse_device_memory(
+      d.name, {{"input", in ? c.in.data() : nullptr}, {"output", out ? c.out.data() : nullptr}});
+}
+
 /// The schedule a call on device buffers runs: options::algorithm (refused where it has no
 /// schedule for the collective), else RINGZERO_ALGO where it has one, else the ring, else the
 /// tree.
@@ -404,15 +436,20 @@ void run_on_device(communicator<T>& comm, const algorithms::call<E>& c, const ca
   if (sz.empty) return;
   const kernels::device_runtime& rt = *kernels::registered_device_runtime();
   const device_scope current(rt, device);
-  // Registered whole: a registration covers later calls on parts of the same buffers.
+  // Registered whole, the allocation a buffer lies in: a registration covers later calls on
+  // other parts of it, and its id tells a new allocation at a freed one's addresses from the old,
+  // which must not be reached through the old registration.
   const auto adopt = [&](const void* p, std::size_t bytes) {
-    if (bytes > 0) t.register_device_buffer(p, bytes, device);
+    if (bytes == 0) return;
+    if (const kernels::device_allocation a = rt.allocation_of(p); a.base != nullptr)
+      t.register_device_buffer(a.base, a.bytes, device, a.id);
+    else
+      t.register_device_buffer(p, bytes, device, 0);
   };
   const collective_descriptor& d = algorithms::describe(c);
   if (d.uses_in(comm.rank(), c.root)) adopt(c.in.data(), c.in.size_bytes());
   if (d.uses_out(comm.rank(), c.root)) adopt(c.out.data(), c.out.size_bytes());
-  device_cache& cache = device_cache_of(
-      comm, rt, device, [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
+  device_cache& cache = device_cache_of(comm, rt, device);
   const std::size_t elems = algorithms::schedule::scratch_elems(a, c, comm.size());
   E* scratch = elems > 0 ? reinterpret_cast<E*>(cache.scratch(elems * sizeof(E), adopt)) : nullptr;
   device_executor<communicator<T>, E> x(comm, cache, reductions, what, algorithm_name(a),
@@ -467,15 +504,21 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
   check_options(what, opt);
   if constexpr (reproducible::supported_v<std::remove_cv_t<E>>) {
     if (takes_reproducible_path(c, opt)) {
-      bool on_device = native_collectives<T>;
-      if constexpr (device_memory_transport<T>) on_device = device_of_call(c, comm.rank()) >= 0;
-      if (on_device) {
+      // The device the passes run on: the transport's where it has one (NCCL), else the
+      // buffers'; never merely the calling thread's.
+      int device = -1;
+      if constexpr (requires { comm.transport().device(); })
+        device = comm.transport().device();
+      else if constexpr (device_memory_transport<T>)
+        device = device_of_call(c, comm.rank());
+      if (device >= 0) {
         const kernels::device_reproducible& k = kernels::required_device_reproducible(what);
         const kernels::device_runtime* rt = kernels::registered_device_runtime();
         if (rt == nullptr)  // registered with k by the same header: only a test can split them
           throw unsupported(fmt::format("{}: no CUDA runtime table", what));
-        return run_reproducible_device(comm, c, opt, *rt, k);
+        return run_reproducible_device(comm, c, opt, *rt, k, device);
       }
+      if constexpr (!device_memory_transport<T>) refuse_device_buffers(c, comm.rank());
       if constexpr (std::is_same_v<E, float>) {
         if (try_reproducible_native<Table>(comm, c, opt)) return;
       }
@@ -495,6 +538,8 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
     if constexpr (device_memory_transport<T>) {
       if (const int device = device_of_call(c, comm.rank()); device >= 0)
         return run_on_device<Table>(comm, c, sz, opt, env, device);
+    } else {
+      refuse_device_buffers(c, comm.rank());
     }
     const std::optional<algorithm> from_env = env_algorithm<Table>(env.algo);
     // A call the transport may run itself is offered to it before the cost model prices the
@@ -782,6 +827,9 @@ void p2p(communicator<T>& comm, std::string_view what, std::span<const E> out, i
     nc.from = from;
     comm.transport().run_native(nc, opt);
   } else {
+    if constexpr (!device_memory_transport<T>)
+      refuse_device_memory(what, {{"send buffer", out.empty() ? nullptr : out.data()},
+                                  {"receive buffer", in.empty() ? nullptr : in.data()}});
     auto& st = comm.state();
     st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
     st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));

@@ -12,6 +12,22 @@
 // NCCL communicators are created non-blocking (ncclConfig_t::blocking = 0): that is what makes
 // them abortable while a call is stuck, and ringzero waits out NCCL's "in progress" states itself.
 // A communicator is used by one thread at a time, like the ncclComm_t it wraps.
+//
+// The rank's device: every constructor (from_env(), single(), the store's, adoption of an
+// ncclComm_t) makes the communicator's GPU the current device of the calling thread and leaves it
+// so, as NCCL programs call cudaSetDevice(local_rank) first: the trainer's cudaMalloc, streams and
+// kernels after it land on the GPU the collectives use. Calls pin that device whatever thread
+// makes them. Which GPU: config::device, else the launcher's local rank (LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else the device a rank on this thread used before
+// (an elastic rank keeps its GPU across generations), else the rank; modulo the visible devices
+// (detail/rank_device.hpp).
+//
+// A dead peer: NCCL itself does not say which rank it waits for. config::dead_rank (an elastic
+// session passes its heartbeat and the launcher's death marks) names one while a call waits: the
+// communicator then stops its work at once (ncclCommRevoke where NCCL has it, 2.28 and later,
+// which keeps the handle for ncclCommShrink; ncclCommAbort before), failed_rank() names the rank
+// and the call throws peer_error. abort() does the same from any thread. shrink() (NCCL 2.27 and
+// later) makes the survivors' communicator from this one without a new rendezvous.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,11 +35,13 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,9 +58,11 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/rank_device.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/abort_state.hpp"
 #include "ringzero/transport/native.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
 #include "ringzero/transport/nccl/executor.hpp"
@@ -52,8 +72,10 @@ namespace ringzero::nccl {
 
 /// How a communicator is created.
 struct config {
-  /// CUDA device of this rank; -1 picks LOCAL_RANK (the rank where LOCAL_RANK is unset) modulo
-  /// the number of visible devices. NCCL allows one rank per GPU per communicator.
+  /// CUDA device of this rank; -1 picks the launcher's local rank, else the device a rank on
+  /// this thread used before, else the rank, modulo the number of visible devices (see the header
+  /// comment). Current in the constructing thread from construction on. NCCL allows one rank per
+  /// GPU per communicator on one host (see docs/nccl.md for several ranks on one GPU).
   int device = -1;
   /// Deadline for creation and the default for every blocking call; 0 = RINGZERO_TIMEOUT
   /// (default 300 s).
@@ -64,6 +86,10 @@ struct config {
   std::string key{};
   /// Handed to ncclCommInitRankConfig (CTA counts, network name, ...); ringzero sets blocking = 0.
   ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
+  /// Asked, at most every 100 ms while a call waits and before the communicator is closed, for a
+  /// rank of this communicator known dead (-1: none): what a launcher that reaped a process or a
+  /// heartbeat that stopped knows before NCCL would. elastic::session::communicator fills it in.
+  std::function<int()> dead_rank{};
 };
 
 /// Whether an adopted ncclComm_t is destroyed with the communicator.
@@ -90,16 +116,20 @@ inline void check_nccl(ncclResult_t r, std::string_view what) {
   return n;
 }
 
-/// The device a rank uses when the caller did not pick one.
+/// The device of rank `rank` (ringzero::detail::choose_rank_device).
 [[nodiscard]] inline int pick_device(int requested, int rank) {
   const int n = require_devices();
-  if (requested >= n)
+  try {
+    return ringzero::detail::choose_rank_device(requested, n, rank);
+  } catch (const invalid_argument& e) {
     throw invalid_argument(
-        fmt::format("nccl: device {} was requested but only {} are visible", requested, n));
-  if (requested >= 0) return requested;
-  const auto local = ringzero::detail::getenv_int("LOCAL_RANK");
-  const long long base = local && *local >= 0 ? *local : rank;
-  return static_cast<int>(base % n);
+        fmt::format("nccl: {}", std::string_view(e.what()).substr(sizeof "ringzero: " - 1)));
+  }
+}
+
+/// Makes `device` the calling thread's current device, for good (the constructors' contract).
+inline void make_current(int device) {
+  check_cuda(cudaSetDevice(device), fmt::format("nccl: cudaSetDevice({})", device));
 }
 
 /// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.
@@ -182,13 +212,15 @@ class transport {
   static constexpr std::size_t host_staging_bytes = std::size_t{1} << 20;
 
   /// Rank `rank` of `size`: rank 0 creates the NCCL unique id and publishes it in `store`, the
-  /// others read it there. Every rank must construct its communicators in the same order.
+  /// others read it there. Every rank must construct its communicators in the same order. The
+  /// rank's device (config::device) is current in the calling thread from here on.
   transport(bootstrap::store& store, int rank, int size, const config& cfg = {}) : transport() {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format(
           "nccl::communicator: rank {} is out of range for a {}-rank communicator", rank, size));
     timeout_ = detail::resolve_timeout(cfg.timeout);
     device_ = detail::pick_device(cfg.device, rank);
+    dead_rank_ = cfg.dead_rank;
     const std::string prefix = cfg.key.empty() ? fmt::format("ringzero/nccl/{}", size) : cfg.key;
     // Every rank counts itself in; a creation completes only once all ranks joined it, so the
     // count tells each rank which creation through this prefix it is part of.
@@ -212,7 +244,8 @@ class transport {
 
   /// Takes over an ncclComm_t created elsewhere (already initialized). With ownership::borrowed
   /// the handle is not destroyed with this object; a missed deadline still aborts it, after
-  /// which its creator must not use or destroy it.
+  /// which its creator must not use or destroy it. The handle's device is current in the calling
+  /// thread from here on.
   explicit transport(ncclComm_t comm, ownership own = ownership::owned, const config& cfg = {})
       : transport() {
     if (comm == nullptr)
@@ -225,17 +258,21 @@ class transport {
     detail::check_nccl(ncclCommUserRank(comm, &rank_), "nccl: ncclCommUserRank");
     detail::check_nccl(ncclCommCount(comm, &size_), "nccl: ncclCommCount");
     detail::check_nccl(ncclCommCuDevice(comm, &device_), "nccl: ncclCommCuDevice");
-    detail::device_guard guard(device_);
+    dead_rank_ = cfg.dead_rank;
+    detail::make_current(device_);
+    ringzero::detail::thread_rank_device() = device_;
     detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                        "nccl: cudaStreamCreateWithFlags");
     live_->comm = comm_;
   }
 
-  /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs.
+  /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs. Its
+  /// device is current in the calling thread from here on.
   [[nodiscard]] static transport single(const config& cfg = {}) {
     transport c;
     c.timeout_ = detail::resolve_timeout(cfg.timeout);
     c.device_ = detail::pick_device(cfg.device, 0);
+    c.dead_rank_ = cfg.dead_rank;
     ncclUniqueId id{};
     detail::check_nccl(ncclGetUniqueId(&id), "nccl: ncclGetUniqueId");
     c.init(id, 0, 1, cfg);
@@ -244,9 +281,10 @@ class transport {
 
   /// This process's rank of the job that started it (ringzero-run, torchrun, mpirun, srun; see
   /// bootstrap/environment.hpp), on device local rank modulo the visible devices unless
-  /// cfg.device says otherwise. The unique id travels through the job's rendezvous store
-  /// (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR) that lives only while
-  /// the communicator is created. Without a launcher it is single().
+  /// cfg.device says otherwise; that device is current in the calling thread from here on, so
+  /// memory and streams the trainer makes next are on it. The unique id travels through the
+  /// job's rendezvous store (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR)
+  /// that lives only while the communicator is created. Without a launcher it is single().
   [[nodiscard]] static transport from_env(const config& cfg = {}) {
     const int devices = detail::require_devices();
     const bootstrap::launch_info job = bootstrap::detect_launch();
@@ -278,19 +316,7 @@ class transport {
     if (h == nullptr)
       throw transport_error(fmt::format(
           "nccl: split on rank {} of {} (color {}) returned no communicator", rank_, size_, color));
-    transport sub;
-    sub.comm_ = h;
-    sub.owned_ = true;
-    sub.timeout_ = timeout_;
-    sub.config_ = config_;
-    sub.device_ = device_;
-    sub.live_->comm = h;
-    sub.settle("creating the NCCL communicator split from another", ncclInProgress, deadline,
-               timeout_);
-    detail::check_nccl(ncclCommUserRank(h, &sub.rank_), "nccl: ncclCommUserRank");
-    detail::check_nccl(ncclCommCount(h, &sub.size_), "nccl: ncclCommCount");
-    detail::check_cuda(cudaStreamCreateWithFlags(&sub.stream_, cudaStreamNonBlocking),
-                       "nccl: cudaStreamCreateWithFlags");
+    transport sub = child(h, "creating the NCCL communicator split from another", deadline, {});
     log::info("nccl: rank {} of {} split to rank {} of {} (color {})", rank_, size_, sub.rank_,
               sub.size_, color);
     return std::optional<transport>(std::move(sub));
@@ -323,6 +349,64 @@ class transport {
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
   /// True after a failure aborted the communicator; every later call then throws.
   [[nodiscard]] bool aborted() const noexcept { return !failure_.empty(); }
+
+  /// Fails the communicator from any thread, now: a call waiting in another thread stops its
+  /// work (as when a dead rank is found) and throws peer_error carrying `why`, and every later
+  /// call throws. communicator::abort() calls it. Without a call in flight the work stops at the
+  /// next call or when the communicator is destroyed.
+  void abort(const std::string& why) { shared_->abort.set(why); }
+  /// Why abort() was called or a dead rank was found, once one was: communicator::check_usable
+  /// refuses every call then.
+  [[nodiscard]] std::optional<std::string> abort_reason() const {
+    return shared_->abort.reason_if_set();
+  }
+  /// The rank config::dead_rank named while a call waited, or -1 (communicator::failed_rank()).
+  [[nodiscard]] int failed_rank() const noexcept {
+    return shared_->failed_rank.load(std::memory_order_acquire);
+  }
+
+  /// The communicator of this one's ranks but `excluded` (ranks here), as ncclCommShrink:
+  /// collective over the ranks that remain, each passing the same list; they keep their order.
+  /// Works on a healthy communicator and on one stopped after a dead rank was found where NCCL
+  /// revokes (2.28 and later: the handle is kept); an aborted one cannot shrink. The new
+  /// transport has this one's device, deadline and configuration, and `dead_rank` as its
+  /// config::dead_rank (its ranks are numbered anew). unsupported before NCCL 2.27.
+  [[nodiscard]] transport shrink(std::span<const int> excluded,
+                                 std::function<int()> dead_rank = {}) {
+    if (comm_ == nullptr)
+      throw transport_error(fmt::format(
+          "nccl: shrink on rank {} of {}: this communicator was aborted or moved from{}{}", rank_,
+          size_, failure_.empty() ? "" : ": ", failure_));
+    std::vector<int> list(excluded.begin(), excluded.end());
+    for (int r : list)
+      if (r < 0 || r >= size_ || r == rank_)
+        throw invalid_argument(fmt::format(
+            "nccl: shrink on rank {} of {}: rank {} cannot be excluded (out of range, or this "
+            "rank, which then must not call shrink)",
+            rank_, size_, r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    detail::device_guard guard(device_);
+    const auto deadline = clock::now() + timeout_;
+    ncclConfig_t c = config_;
+    ncclComm_t h = nullptr;
+    const ncclResult_t r = ncclCommShrink(comm_, list.data(), static_cast<int>(list.size()), &h, &c,
+                                          NCCL_SHRINK_DEFAULT);
+    settle("shrinking the NCCL communicator", r, deadline, timeout_, false);
+    if (h == nullptr)
+      throw transport_error(
+          fmt::format("nccl: shrink on rank {} of {} returned no communicator", rank_, size_));
+    transport sub = child(h, "creating the NCCL communicator shrunk from another", deadline,
+                          std::move(dead_rank));
+    log::info("nccl: rank {} of {} shrunk to rank {} of {} ({} excluded)", rank_, size_, sub.rank_,
+              sub.size_, list.size());
+    return sub;
+#else
+    static_cast<void>(dead_rank);
+    throw unsupported(
+        fmt::format("nccl: shrink needs ncclCommShrink (NCCL 2.27 or later); this is NCCL {}.{}.{}",
+                    NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH));
+#endif
+  }
 
   /// Runs f(native handle, stream) (one or more NCCL calls that return ncclResult_t) with this
   /// communicator's device current, then, unless opt.async, waits for the stream with the
@@ -362,7 +446,9 @@ class transport {
   }
 
   /// The handle while it is alive (see detail::live_handle), for memory registered with it.
-  [[nodiscard]] std::shared_ptr<detail::live_handle> live() const noexcept { return live_; }
+  [[nodiscard]] std::shared_ptr<detail::live_handle> live() const noexcept {
+    return live_;
+  }
 
   /// One validated collective (transport/native.hpp), as NCCL's own call. Every buffer is
   /// checked to be memory this rank's GPU can address before anything is enqueued; in place is
@@ -554,9 +640,14 @@ class transport {
             [&](ncclComm_t h, cudaStream_t st) {
               return ncclAllGather(own, buf.data(), slot, ncclUint8, h, st);
             });
+    // The exchange completed (waited for above, with the deadline); the copy back is waited
+    // for with it too, never with a bare cudaMemcpy.
     std::vector<std::byte> host(buf.size());
-    detail::check_cuda(cudaMemcpy(host.data(), buf.data(), host.size(), cudaMemcpyDeviceToHost),
-                       "RINGZERO_CHECK: cudaMemcpy");
+    detail::check_cuda(
+        cudaMemcpyAsync(host.data(), buf.data(), host.size(), cudaMemcpyDeviceToHost, s),
+        "RINGZERO_CHECK: cudaMemcpyAsync");
+    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    wait("RINGZERO_CHECK", s, clock::now() + limit, limit);
     for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
       std::memcpy(all.data() + r * mine.size(), host.data() + r * slot, mine.size());
   }
@@ -566,11 +657,32 @@ class transport {
 
   transport() = default;
 
+  /// The transport of handle `h`, which split() or shrink() made from this one (non-blocking:
+  /// waited for here, by `deadline`): this one's device, deadline and configuration.
+  [[nodiscard]] transport child(ncclComm_t h, std::string_view what, clock::time_point deadline,
+                                std::function<int()> dead_rank) {
+    transport sub;
+    sub.comm_ = h;
+    sub.owned_ = true;
+    sub.timeout_ = timeout_;
+    sub.config_ = config_;
+    sub.device_ = device_;
+    sub.dead_rank_ = std::move(dead_rank);
+    sub.live_->comm = h;
+    sub.settle(what, ncclInProgress, deadline, timeout_);
+    detail::check_nccl(ncclCommUserRank(h, &sub.rank_), "nccl: ncclCommUserRank");
+    detail::check_nccl(ncclCommCount(h, &sub.size_), "nccl: ncclCommCount");
+    detail::check_cuda(cudaStreamCreateWithFlags(&sub.stream_, cudaStreamNonBlocking),
+                       "nccl: cudaStreamCreateWithFlags");
+    return sub;
+  }
+
   void init(const ncclUniqueId& id, int rank, int size, const config& cfg) {
     rank_ = rank;
     size_ = size;
     owned_ = true;
-    detail::device_guard guard(device_);
+    // The rank's device stays current in this thread: see the header comment.
+    detail::make_current(device_);
     // Non-blocking: work the trainer puts on the legacy default stream must not serialize with
     // NCCL's, and the sharder orders the two with events.
     detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
@@ -583,7 +695,8 @@ class transport {
     const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
     settle("creating the NCCL communicator", r, deadline, timeout_);
     live_->comm = comm_;
-    log::info("nccl: rank {} of {} ready on device {}", rank_, size_, device_);
+    log::info("nccl: rank {} of {} ready on device {} (current in the creating thread)", rank_,
+              size_, device_);
   }
 
   /// Runs `c` on device copies of its buffers when they are small, plain host memory and the call
@@ -650,18 +763,94 @@ class transport {
                                   d.out_elems(c.count, size_, rank_, c.root) * es, device_);
   }
 
-  void ensure_usable(std::string_view what) const {
-    if (aborted())
-      throw transport_error(fmt::format(
-          "{}: this communicator was aborted after an earlier failure: {}", what, failure_));
+  void ensure_usable(std::string_view what) {
+    if (!aborted() && shared_->abort.is_set()) stop(*shared_->abort.reason_if_set());
+    if (aborted()) {
+      const std::string msg = fmt::format(
+          "{}: this communicator was aborted after an earlier failure: {}", what, failure_);
+      if (const int dead = failed_rank(); dead >= 0) throw peer_error(msg, dead);
+      throw transport_error(msg);
+    }
     if (comm_ == nullptr)
       throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
   }
 
+  /// What every wait checks between polls: abort() from another thread, and (every 100 ms)
+  /// config::dead_rank. Either stops the communicator's work (stop()) and throws peer_error.
+  void check_peers(std::string_view what) {
+    if (shared_->abort.is_set()) {
+      const std::string why = *shared_->abort.reason_if_set();
+      stop(why);
+      throw peer_error(
+          fmt::format("{} on rank {} of {} (device {}): {}", what, rank_, size_, device_, why),
+          failed_rank());
+    }
+    const int dead = probe_dead_rank();
+    if (dead < 0) return;
+    const std::string msg = fmt::format(
+        "{} on rank {} of {} (device {}): rank {} died (its launcher or its heartbeat says so); "
+        "the communicator was stopped",
+        what, rank_, size_, device_, dead);
+    shared_->failed_rank.store(dead, std::memory_order_release);
+    shared_->abort.set(msg);
+    stop(msg);
+    throw peer_error(msg, dead);
+  }
+
+  /// config::dead_rank's answer, asked at most every 100 ms; -1 without one.
+  [[nodiscard]] int probe_dead_rank() {
+    if (!dead_rank_) return -1;
+    const auto now = clock::now();
+    if (now < next_probe_) return -1;
+    next_probe_ = now + std::chrono::milliseconds(100);
+    const int r = dead_rank_();
+    return r >= 0 && r < size_ && r != rank_ ? r : -1;
+  }
+
+  /// Stops the communicator's work after a failure NCCL did not report (a dead rank, abort()):
+  /// ncclCommRevoke where NCCL has it stops what is in flight and keeps the handle for shrink();
+  /// otherwise, or if revoking fails, ncclCommAbort.
+  void stop(const std::string& reason) noexcept {
+    if (comm_ == nullptr || revoked_) {
+      failure_ = reason;
+      return;
+    }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    int previous = device_;
+    static_cast<void>(cudaGetDevice(&previous));
+    static_cast<void>(cudaSetDevice(device_));
+    ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+    // Quiescent once NCCL's state leaves "in progress"; bounded, since a revoke that does not
+    // settle leaves the abort.
+    const auto until =
+        clock::now() + std::min<std::chrono::nanoseconds>(timeout_, std::chrono::seconds(10));
+    ringzero::detail::backoff b;
+    while (r == ncclInProgress || r == ncclSuccess) {
+      ncclResult_t state = ncclInProgress;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      if (state == ncclSuccess) {
+        revoked_ = true;
+        break;
+      }
+      if (state != ncclInProgress || clock::now() > until) break;
+      b.pause();
+    }
+    static_cast<void>(cudaSetDevice(previous));
+    if (revoked_) {
+      failure_ = reason;
+      log::warn("nccl: rank {} of {} revoked its communicator: {}", rank_, size_, reason);
+      return;
+    }
+#endif
+    abort_with(reason);
+  }
+
   /// Turns what an NCCL call returned into success or an error. In non-blocking mode a call may
   /// answer "in progress"; the communicator's asynchronous state then says when it is done.
+  /// `watch`: also stop for abort() and config::dead_rank (not while shrinking a communicator
+  /// stopped for exactly that).
   void settle(std::string_view what, ncclResult_t r, clock::time_point deadline,
-              std::chrono::nanoseconds limit) {
+              std::chrono::nanoseconds limit, bool watch = true) {
     if (r == ncclSuccess) return;
     if (r != ncclInProgress) fail(what, r);
     ringzero::detail::backoff b;
@@ -671,6 +860,7 @@ class transport {
         fail(what, q);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what, state);
+      if (watch) check_peers(what);
       if (clock::now() > deadline) timed_out(what, limit);
       b.pause();
     }
@@ -695,6 +885,7 @@ class transport {
         fail(what, e);
       if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
       if (q == cudaSuccess) return;
+      check_peers(what);
       if (clock::now() > deadline) timed_out(what, limit);
       b.pause();
     }
@@ -746,18 +937,30 @@ class transport {
     static_cast<void>(cudaSetDevice(device_));
     retire();
     if (comm_ != nullptr && owned_) {
-      ncclResult_t r = ncclCommFinalize(comm_);
+      // Finalizing flushes work with every peer: with one known dead (or after abort() or a
+      // revoke, after which NCCL refuses it) it would only wait out the deadline. Abort instead.
+      const auto peer_dead = [&] {
+        try {
+          return probe_dead_rank() >= 0;
+        } catch (...) {
+          return false;
+        }
+      };
+      next_probe_ = {};
+      const bool stopped = revoked_ || shared_->abort.is_set() || failed_rank() >= 0;
+      ncclResult_t r = stopped || peer_dead() ? ncclInternalError : ncclCommFinalize(comm_);
       const auto deadline = clock::now() + timeout_;
       ringzero::detail::backoff b;
       while (r == ncclInProgress) {
-        if (clock::now() > deadline) break;
+        if (clock::now() > deadline || peer_dead()) break;
         b.pause();
         if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
       }
       if (r == ncclSuccess) r = ncclCommDestroy(comm_);
       if (r != ncclSuccess) {
-        log::warn("nccl: closing the communicator of rank {} of {} failed ({}); aborting it", rank_,
-                  size_, ncclGetErrorString(r));
+        if (!stopped)
+          log::warn("nccl: closing the communicator of rank {} of {} failed ({}); aborting it",
+                    rank_, size_, ncclGetErrorString(r));
         static_cast<void>(ncclCommAbort(comm_));
       }
     }
@@ -797,6 +1000,10 @@ class transport {
 
   void steal(transport& o) noexcept {
     live_ = std::move(o.live_);
+    shared_ = std::move(o.shared_);
+    dead_rank_ = std::move(o.dead_rank_);
+    next_probe_ = o.next_probe_;
+    revoked_ = std::exchange(o.revoked_, false);
     comm_ = std::exchange(o.comm_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
     order_ = std::exchange(o.order_, nullptr);
@@ -821,8 +1028,19 @@ class transport {
     return {static_cast<std::byte*>(scratch_), bytes};
   }
 
+  /// What another thread may set while a call waits (abort(); a dead rank found), shared with
+  /// the object this one is moved to.
+  struct failure_state {
+    ringzero::detail::abort_state abort;
+    std::atomic<int> failed_rank{-1};
+  };
+
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<detail::live_handle> live_ = std::make_shared<detail::live_handle>();
+  std::shared_ptr<failure_state> shared_ = std::make_shared<failure_state>();
+  std::function<int()> dead_rank_;  // config::dead_rank
+  clock::time_point next_probe_{};  // when dead_rank_ may be asked again
+  bool revoked_ = false;            // stop() revoked the handle: kept for shrink(), then aborted
   cudaStream_t stream_ = nullptr;
   cudaEvent_t order_ = nullptr;  // stream_for's: the default stream's point stream_ waits for
   void* scratch_ = nullptr;
