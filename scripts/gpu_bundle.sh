@@ -14,7 +14,8 @@ mkdir -p "$out/lib"
 bins=(
   tests/zero/test_zero_sharder_cuda tests/zero/test_zero_sharder_cuda_per_thread
   tests/transport/test_nccl_gpu tests/kernels/test_cuda_kernels
-  tests/transport/test_libfabric_hmem_gpu examples/ringzero-cuda-train tools/perf/ringzero-perf
+  tests/transport/test_libfabric_hmem_gpu tests/transport/test_cuda_loopback
+  examples/ringzero-cuda-train tools/perf/ringzero-perf
   tools/run/ringzero-run bench/gpu/ringzero-bench-kernels bench/gpu/ringzero-bench-nccl
   bench/gpu/ringzero-bench-staged
 )

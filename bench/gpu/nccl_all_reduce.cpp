@@ -105,9 +105,12 @@ settings parse(int argc, char** argv) {
 template <class F>
 double time_us(cudaStream_t stream, int warmup, int iters, F&& body) {
   for (int i = 0; i < warmup; ++i) body();
-  // The whole device, not just `stream`: a copy still running on the legacy default stream would
-  // hold the start event back and hide the calls being timed.
-  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // `stream` and the legacy default stream, not just `stream`: a copy still running there would
+  // hold the start event back and hide the calls being timed. Each wait has RINGZERO_TIMEOUT's
+  // deadline: a peer that died leaves NCCL's stream running for good.
+  const auto limit = ringzero::detail::env_timeout();
+  ringzero::detail::wait_stream(stream, limit, "ringzero-bench-nccl: warm-up");
+  ringzero::detail::wait_stream(nullptr, limit, "ringzero-bench-nccl: the default stream");
   cudaEvent_t start = nullptr;
   cudaEvent_t stop = nullptr;
   check_cuda(cudaEventCreate(&start), "cudaEventCreate");
@@ -115,7 +118,7 @@ double time_us(cudaStream_t stream, int warmup, int iters, F&& body) {
   check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
   for (int i = 0; i < iters; ++i) body();
   check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-  check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  ringzero::detail::wait_stream(stream, limit, "ringzero-bench-nccl: the timed calls");
   float ms = 0;
   check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
   static_cast<void>(cudaEventDestroy(start));

@@ -5,13 +5,24 @@
 // The model fits random targets (a quadratic loss with noisy samples), so the loss must fall.
 //
 //   ringzero-cuda-train [--stage 0-3] [--steps N] [--micro-batches K] [--save DIR]
-//                       [--reproducible]
+//                       [--checkpoint-every K] [--reproducible]
 //   ringzero-run -n 2 ringzero-cuda-train --stage 3       (one rank per GPU)
+//   ringzero-run -n 2 --elastic 1:2 ringzero-cuda-train --steps 200 --checkpoint-every 10
+//
+// The communicator makes the rank's GPU current when it is built (nccl/transport.hpp), so the
+// trainer's stream and memory, made after it, are on the GPU its collectives use. Every host wait
+// on the device goes through the communicator (comm.transport().wait_idle): a deadline, and an
+// error naming the failure, where cudaStreamSynchronize would wait forever behind a collective
+// whose peer died. Under ringzero-run --elastic a rank that dies ends its generation: the
+// survivors form the next one (ncclCommShrink where NCCL has it), load the last checkpoint
+// (--save, every --checkpoint-every steps) and go on; the run then ends like any other.
 //
 // Without a GPU it says so and exits with status 77 (a skip, for test drivers).
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
+#include <ringzero/elastic.hpp>
+#include <ringzero/elastic/nccl.hpp>
 #include <ringzero/kernels/element.hpp>
 #include <ringzero/ringzero.hpp>
 #include <ringzero/transport/nccl.hpp>
@@ -24,6 +35,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -101,6 +115,7 @@ struct args {
   int steps = 20;
   int micro_batches = 2;
   std::string save;
+  int checkpoint_every = 0;   ///< save to `save` every this many steps (0: at the end only)
   bool reproducible = false;  ///< config::reproducible; prints the weights' crc32c
 };
 
@@ -122,12 +137,29 @@ args parse(int argc, char** argv) {
       a.micro_batches = std::atoi(v);
     else if (k == "--save")
       a.save = v;
+    else if (k == "--checkpoint-every")
+      a.checkpoint_every = std::atoi(v);
     else
       throw ringzero::invalid_argument(fmt::format("unknown option {}", k));
     ++i;
   }
   return a;
 }
+
+/// Pinned host memory for one value the device writes: a copy into it is asynchronous, so the
+/// host waits for it only through the communicator's deadline-bounded wait.
+template <class T>
+class pinned {
+ public:
+  pinned() { check(cudaMallocHost(&p_, sizeof(T)), "cudaMallocHost"); }
+  ~pinned() { static_cast<void>(cudaFreeHost(p_)); }
+  pinned(const pinned&) = delete;
+  pinned& operator=(const pinned&) = delete;
+  [[nodiscard]] T* get() const noexcept { return p_; }
+
+ private:
+  T* p_ = nullptr;
+};
 
 /// The first sample of micro-batch m on `rank`: the global batch is world * micro_batches
 /// micro-batches of `per` samples; reproducible training gives each rank a contiguous run of
@@ -168,9 +200,17 @@ bool report_budget(int rank, const args& a, const step_budget& b) {
   return ok;
 }
 
-int run(const args& a) {
+/// What train() returns when `regroup` asked for a new generation.
+constexpr int regroup_status = -1;
+
+/// Trains on `comm` until step a.steps, from the checkpoint in a.save when `resume` finds one
+/// there; saves there every a.checkpoint_every steps and at the end. After each of those saves
+/// `regroup` (collective; empty: never) may end the run early, for processes waiting to join:
+/// then it returns regroup_status. Otherwise it returns the exit status.
+int train(ringzero::nccl::communicator& comm, const args& a, bool resume,
+          const std::function<bool()>& regroup = {}) {
   // docs-begin: setup
-  auto comm = ringzero::nccl::communicator::from_env();
+  // from_env() made this rank's GPU current: the stream and memory below are on it.
   const int rank = comm.rank();
 
   zero::model_layout layout;
@@ -203,20 +243,35 @@ int run(const args& a) {
     shd.set_parameter(static_cast<int>(p), std::vector<float>(plan.params()[p].numel, 0.0f));
 
   // docs-end: setup
+  const bool resumed =
+      resume && !a.save.empty() &&
+      std::filesystem::exists(std::filesystem::path(a.save) / zero::manifest_file_name);
+  if (resumed) shd.load(a.save);
   // One device gradient buffer per parameter, as a framework's .grad tensors, and the loss.
   std::vector<float*> grads(plan.params().size());
   for (std::size_t p = 0; p < grads.size(); ++p)
     check(cudaMalloc(&grads[p], plan.params()[p].numel * sizeof(float)), "cudaMalloc");
   float* loss = nullptr;
   check(cudaMalloc(&loss, sizeof(float)), "cudaMalloc");
+  const pinned<float> host_loss;
 
   constexpr int batch = 64;
   const int per = batch / (comm.size() * a.micro_batches);
   const int nl = static_cast<int>(plan.layers().size());
   float first_loss = 0.0f, last_loss = 0.0f;
   step_budget budget;
+  const int first_step = static_cast<int>(shd.step_count());
+  // Saves every a.checkpoint_every steps; true when `regroup` then stops the run here.
+  bool regrouping = false;
+  const auto checkpoint = [&](int step) {
+    if (a.checkpoint_every <= 0 || a.save.empty() || (step + 1) % a.checkpoint_every != 0)
+      return false;
+    shd.save(a.save);
+    regrouping = regroup && step + 1 < a.steps && regroup();
+    return regrouping;
+  };
   // docs-begin: loop
-  for (int step = 0; step < a.steps; ++step) {
+  for (int step = first_step; step < a.steps; ++step) {
     const auto before = shd.space().counters();
     const auto started = std::chrono::steady_clock::now();
     check(cudaMemsetAsync(loss, 0, sizeof(float), compute), "cudaMemsetAsync");
@@ -240,18 +295,29 @@ int run(const args& a) {
     const auto r = shd.step();
     budget.add(before, shd.space().counters(), shd.space().pool_reserved_bytes(),
                std::chrono::steady_clock::now() - started);
-    // The loss summed over ranks, on the device, in line with the sharder's collectives.
-    check(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
+    // The loss summed over ranks, on the device: the communication stream waits for the
+    // backward kernels that wrote it (an event, no host wait), and the host waits for the sum
+    // through the communicator, with its deadline, never with cudaStreamSynchronize.
+    shd.space().wait(shd.space().comm_stream(), shd.space().record(compute));
     shd.run_collective(
         [&](auto& c) { ringzero::all_reduce(c, std::span<float>(loss, 1), ringzero::op::sum); });
-    float host_loss = 0.0f;
-    check(cudaMemcpy(&host_loss, loss, sizeof host_loss, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    check(cudaMemcpyAsync(host_loss.get(), loss, sizeof(float), cudaMemcpyDeviceToHost,
+                          comm.transport().stream()),
+          "cudaMemcpyAsync");
+    comm.transport().wait_idle(comm.transport().stream());
     if (rank == 0)
-      fmt::print("step {:3d}  loss {:.6f}  grad norm {:.4f}{}\n", step, host_loss / a.micro_batches,
-                 r.grad_norm, r.skipped ? "  (skipped)" : "");
-    (step == 0 ? first_loss : last_loss) = host_loss;
+      fmt::print("step {:3d}  loss {:.6f}  grad norm {:.4f}{}\n", step,
+                 *host_loss.get() / a.micro_batches, r.grad_norm, r.skipped ? "  (skipped)" : "");
+    (step == first_step ? first_loss : last_loss) = *host_loss.get();
+    if (checkpoint(step)) break;
   }
   // docs-end: loop
+  if (regrouping) {
+    shd.synchronize();
+    for (float* g : grads) static_cast<void>(cudaFree(g));
+    static_cast<void>(cudaFree(loss));
+    return regroup_status;
+  }
   if (!a.save.empty()) shd.save(a.save);
   if (a.reproducible) {
     // The weights' checksum: the same on every world size that divides the micro-batches.
@@ -263,8 +329,9 @@ int run(const args& a) {
   if (rank == 0)
     fmt::print("rank 0 holds {} B of parameters, {} B of gradients, {} B of optimizer state\n",
                m.parameters, m.gradients, m.optimizer);
-  // A fitting run lowers the loss: a sharder that dropped gradients or updates would not.
-  const bool learned = a.steps < 2 || last_loss < 0.8f * first_loss;
+  // A fitting run lowers the loss: a sharder that dropped gradients or updates would not. A
+  // generation that resumed from a checkpoint starts where the fit has already levelled out.
+  const bool learned = resumed || a.steps - first_step < 2 || last_loss < 0.8f * first_loss;
   if (rank == 0 && !learned)
     std::fprintf(stderr, "ringzero-cuda-train: the loss did not fall (%g -> %g)\n", first_loss,
                  last_loss);
@@ -274,6 +341,71 @@ int run(const args& a) {
   // Reproducible mode reads every gradient back to the host: not the device path's budget.
   const bool in_budget = report_budget(rank, a, budget) || a.reproducible;
   return learned && in_budget ? 0 : 1;
+}
+
+/// Under ringzero-run --elastic: generations of the job until one finishes the run. A failure
+/// that cost a member (the launcher reaped it, its heartbeat stopped, or the error names it) ends
+/// the generation; the survivors form the next one and resume from the last checkpoint.
+int run_elastic(args a) {
+  constexpr int batch = 64;
+  const int micro = a.micro_batches;
+  auto s =
+      ringzero::elastic::session::from_env([micro](int n) { return batch % (n * micro) == 0; });
+  s.join();
+  if (a.save.empty())
+    a.save = (std::filesystem::temp_directory_path() /
+              fmt::format("ringzero-cuda-train-{:016x}",
+                          ringzero::bootstrap::detail::fnv1a(
+                              ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
+                 .string();
+  std::optional<ringzero::nccl::communicator> comm;
+  comm.emplace(s.communicator<ringzero::nccl::communicator>());
+  // At a checkpoint: whether processes wait to join (rank 0 asks, every rank acts on its answer).
+  const auto arrivals = [&] {
+    int waiting = comm->rank() == 0 ? s.waiting() : 0;
+    ringzero::broadcast(*comm, std::span<int>(&waiting, 1), 0);
+    return waiting > 0;
+  };
+  for (;;) {
+    const ringzero::elastic::membership before = s.current();
+    try {
+      const int status = train(*comm, a, true, arrivals);
+      if (status == regroup_status) {
+        s.grow();
+        comm.emplace(s.communicator<ringzero::nccl::communicator>());
+        if (s.current().rank == 0)
+          fmt::print("elastic: generation {}: {} ranks (took in {} member(s)), resuming from {}\n",
+                     s.current().generation, s.current().size(), s.current().arrived.size(),
+                     a.save);
+        continue;
+      }
+      if (before.rank == 0) s.finish();
+      return status;
+    } catch (const ringzero::error& e) {
+      const auto c = e.code();
+      if (c != ringzero::errc::peer_failure && c != ringzero::errc::timeout &&
+          c != ringzero::errc::transport)
+        throw;
+      int who = comm->failed_rank();
+      if (who < 0)
+        if (const auto* pe = dynamic_cast<const ringzero::peer_error*>(&e)) who = pe->peer();
+      std::fprintf(stderr,
+                   "ringzero-cuda-train: generation %llu failed (%s); the survivors go on\n",
+                   static_cast<unsigned long long>(before.generation), e.what());
+      s.shrink(who);
+      if (s.current().lost.empty()) throw;  // nothing elasticity can fix
+      comm.emplace(ringzero::nccl::next_generation(s, *comm, before));
+      if (s.current().rank == 0)
+        fmt::print("elastic: generation {}: {} ranks (lost {} member(s)), resuming from {}\n",
+                   s.current().generation, s.current().size(), s.current().lost.size(), a.save);
+    }
+  }
+}
+
+int run(const args& a) {
+  if (ringzero::elastic::session::enabled()) return run_elastic(a);
+  auto comm = ringzero::nccl::communicator::from_env();
+  return train(comm, a, false);
 }
 
 }  // namespace

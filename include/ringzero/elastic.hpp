@@ -286,17 +286,38 @@ class session {
   [[nodiscard]] bootstrap::store& job_store() const noexcept { return *store_; }
 
   /// A communicator over the current generation. Comm is ringzero::communicator<T> for a
-  /// transport T constructible from (store, rank, size, options).
+  /// transport T constructible from (store, rank, size, options). Options with a `dead_rank`
+  /// callable left empty (nccl::config: NCCL cannot name a dead peer itself) get
+  /// dead_rank_probe(), so that a collective waiting on a member the launcher reaped or whose
+  /// heartbeat stopped fails at once, naming it.
   template <class Comm, class Options = typename Comm::transport_type::from_env_options>
   [[nodiscard]] Comm communicator(const Options& opt = {}) const {
     using T = typename Comm::transport_type;
     log::detail::process_rank().store(current_.rank);
     auto st = generation_store();
+    Options o = opt;
+    if constexpr (requires { o.dead_rank = dead_rank_probe(); })
+      if (!o.dead_rank) o.dead_rank = dead_rank_probe();
     if constexpr (std::is_constructible_v<T, std::shared_ptr<bootstrap::store>, int, int,
                                           const Options&>)
-      return Comm(T(st, current_.rank, current_.size(), opt));
+      return Comm(T(st, current_.rank, current_.size(), o));
     else
-      return Comm(T(*st, current_.rank, current_.size(), opt));
+      return Comm(T(*st, current_.rank, current_.size(), o));
+  }
+
+  /// The rank in the current generation of a member marked dead in the job's store or whose
+  /// heartbeat stopped for the settle time, or -1: for a transport to poll while it waits. Holds
+  /// what it needs (the job's store, the generation's members), not the session.
+  [[nodiscard]] std::function<int()> dead_rank_probe() const {
+    auto watch = std::make_shared<member_watch>(store_, current_, settle_);
+    return [watch] {
+      try {
+        if (const auto d = watch->find()) return d->rank;
+      } catch (const error&) {
+        // A store that does not answer now may answer at the next poll.
+      }
+      return -1;
+    };
   }
 
   /// Records a line about the current generation in the job's store (ringzero-run's summary
@@ -313,17 +334,66 @@ class session {
  private:
   using clock = std::chrono::steady_clock;
 
-  // A generation's store whose blocking waits look, between short slices, for members marked
-  // dead in the job's store.
+  // Which member of a generation is dead: marked so in the job's store (ringzero-run marks the
+  // ranks it reaps), or silent (its heartbeat, session::heart, has not moved for `silence`; it is
+  // then marked dead, for the others). Without a launcher to reap processes, the heartbeat is how
+  // a death is found, on any host. Thread-safe: transports may ask from several threads.
+  class member_watch {
+   public:
+    struct death {
+      int rank;
+      std::int64_t id;
+      std::string why;
+    };
+
+    member_watch(std::shared_ptr<bootstrap::store> job, membership m,
+                 std::chrono::nanoseconds silence)
+        : job_(std::move(job)),
+          m_(std::move(m)),
+          silence_(silence),
+          beats_(m_.members.size(), {-1, clock::now()}) {}
+
+    [[nodiscard]] const membership& members() const noexcept { return m_; }
+
+    /// The first member other than this process found dead, if any.
+    [[nodiscard]] std::optional<death> find() {
+      std::lock_guard lock(mutex_);
+      const auto now = clock::now();
+      for (int r = 0; r < m_.size(); ++r) {
+        if (r == m_.rank) continue;
+        const std::int64_t id = m_.members[static_cast<std::size_t>(r)];
+        if (job_->add_within(keys::dead(id), 0, std::chrono::seconds(2)) > 0)
+          return death{r, id, "died"};
+        auto& [last, moved] = beats_[static_cast<std::size_t>(r)];
+        const std::int64_t beat = job_->add_within(keys::beat(id), 0, std::chrono::seconds(2));
+        if (beat != last) {
+          last = beat;
+          moved = now;
+        } else if (now - moved >= silence_) {
+          job_->add_within(keys::dead(id), 1, std::chrono::seconds(2));
+          return death{r, id,
+                       fmt::format("stopped its heartbeat {:.1f} s ago",
+                                   std::chrono::duration<double>(now - moved).count())};
+        }
+      }
+      return std::nullopt;
+    }
+
+   private:
+    std::shared_ptr<bootstrap::store> job_;
+    membership m_;
+    std::chrono::nanoseconds silence_;
+    std::mutex mutex_;
+    std::vector<std::pair<std::int64_t, clock::time_point>> beats_;
+  };
+
+  // A generation's store whose blocking waits look, between short slices, for members found
+  // dead (member_watch), and give up naming one.
   class watched_store final : public bootstrap::store {
    public:
     watched_store(std::shared_ptr<bootstrap::store> gen, std::shared_ptr<bootstrap::store> job,
                   membership m, std::chrono::nanoseconds silence)
-        : gen_(std::move(gen)),
-          job_(std::move(job)),
-          m_(std::move(m)),
-          silence_(silence),
-          beats_(m_.members.size(), {-1, clock::now()}) {}
+        : gen_(std::move(gen)), watch_(std::move(job), std::move(m), silence) {}
 
     void set(std::string_view key, std::span<const std::byte> value) override {
       gen_->set(key, value);
@@ -357,45 +427,17 @@ class session {
         } catch (const timeout_error&) {
           if (clock::now() >= deadline) throw;
         }
-        check_members(key);
+        if (const auto d = watch_.find())
+          throw peer_error(fmt::format("elastic: rank {} (member {}) of generation {} {} while "
+                                       "the ranks met in the store (waiting for '{}')",
+                                       d->rank, d->id, watch_.members().generation, d->why, key),
+                           d->rank);
       }
     }
 
    private:
-    // Throws peer_error for a member marked dead, or one whose heartbeat (session::heart) has
-    // not moved for `silence_` (then marks it dead, for the others): without a launcher to
-    // reap processes, the heartbeat is how a death during a rendezvous is found, on any host.
-    void check_members(std::string_view key) {
-      std::lock_guard lock(mutex_);
-      const auto now = clock::now();
-      for (int r = 0; r < m_.size(); ++r) {
-        if (r == m_.rank) continue;
-        const std::int64_t id = m_.members[static_cast<std::size_t>(r)];
-        const auto fail = [&](std::string_view why) {
-          throw peer_error(fmt::format("elastic: rank {} (member {}) of generation {} {} while "
-                                       "the ranks met in the store (waiting for '{}')",
-                                       r, id, m_.generation, why, key),
-                           r);
-        };
-        if (job_->add_within(keys::dead(id), 0, std::chrono::seconds(2)) > 0) fail("died");
-        auto& [last, moved] = beats_[static_cast<std::size_t>(r)];
-        const std::int64_t beat = job_->add_within(keys::beat(id), 0, std::chrono::seconds(2));
-        if (beat != last) {
-          last = beat;
-          moved = now;
-        } else if (now - moved >= silence_) {
-          job_->add_within(keys::dead(id), 1, std::chrono::seconds(2));
-          fail(fmt::format("stopped its heartbeat {:.1f} s ago",
-                           std::chrono::duration<double>(now - moved).count()));
-        }
-      }
-    }
-
-    std::shared_ptr<bootstrap::store> gen_, job_;
-    membership m_;
-    std::chrono::nanoseconds silence_;
-    std::mutex mutex_;  // transports may wait from several threads
-    std::vector<std::pair<std::int64_t, clock::time_point>> beats_;
+    std::shared_ptr<bootstrap::store> gen_;
+    member_watch watch_;
   };
 
   // Beats this member's counter in the job's store every `period` while the session lives.

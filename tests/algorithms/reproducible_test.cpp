@@ -17,6 +17,7 @@
 
 #include "conformance.hpp"
 #include "fake_device.hpp"
+#include "fake_fabric.hpp"
 #include "ringzero/detail/reproducible_combine.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 
@@ -291,8 +292,10 @@ TEST_CASE("accumulated micro-batches: one bit pattern on 1, 2, 3, 4, 6 and 12 ra
 
 TEST_CASE("reproducible sums on device buffers: the kernels' passes give the host's bits") {
   // The device path (detail/reproducible_device.hpp) with a host stand-in for the CUDA runtime
-  // whose streams run work late (fake_device.hpp): a pass read before it was waited for reads
-  // stale data. Every collective, both ops, with inf/NaN, against the host path's bits.
+  // whose streams run work late (fake_device.hpp), over a transport that moves device memory
+  // (fake_fabric.hpp: its collectives are ringzero's schedules with the stand-in's kernels): a
+  // pass read before it was waited for reads stale data. Every collective, both ops, with
+  // inf/NaN, against the host path's bits.
   const fake_device::installed fake;
   const auto& rt = fake_device::runtime;
   const auto& k = fake_device::reproducible;
@@ -300,7 +303,8 @@ TEST_CASE("reproducible sums on device buffers: the kernels' passes give the hos
     std::mutex m;
     std::vector<std::string> failures;
     loopback::world w(n);
-    w.run([&](loopback::communicator& comm) {
+    w.run([&](loopback::communicator& plain) {
+      auto comm = fake_device::fabric_of(plain);
       const int r = comm.rank();
       const auto un = static_cast<std::size_t>(n);
       auto fail = [&](std::string what) {
@@ -326,11 +330,11 @@ TEST_CASE("reproducible sums on device buffers: the kernels' passes give the hos
             std::vector<float> host(out_n);
             const algorithms::call<float> hc{kind, std::span<const float>(in.data(), in_n),
                                              std::span<float>(host), o, 0};
-            ringzero::detail::run_reproducible(comm, hc, opt);
+            ringzero::detail::run_reproducible(plain, hc, opt);
             std::memset(dout.data(), 0xa5, dout.size() * sizeof(float));
             const algorithms::call<float> dc{kind, std::span<const float>(din.data(), in_n),
                                              std::span<float>(dout.data(), out_n), o, 0};
-            ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k);
+            ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k, 0);
             if (out_n && std::memcmp(host.data(), dout.data(), out_n * sizeof(float)) != 0)
               fail(fmt::format("{} {} count {}: device bits differ from the host's",
                                collective_name(kind), op_name(o), count));
@@ -376,11 +380,15 @@ TEST_CASE("reproducible sums on device buffers: the digits' layout from the agre
             at[i] + static_cast<std::uint64_t>(rp::words(rp::window{
                         win[2 * (i / rp::block_elems)], win[2 * (i / rp::block_elems) + 1]}));
       const std::size_t scratch = k.layout_scratch(n);
-      std::vector<std::byte> temp(std::max<std::size_t>(scratch, 1));
-      std::vector<std::uint64_t> off(blocks + 1, ~std::uint64_t{0});
-      std::vector<std::uint64_t> bounds(parts + 1, ~std::uint64_t{0});
-      k.layout(win.data(), n, part, parts, off.data(), bounds.data(), temp.data(), temp.size(), s);
+      // Device memory, as the kernels take it.
+      fake_device::buffer<std::byte> temp(std::max<std::size_t>(scratch, 1));
+      fake_device::buffer<std::int32_t> d_win(win.size());
+      fake_device::buffer<std::uint64_t> d_off(blocks + 1), d_bounds(parts + 1);
+      std::memcpy(d_win.data(), win.data(), win.size() * sizeof(std::int32_t));
+      k.layout(d_win.data(), n, part, parts, d_off.data(), d_bounds.data(), temp.data(),
+               temp.size(), s);
       k.synchronize(s);
+      const std::span<const std::uint64_t> off = d_off.span(), bounds = d_bounds.span();
       for (std::size_t b = 0; b <= blocks; ++b)
         CHECK_MESSAGE(off[b] == at[std::min(b * rp::block_elems, n)], "n " << n << ": block " << b);
       for (std::size_t r = 0; r <= parts; ++r)
@@ -399,7 +407,8 @@ TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's
   const auto& rt = fake_device::runtime;
   const auto& k = fake_device::reproducible;
   loopback::world w(1);
-  w.run([&](loopback::communicator& comm) {
+  w.run([&](loopback::communicator& plain) {
+    auto comm = fake_device::fabric_of(plain);
     constexpr std::size_t count = 300;
     std::vector<float> in(count);
     for (std::size_t i = 0; i < count; ++i) in[i] = special_term<float>(5, 0, i);
@@ -414,13 +423,13 @@ TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's
     opt.stream = caller;
     const algorithms::call<float> dc{collective::all_reduce, std::span<const float>(din.span()),
                                      dout.span(), op::sum, 0};
-    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k);
+    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k, 0);
     CHECK(fake_device::global().orderings == before + 1);
     std::vector<float> want(count);
     options host;
     host.reproducible = true;
     ringzero::detail::run_reproducible(
-        comm,
+        plain,
         algorithms::call<float>{collective::all_reduce, std::span<const float>(in),
                                 std::span<float>(want), op::sum, 0},
         host);
@@ -433,7 +442,7 @@ TEST_CASE("reproducible sums on device buffers: the passes wait for the caller's
     };
     const std::size_t after_first = held();
     std::memset(dout.data(), 0, count * sizeof(float));
-    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k);
+    ringzero::detail::run_reproducible_device(comm, dc, opt, rt, k, 0);
     CHECK(held() == after_first);
     CHECK(std::memcmp(want.data(), dout.data(), count * sizeof(float)) == 0);
     fake_device::destroy_stream(caller);

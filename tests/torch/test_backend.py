@@ -45,6 +45,12 @@ def run_snippet(tmp_path: pathlib.Path, n: int, body: str, **kw) -> subprocess.C
     return torchrun(n, [str(script)], **kw)
 
 
+def records(stdout: str, marker: str) -> list[str]:
+    # The ranks share torchrun's stdout, and one rank's line can land in the middle of another's:
+    # the snippets print each record between << and >>, which a split line cannot break.
+    return [r for r in re.findall(r"<<(.*?)>>", stdout, re.S) if marker in r]
+
+
 def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
@@ -126,7 +132,7 @@ for i in range(1000000):
     try:
         dist.all_reduce(t)
     except dist.DistBackendError as e:
-        print(f"rank {rank} DistBackendError after {time.monotonic() - start:.3f} s: {e}", flush=True)
+        print(f"<<rank {rank} DistBackendError after {time.monotonic() - start:.3f} s: {e}>>", flush=True)
         sys.exit(3)
 """
 
@@ -138,7 +144,7 @@ def test_a_sigkilled_rank_ends_every_survivor_with_an_error_naming_it(tmp_path, 
     # lets them end on their own, which is what is checked.
     out = run_snippet(tmp_path, 3, KILL, env={"RINGZERO_TORCH_TRANSPORT": transport},
                       extra=("--monitor-interval", "20"))
-    lines = [l for l in out.stdout.splitlines() if "DistBackendError" in l]
+    lines = records(out.stdout, "DistBackendError")
     assert sorted(l.split()[1] for l in lines) == ["0", "2"], out.stdout + out.stderr
     for line in lines:
         assert "rank 1" in line and "[failed rank: 1]" in line, line
@@ -154,9 +160,9 @@ for n in (100, 1 << 20):
     t = torch.ones(n + 5 * rank)
     try:
         dist.all_reduce(t)
-        print(f"rank {rank} n {n} no error", flush=True)
+        print(f"<<rank {rank} n {n} no error>>", flush=True)
     except dist.DistBackendError as e:
-        print(f"rank {rank} n {n} DistBackendError: {e}", flush=True)
+        print(f"<<rank {rank} n {n} DistBackendError: {e}>>", flush=True)
 """
 
 
@@ -164,7 +170,7 @@ def test_a_wrong_size_tensor_on_one_rank_is_an_error(tmp_path):
     start = time.monotonic()
     out = run_snippet(tmp_path, 2, WRONG_SIZE)
     assert time.monotonic() - start < 60
-    errors = [l for l in out.stdout.splitlines() if "DistBackendError" in l]
+    errors = records(out.stdout, "DistBackendError")
     assert len(errors) == 4, out.stdout + out.stderr
     assert all("disagree" in l for l in errors), errors
     assert "no error" not in out.stdout
@@ -220,7 +226,7 @@ print(f"rank {rank} sum {t.tolist()}", flush=True)
 
 def test_reproducible_sums_through_pg_options(tmp_path):
     out = run_snippet(tmp_path, 3, REPRODUCIBLE)
-    sums = re.findall(r"sum (\[.*\])", out.stdout)
+    sums = re.findall(r"sum (\[[^\]]*\])", out.stdout)
     assert sums == ["[1.0, 1.0, 1.0, 1.0]"] * 3, out.stdout + out.stderr
 
 
@@ -289,7 +295,7 @@ dist.destroy_process_group()
 
 def test_split_group_splits_the_world_communicator(tmp_path):
     out = run_snippet(tmp_path, 3, SPLIT)
-    got = sorted(re.findall(r"rank (\d) size (\d) sum (\S+) world (\S+)", out.stdout))
+    got = sorted(re.findall(r"rank (\d) size (\d) sum ([\d.]+) world ([\d.]+)", out.stdout))
     assert got == [("0", "2", "4.0", "3.0"), ("1", "1", "2.0", "3.0"), ("2", "2", "4.0", "3.0")], (
         out.stdout + out.stderr
     )

@@ -27,6 +27,7 @@ set(floor_base
     "^ringzero/detail/(env|backoff|tick_clock|agreement|shm_names|hmac|cuda_runtime)\\.hpp$")
 set(floor_leaves
     "^ringzero/(reduce|kernels|bootstrap)/"
+    "^ringzero/detail/rank_device\\.hpp$"
     "^ringzero/tuning/(policy|defaults|cost_terms|thresholds)\\.hpp$")
 set(floor_kit
     "^ringzero/transport/(concept|native)\\.hpp$"
@@ -47,6 +48,7 @@ set(floor_dispatcher
     "^ringzero/model/")
 set(floor_api
     "^ringzero/(collectives|p2p|trace|ringzero|elastic)\\.hpp$"
+    "^ringzero/elastic/"
     "^ringzero/detail/reproducible_combine\\.hpp$")
 set(floor_zero "^ringzero/zero/")
 

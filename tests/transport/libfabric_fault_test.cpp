@@ -485,3 +485,33 @@ TEST_CASE("calls on a moved-from communicator fail with invalid_argument") {
   });
   require_all_passed(out);
 }
+
+TEST_CASE("libfabric's PSM providers leave no signal handler behind (a SIGTERM must end a rank)") {
+  namespace d = fabric::detail;
+  CHECK(d::is_psm_library("/usr/lib/x86_64-linux-gnu/libinfinipath.so.4"));
+  CHECK(d::is_psm_library("libpsm_infinipath.so.1"));
+  CHECK(d::is_psm_library("/lib/libpsm2.so.2"));
+  CHECK_FALSE(d::is_psm_library("/usr/lib/libfabric.so.1"));
+  CHECK_FALSE(d::is_psm_library(""));
+  // Where libfabric links PSM (Debian 12), its constructor installed handlers for all of these
+  // before main; none may be left.
+  for (const int sig : d::psm_signals) {
+    INFO("signal " << sig << "'s handler is in " << d::object_of(d::handler_of(sig)));
+    CHECK_FALSE(d::is_psm_library(d::object_of(d::handler_of(sig))));
+  }
+  CHECK(d::psm_signal_handlers_reset >= 0);
+  // What ringzero reset, it reset to the default action: a SIGTERM in a child ends it by the
+  // signal, with no handler's output.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::raise(SIGTERM);
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (d::psm_signal_handlers_reset > 0) {
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGTERM);
+  }
+}

@@ -595,6 +595,10 @@ TEST_CASE("every collective, element type and op matches a host reference") {
   MESSAGE("world of ", n, " rank(s), one per visible GPU");
   run_world(n, [](nccl::communicator& comm) {
     REQUIRE(comm.transport().device() == comm.rank());
+    // The contract the buffers below rely on: the rank's device is current from construction.
+    int current = -1;
+    cuda_ok(cudaGetDevice(&current), "cudaGetDevice");
+    REQUIRE(current == comm.transport().device());
     for (ringzero::dtype t : ringzero::all_dtypes)
       ringzero::visit_dtype(t, [&](auto zero) { check_type<decltype(zero)>(comm); });
     ringzero::barrier(comm);
@@ -926,6 +930,121 @@ TEST_CASE("creation with a rank that never comes times out and aborts") {
                                                                 start)
               .count(),
           " ms");
+}
+
+TEST_CASE("a rank named dead ends creation at once, naming it, not at the deadline") {
+  if (!have_gpu()) return;
+  // What an elastic session's probe (config::dead_rank) reports once the launcher reaped a
+  // process or its heartbeat stopped: here after 300 ms, against a 30 s deadline.
+  memory_store store;
+  const auto start = std::chrono::steady_clock::now();
+  nccl::config cfg{.device = 0, .timeout = 30s};
+  cfg.dead_rank = [start] { return std::chrono::steady_clock::now() - start > 300ms ? 1 : -1; };
+  std::string what;
+  int peer = -2;
+  try {
+    nccl::communicator comm(nccl::transport(store, 0, 2, cfg));
+  } catch (const ringzero::peer_error& e) {
+    what = e.what();
+    peer = e.peer();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  MESSAGE("creation ended after ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms: ", what);
+  CHECK(peer == 1);
+  CHECK_MESSAGE(what.find("rank 1 died") != std::string::npos, what);
+  CHECK(took < 10s);
+}
+
+TEST_CASE("abort() from another thread ends a call held on the device, and every later one") {
+  if (!have_gpu()) return;
+  auto comm = nccl::communicator(nccl::transport::single({.timeout = 30s}));
+  device_buffer<float> d(1 << 16);
+  d.upload(std::vector<float>(1 << 16, 1.0f));
+  stream_gate gate;
+  cuda_ok(cudaLaunchHostFunc(comm.transport().stream(), &stream_gate::hold, &gate),
+          "cudaLaunchHostFunc");
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(300ms);
+    comm.abort("stopped by the test");
+  });
+  // The stream is held until the gate opens; NCCL's abort waits for work queued ahead of it.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(2s);
+    gate.open = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    ringzero::all_reduce(comm, d.span(), op::sum);
+  } catch (const ringzero::peer_error& e) {
+    what = e.what();
+  }
+  stopper.join();
+  opener.join();
+  MESSAGE("the call ended after ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                start)
+              .count(),
+          " ms: ", what);
+  CHECK_MESSAGE(what.find("stopped by the test") != std::string::npos, what);
+  CHECK(comm.transport().aborted());
+  CHECK_THROWS_AS(ringzero::all_reduce(comm, d.span(), op::sum), ringzero::peer_error);
+}
+
+TEST_CASE("shrink() makes the survivors' communicator without a new rendezvous") {
+  if (!have_gpu()) return;
+  const int n = nccl::device_count();
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
+  MESSAGE("this NCCL has no ncclCommShrink; shrink() is refused");
+  CHECK_THROWS_AS((void)nccl::transport::single().shrink({}), ringzero::unsupported);
+  return;
+#endif
+  if (n < 2) {
+    MESSAGE("one GPU: a shrink needs two ranks, one GPU each (scripts/gpu_check.sh --ranks)");
+    return;
+  }
+  run_world(n, [&](nccl::communicator& comm) {
+    const int last = comm.size() - 1;
+    if (comm.rank() == last) {
+      comm.abort("excluded");  // it leaves: destroyed at once, without finalizing
+      return;
+    }
+    const int excluded[] = {last};
+    nccl::communicator next(comm.transport().shrink(excluded), comm.timeout());
+    CHECK(next.size() == comm.size() - 1);
+    CHECK(next.rank() == comm.rank());
+    int current = -1;
+    cuda_ok(cudaGetDevice(&current), "cudaGetDevice");
+    CHECK(current == next.transport().device());
+    device_buffer<float> d(1000);
+    d.upload(std::vector<float>(1000, 1.0f));
+    ringzero::all_reduce(next, d.span(), op::sum);
+    CHECK(d.download()[999] == static_cast<float>(next.size()));
+    comm.abort("shrunk");  // the old communicator's last rank left: do not finalize with it
+  });
+}
+
+TEST_CASE("split() across ranks: two halves, each summing its own") {
+  if (!have_gpu()) return;
+  const int n = nccl::device_count();
+  if (n < 2 || n % 2 != 0) {
+    MESSAGE(n, " GPU(s): a split into halves needs an even number of ranks, one GPU each");
+    return;
+  }
+  run_world(n, [&](nccl::communicator& comm) {
+    const int half = comm.rank() / (n / 2);
+    std::optional<nccl::communicator> sub = comm.split(half, comm.rank());
+    REQUIRE(sub);
+    CHECK(sub->size() == n / 2);
+    CHECK(sub->rank() == comm.rank() % (n / 2));
+    device_buffer<float> d(1000);
+    d.upload(std::vector<float>(1000, static_cast<float>(comm.rank())));
+    ringzero::all_reduce(*sub, d.span(), op::sum);
+    float want = 0.0f;
+    for (int r = half * (n / 2); r < (half + 1) * (n / 2); ++r) want += static_cast<float>(r);
+    CHECK(d.download()[999] == want);
+  });
 }
 
 TEST_CASE("two ranks on one GPU: NCCL's refusal arrives as a ringzero error") {

@@ -12,7 +12,8 @@
 //   - in reproducible mode (config::reproducible, clipped) they equal host memory's at 1, 2 and
 //     3 ranks;
 //   - a warm step waits on the host once, launches the statistics once, creates no event and
-//     takes no memory from the driver (device_counters and the pool's reserved bytes);
+//     takes no memory from the driver (device_counters and the pool's reserved bytes); that pool
+//     is the space's own, the device's default one left as it was;
 //   - a stream that never drains makes step(), synchronize() and the destructor raise
 //     timeout_error within the deadline instead of hanging, and destroying the sharder after
 //     the abort does not reach the freed NCCL communicator.
@@ -260,6 +261,32 @@ TEST_CASE(
             " kernels or memsets, waits on the host ", per_step.back().host_syncs,
             " time(s); pool ", reserved.back(), " B");
     ok(cudaFree(dev), "cudaFree");
+  }
+}
+
+TEST_CASE(
+    "on a GPU: the space's buckets come from a pool of its own, the default pool left as it was") {
+  if (!have_gpu()) return;
+  // The device's default pool is the process's: NCCL's stream-ordered scratch and the trainer's
+  // cudaMallocAsync come from it. Its release threshold stays where it was (0 unless the program
+  // changed it), so what they free goes back to the driver, within reach of NCCL's own buffers.
+  auto comm = nccl::communicator::single();
+  cudaMemPool_t shared = nullptr;
+  ok(cudaDeviceGetDefaultMemPool(&shared, comm.transport().device()), "default pool");
+  std::uint64_t before = 0, after = 0;
+  ok(cudaMemPoolGetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &before), "threshold");
+  {
+    zero::sharder<nccl::communicator, bfloat16> shd(comm, layout(), config(3));
+    for (int l = 0; l < static_cast<int>(shd.plan().layers().size()); ++l) (void)shd.gather(l);
+    shd.synchronize();
+    const std::uint64_t held = shd.space().pool_reserved_bytes();
+    CHECK(held > 0);
+    shd.space().trim_pool();  // hands back what no bucket the cache keeps uses
+    MESSAGE("the space's pool: ", held, " B, ", shd.space().pool_reserved_bytes(),
+            " B after trim_pool()");
+    CHECK(shd.space().pool_reserved_bytes() <= held);
+    ok(cudaMemPoolGetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &after), "threshold");
+    CHECK(after == before);
   }
 }
 

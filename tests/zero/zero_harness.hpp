@@ -9,10 +9,12 @@
 #include <ringzero/zero/peer_snapshot.hpp>
 #include <ringzero/zero/sharder.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -100,6 +102,10 @@ struct run_options {
   std::function<void(int rank, int step, const zero::device_counters& start,
                      const zero::device_counters& before, const zero::device_counters& after)>
       on_counters;
+  /// Device spaces: memory of n floats, allocated on the trainer's thread, that each gradient is
+  /// written into (as a trainer's kernel would) and handed over from; kept until the compute
+  /// stream consumed it. Empty: gradients are handed over from host memory.
+  std::function<std::shared_ptr<float[]>(std::size_t n)> device_gradient;
 };
 
 struct run_result {
@@ -157,7 +163,7 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
   // On a device space the trainer's "kernels" are this thread's loops: it waits for the compute
   // stream before reading parameters, and keeps each gradient alive until the compute stream
   // has consumed it, as a trainer on a GPU orders its own work on that stream.
-  std::vector<std::vector<float>> in_flight;
+  std::vector<std::shared_ptr<void>> in_flight;
   const auto sync_compute = [&] {
     if constexpr (Sharder::device) shd.space().synchronize(shd.space().compute_stream());
   };
@@ -203,8 +209,16 @@ void train_rank(Comm& comm, const zero::model_layout& layout, const run_options&
             shd.add_grad(p, slot);
             continue;
           }
+          if (o.device_gradient) {
+            std::shared_ptr<float[]> d = o.device_gradient(grad.size());
+            std::copy(grad.begin(), grad.end(), d.get());
+            shd.add_grad(p, std::span<const float>(d.get(), grad.size()));
+            in_flight.push_back(std::move(d));
+            continue;
+          }
           shd.add_grad(p, std::span<const float>(grad));
-          if constexpr (Sharder::device) in_flight.push_back(std::move(grad));
+          if constexpr (Sharder::device)
+            in_flight.push_back(std::make_shared<std::vector<float>>(std::move(grad)));
         }
       }
       shd.end_micro_batch();

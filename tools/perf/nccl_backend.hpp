@@ -34,6 +34,9 @@ class nccl_backend {
     if (o.timeout_s > 0)
       opt_.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
     opt_.async = o.blocking == 0;
+    // -A ring or tree: ringzero's schedule over ncclSend/ncclRecv with ringzero's kernels
+    // (nccl::transport::with_device_executor); left automatic, NCCL's own collective.
+    opt_.algorithm = o.algo;
     // A reproducible call reads its agreed windows on the host between passes: it completes
     // before returning whatever -z says.
     opt_.reproducible = o.reproducible;
@@ -270,8 +273,10 @@ class nccl_backend {
                       : "and waited for one by one (-z)");
   info.algorithm = o.algo == algorithm::automatic
                        ? "NCCL's choice (NCCL_ALGO steers it)"
-                       : fmt::format("NCCL's choice; -A {} does not apply (use NCCL_ALGO)",
-                                     algorithm_name(o.algo));
+                       : fmt::format(
+                             "ringzero's {} schedule over ncclSend/ncclRecv, ringzero's "
+                             "kernels reducing",
+                             algorithm_name(o.algo));
   info.buffers = b.buffers_note();
   try {
     const outcome r = run_rank(b, o, prints ? &*p : nullptr, info);

@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -72,7 +73,9 @@ constexpr const char* usage_text =
     "                     generations through ringzero::elastic::session (ringzero/elastic.hpp)\n"
     "  --job-file F       with --elastic: write what ranks need to join this job to F (0600)\n"
     "  --join F           start N more ranks that join the elastic job F describes, at its next\n"
-    "                     step boundary (the job's ranks take them in; see docs/reliability.md)\n"
+    "                     step boundary (the job's ranks take them in; see docs/reliability.md).\n"
+    "                     Each gets a LOCAL_RANK (its GPU): one a dead rank of the job held on\n"
+    "                     this host, else one past those the job started with\n"
     "  -h, --help         show this help\n"
     "  --version          show the version\n"
     "\n"
@@ -252,7 +255,8 @@ struct job_env {
   std::int64_t first_id = 0;  ///< the elastic member id of this launcher's first rank
 };
 
-std::vector<std::string> rank_environment(const options& o, int rank, const job_env& j) {
+/// `local`: the rank's LOCAL_RANK, which an elastic arrival gets too (the GPU it takes).
+std::vector<std::string> rank_environment(const options& o, int rank, int local, const job_env& j) {
   static constexpr std::string_view ours[] = {"RANK=",
                                               "WORLD_SIZE=",
                                               "LOCAL_RANK=",
@@ -272,13 +276,15 @@ std::vector<std::string> rank_environment(const options& o, int rank, const job_
       env.emplace_back(v);
   }
   // An arrival's rank and the world size are the job's to give, generation by generation: it
-  // gets neither, so that nothing mistakes it for a rank of a static job.
+  // gets neither, so that nothing mistakes it for a rank of a static job. It does get a local
+  // rank: the one a rank of the job that died held on this host, else one past those the job
+  // started with (elastic_local below), so that its GPU is not a survivor's.
   if (!j.arrival) {
     env.push_back(fmt::format("RANK={}", rank));
     env.push_back(fmt::format("WORLD_SIZE={}", o.nproc));
-    env.push_back(fmt::format("LOCAL_RANK={}", rank));
     env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", o.nproc));
   }
+  env.push_back(fmt::format("LOCAL_RANK={}", local));
   env.push_back("MASTER_ADDR=" + j.addr);
   env.push_back(fmt::format("MASTER_PORT={}", j.port));
   env.push_back("RINGZERO_TOKEN=" + j.token);
@@ -290,6 +296,33 @@ std::vector<std::string> rank_environment(const options& o, int rank, const job_
   }
   return env;
 }
+
+// The local ranks of an elastic job on this host, kept in the job's store: the launcher that
+// serves it records how many ranks it started; every launcher records the local rank of each of
+// its ranks that died; an arrival takes the freed ones first, in order, then new ones.
+struct elastic_local {
+  static constexpr const char* started = "elastic/local/started";
+  static constexpr const char* freed = "elastic/local/freed";  ///< published free local ranks
+  static constexpr const char* slots = "elastic/local/slots";  ///< free/<k> indices handed out
+  static constexpr const char* claimed = "elastic/local/claimed";
+  static std::string free(std::int64_t k) { return fmt::format("elastic/local/free/{}", k); }
+
+  /// Records that a rank holding local rank `local` died.
+  static void release(ringzero::bootstrap::store& s, int local) {
+    constexpr auto limit = std::chrono::seconds(1);
+    const std::int64_t k = s.add_within(slots, 1, limit) - 1;
+    const std::string v = fmt::format("{}", local);
+    s.set_within(free(k), std::as_bytes(std::span<const char>(v.data(), v.size())), limit);
+    s.add_within(freed, 1, limit);
+  }
+  /// The local rank for the next arrival started on this host.
+  static int claim(ringzero::bootstrap::store& s) {
+    const std::int64_t k = s.add(claimed, 1) - 1;
+    const std::int64_t available = s.add(freed, 0);
+    if (k < available) return static_cast<int>(std::stoll(s.get_string(free(k))));
+    return static_cast<int>(s.add(started, 0) + (k - available));
+  }
+};
 
 // The job file --job-file writes and --join reads: KEY=VALUE lines.
 bool write_job_file(const std::string& path, const job_env& j) {
@@ -405,6 +438,7 @@ struct stream {
 
 struct rank_process {
   pid_t pid = -1;
+  int local = 0;  ///< its LOCAL_RANK
   bool running = false;
   int status = 0;
   int log_fd = -1;
@@ -521,6 +555,7 @@ class job {
             ringzero::detail::env_timeout(), env_.addr);
         env_.port = store_->port();
         store_->add(keys::next_id(), opt_.nproc);
+        store_->add(elastic_local::started, opt_.nproc);
       }
     } catch (const ringzero::error& e) {
       fmt::print(stderr, "ringzero-run: the elastic job's store at {}:{}{}: {}\n", env_.addr,
@@ -633,7 +668,18 @@ class job {
     posix_spawnattr_setflags(
         &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
-    std::vector<std::string> env = rank_environment(opt_, r, env_);
+    rp.local = r;
+    if (env_.arrival) {
+      try {
+        rp.local = elastic_local::claim(*store_);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "ringzero-run: the elastic job's store gave no local rank: {}\n",
+                   e.what());
+        spawn_failed_ = true;
+        return false;
+      }
+    }
+    std::vector<std::string> env = rank_environment(opt_, r, rp.local, env_);
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -735,6 +781,7 @@ class job {
           try {
             store_->add_within(ringzero::elastic::session::keys::dead(id), 1,
                                std::chrono::seconds(1));
+            elastic_local::release(*store_, rp.local);
           } catch (const ringzero::error&) {
           }
           remove_shm_regions(pid);

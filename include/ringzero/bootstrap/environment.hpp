@@ -420,4 +420,17 @@ inline launch_info detect_launch() {
   return li;
 }
 
+/// This process's rank among the processes of its host, as its launcher gave it: LOCAL_RANK
+/// (ringzero-run, its elastic arrivals included, and torchrun), OMPI_COMM_WORLD_LOCAL_RANK
+/// (mpirun) or SLURM_LOCALID (srun); nothing when none is set. Read on its own, not through
+/// detect_launch(): an elastic arrival has a local rank but no RANK. A negative value is refused.
+[[nodiscard]] inline std::optional<int> local_rank_from_env() {
+  for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const auto v = detail::env_int32(name)) {
+      if (*v < 0) throw invalid_argument(fmt::format("{}={} is negative", name, *v));
+      return v;
+    }
+  return std::nullopt;
+}
+
 }  // namespace ringzero::bootstrap

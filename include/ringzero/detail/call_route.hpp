@@ -12,11 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
@@ -248,6 +250,46 @@ template <element E>
                   d.name, where(in), where(out)));
 }
 
+/// Refuses device memory on a transport that moves host memory only (loopback, shm, sockets):
+/// its algorithms would read it on the host, where a GPU's memory is not mapped. `buffers` are
+/// (name, pointer) pairs, null for a buffer the call does not use. Free in a program that
+/// registered no CUDA runtime (one atomic load); otherwise device_of per buffer, which the CUDA
+/// table answers from the few pointers it remembers per thread for the buffers a loop passes
+/// call after call (kernels/cuda/device_reduction.cuh), not with cudaPointerGetAttributes.
+inline void refuse_device_memory(
+    std::string_view what,
+    std::initializer_list<std::pair<std::string_view, const void*>> buffers) {
+  const kernels::device_runtime* rt = kernels::registered_device_runtime();
+  if (rt == nullptr) return;
+  for (const auto& [name, p] : buffers)
+    if (p != nullptr)
+      if (const int device = rt->device_of(p); device >= 0)
+        throw invalid_argument(fmt::format(
+            "{}: the {} is memory of CUDA device {}, and this transport moves host memory only: "
+            "use the NCCL transport or libfabric opened with options::device_memory, or copy it "
+            "to host memory",
+            what, name, device));
+}
+
+/// The device a call's buffers are memory of on transport T: device_of_call where T moves
+/// device memory; -1 on a backend that runs its collectives itself (NCCL: the transport's
+/// device is the call's); elsewhere -1, after refusing device buffers (refuse_device_memory).
+template <class T, element E>
+[[nodiscard]] int device_for(const collective_descriptor& d, const algorithms::call<E>& c,
+                             int rank) {
+  if constexpr (device_memory_transport<T>) {
+    return device_of_call(c, rank);
+  } else {
+    if constexpr (!native_collectives<T>) {
+      const bool in = !c.in.empty() && d.uses_in(rank, c.root);
+      const bool out = !c.out.empty() && d.uses_out(rank, c.root);
+      refuse_device_memory(d.name, {{"input", in ? c.in.data() : nullptr},
+                                    {"output", out ? c.out.data() : nullptr}});
+    }
+    return -1;
+  }
+}
+
 /// Whether a call takes options::reproducible's path: the option set on a collective whose
 /// descriptor reduces, of a floating type, with sum or avg (min and max are exact already,
 /// integers too, and a collective that adds nothing gives the same bits whatever the option
@@ -285,7 +327,7 @@ class call_route {
         size(size_of(c, comm_.size())),
         env(call_env::read()),
         reproducible(takes_reproducible_path<E>(d, c.reduction, opt_)),
-        device(device_memory_transport<T> ? device_of_call(c, comm_.rank()) : -1) {}
+        device(device_for<T>(d, c, comm_.rank())) {}
   call_route(const call_route&) = delete;
   call_route& operator=(const call_route&) = delete;
 
@@ -297,7 +339,8 @@ class call_route {
   const call_env env;
   /// options::reproducible applies (takes_reproducible_path).
   const bool reproducible;
-  /// The CUDA device of the buffers on a transport that moves device memory; -1 elsewhere.
+  /// The CUDA device of the buffers on a transport that moves device memory; -1 elsewhere
+  /// (device_for: a host transport refused device buffers on construction).
   const int device;
 
   /// Starts the call on the path that runs it, under algorithm `a` (automatic: none, or the

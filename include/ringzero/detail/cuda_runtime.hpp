@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <fmt/core.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
+#include "ringzero/detail/backoff.hpp"
 #include "ringzero/error.hpp"
 
 namespace ringzero::detail {
@@ -23,6 +26,40 @@ namespace ringzero::detail {
 inline void check_cuda(cudaError_t e, std::string_view what) {
   if (e != cudaSuccess)
     throw transport_error(std::string(what) + ": CUDA error: " + cuda_message(e));
+}
+
+/// Waits on the host until everything queued on `s` has run, polling (cudaStreamQuery) for at
+/// most `limit`: a stream behind a collective whose peer died never drains, and
+/// cudaStreamSynchronize would hold the host for good. Throws timeout_error "<what>: ..." past
+/// the limit and transport_error on a CUDA error.
+inline void wait_stream(cudaStream_t s, std::chrono::nanoseconds limit, std::string_view what) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  backoff b;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, what);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw timeout_error(
+          fmt::format("{}: the device's work did not finish within {:g} s (RINGZERO_TIMEOUT sets "
+                      "the limit)",
+                      what, std::chrono::duration<double>(limit).count()),
+          -1);
+    b.pause();
+  }
+}
+
+/// wait_stream for unwinding: errors ignored; false when `limit` passed first.
+[[nodiscard]] inline bool drain_stream(cudaStream_t s, std::chrono::nanoseconds limit) noexcept {
+  try {
+    wait_stream(s, limit, "drain");
+    return true;
+  } catch (const timeout_error&) {
+    return false;
+  } catch (...) {
+    static_cast<void>(cudaGetLastError());
+    return true;
+  }
 }
 
 /// Makes `device` current for a scope and restores the caller's device after. CUDA's current

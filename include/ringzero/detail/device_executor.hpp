@@ -12,6 +12,11 @@
 // fills while the previous reduction runs; a send goes the moment the reduction that made it
 // completes. The host never blocks on the stream inside a call, and never waits for a kernel a
 // message does not need.
+//
+// A NIC that writes a receive into GPU memory (GPUDirect RDMA) may complete it before a kernel on
+// that GPU would see every byte: where the device does not order such writes for itself
+// (cudaDevAttrGPUDirectRDMAWritesOrdering below "owner"), the first kernel or copy after a step's
+// receives is preceded by cudaDeviceFlushGPUDirectRDMAWrites, as NCCL's network plugins flush.
 #pragma once
 
 #include <fmt/core.h>
@@ -31,11 +36,13 @@
 #include <vector>
 
 #include "ringzero/detail/comm_state.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/executor.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
+#include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
 
@@ -71,7 +78,10 @@ class device_cache {
   using forget_fn = std::function<void(const void*, std::size_t)>;
 
   device_cache(const kernels::device_runtime& rt, int device, forget_fn forget)
-      : rt_(rt), device_(device), forget_(std::move(forget)) {
+      : rt_(rt),
+        device_(device),
+        forget_(std::move(forget)),
+        ordered_(rt.remote_writes_ordered(device)) {
     stream_ = rt_.create_stream(device_);
   }
   device_cache(const device_cache&) = delete;
@@ -79,7 +89,13 @@ class device_cache {
   ~device_cache() {
     try {
       device_scope scope(rt_, device_);
-      rt_.drain(stream_);
+      // Scratch a kernel may still read is left allocated: a GPU that cannot finish its work
+      // in RINGZERO_TIMEOUT has failed, and a fault in memory handed out again would be worse.
+      if (!rt_.drain(stream_, env_timeout())) {
+        log::warn("device executor: the stream of device {} did not drain; its scratch is left",
+                  device_);
+        return;
+      }
       release_scratch();
       rt_.destroy_stream(stream_);
     } catch (...) {
@@ -90,6 +106,8 @@ class device_cache {
   [[nodiscard]] const kernels::device_runtime& runtime() const noexcept { return rt_; }
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] CUstream_st* stream() const noexcept { return stream_; }
+  /// Whether kernels on this device see a NIC's writes without a flush (device_runtime).
+  [[nodiscard]] bool remote_writes_ordered() const noexcept { return ordered_; }
 
   /// Scratch of at least `bytes` on this cache's device (current), registered by `adopt`
   /// when new. Only between calls may it move: no message or kernel uses it then. `slot` 0 is
@@ -130,21 +148,55 @@ class device_cache {
   const kernels::device_runtime& rt_;
   int device_;
   forget_fn forget_;
+  bool ordered_;
   CUstream_st* stream_ = nullptr;
   std::array<block, slots> slots_{};
 };
 
 /// The communicator's device_cache for `device` (current) and runtime `rt`, made anew when
-/// either changed; `forget` drops the transport's registration of memory about to be freed.
+/// either changed. Memory the transport registered is forgotten there before it is freed: the
+/// callback holds the transport, which a communicator keeps on the heap through every move, not
+/// the communicator, which a move leaves behind.
 template <class Comm>
 [[nodiscard]] device_cache& device_cache_of(Comm& comm, const kernels::device_runtime& rt,
-                                            int device, device_cache::forget_fn forget) {
+                                            int device) {
   std::shared_ptr<device_cache>& cache = comm.state().device;
   if (!cache || cache->device() != device || &cache->runtime() != &rt) {
     cache.reset();
-    cache = std::make_shared<device_cache>(rt, device, std::move(forget));
+    auto* t = &comm.transport();
+    cache = std::make_shared<device_cache>(rt, device, [t](const void* p, std::size_t bytes) {
+      if constexpr (requires { t->forget_memory(p, bytes); })
+        t->forget_memory(p, bytes);
+      else
+        (void)t, (void)p, (void)bytes;  // nothing registered: nothing to forget
+    });
   }
   return *cache;
+}
+
+/// Waits on the host until the work queued on `s` so far has run, polling an event, and throws
+/// timeout_error "<what> ... on rank r of n" once `deadline` passed: a stream behind a collective
+/// whose peer died never drains, and a blocking wait would hold the host for good.
+template <class Comm>
+void wait_for_stream(const Comm& comm, const kernels::device_runtime& rt, CUstream_st* s,
+                     clock::time_point deadline, std::chrono::nanoseconds limit,
+                     std::string_view what) {
+  CUevent_st* e = rt.record(s);
+  struct destroy {
+    const kernels::device_runtime& rt;
+    CUevent_st* e;
+    ~destroy() { rt.destroy_event(e); }
+  } owned{rt, e};
+  backoff b;
+  while (!rt.done(e)) {
+    if (clock::now() > deadline)
+      throw timeout_error(
+          fmt::format("{} on rank {} of {}: timed out after {:g} s waiting for the device to "
+                      "finish (RINGZERO_TIMEOUT sets the limit)",
+                      what, comm.rank(), comm.size(), std::chrono::duration<double>(limit).count()),
+          -1);
+    b.pause();
+  }
 }
 
 /// Executor over communicator `comm` for one call on device buffers of the cache's device
@@ -162,6 +214,7 @@ class device_executor {
       : ex_(comm, collective, algorithm, timeout),
         rt_(cache.runtime()),
         stream_(cache.stream()),
+        ordered_(cache.remote_writes_ordered()),
         reductions_(reductions),
         collective_(collective),
         algorithm_(algorithm),
@@ -171,7 +224,9 @@ class device_executor {
   device_executor& operator=(const device_executor&) = delete;
   ~device_executor() {
     if (kernels_.empty()) return;
-    rt_.drain(stream_);
+    if (!rt_.drain(stream_, limit_))
+      log::warn("{} ({}): the device did not finish the call's kernels while it unwound",
+                collective_, algorithm_);
     for (const auto& k : kernels_) rt_.destroy_event(k.event);
   }
 
@@ -199,7 +254,10 @@ class device_executor {
         if (m.posted && !m.p.done) moved = ex_.test(m.p) || moved;
         all_done = all_done && m.posted && m.p.done;
       }
-      if (all_done) return;
+      if (all_done) {
+        unflushed_ = unflushed_ || (!ordered_ && !recvs.empty());
+        return;
+      }
       if (moved) {
         b.reset();
         continue;
@@ -210,16 +268,19 @@ class device_executor {
   }
 
   void combine(op o, const E* a, const E* b, E* out, std::size_t n) {
+    flush();
     reductions().combine(dtype_of<E>(), o, a, b, out, n, stream_);
     enqueued({a, n}, {b, n}, {out, n});
   }
 
   void finish_avg(E* data, std::size_t n, int ranks) {
+    flush();
     reductions().finish_avg(dtype_of<E>(), data, n, ranks, stream_);
     enqueued({data, n}, {}, {data, n});
   }
 
   void copy(E* dst, const E* src, std::size_t n) {
+    flush();
     rt_.copy(dst, src, n * sizeof(E), stream_);
     enqueued({src, n}, {}, {dst, n});
   }
@@ -280,6 +341,13 @@ class device_executor {
     return false;
   }
 
+  /// Makes what the last receives wrote visible to the device before work that may read it.
+  void flush() {
+    if (!unflushed_) return;
+    rt_.flush_remote_writes();
+    unflushed_ = false;
+  }
+
   void enqueued(range a, range b, range out) {
     CUevent_st* e = rt_.record(stream_);
     kernels_.push_back({e, {a, b}, out});
@@ -314,6 +382,8 @@ class device_executor {
   ringzero::detail::exchange<C> ex_;
   const kernels::device_runtime& rt_;
   CUstream_st* stream_;
+  bool ordered_;
+  bool unflushed_ = false;  ///< receives completed since the last flush (unordered devices)
   const kernels::device_reduction* reductions_;
   std::string_view collective_;
   std::string_view algorithm_;

@@ -117,6 +117,9 @@ void dispatch_p2p(communicator<T>& comm, std::string_view what, std::span<const 
     nc.from = from;
     comm.transport().run_native(nc, opt);
   } else {
+    if constexpr (!device_memory_transport<T>)
+      refuse_device_memory(what, {{"send buffer", out.empty() ? nullptr : out.data()},
+                                  {"receive buffer", in.empty() ? nullptr : in.data()}});
     auto& st = comm.state();
     st.p2p_send_seq.resize(static_cast<std::size_t>(comm.size()));
     st.p2p_recv_seq.resize(static_cast<std::size_t>(comm.size()));

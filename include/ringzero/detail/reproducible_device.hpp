@@ -4,15 +4,19 @@
 // FI_HMEM). The digits' layout is computed on the device too (a scan of the agreed windows); the
 // host reads back only what sizes the int64 collective: where each rank's part starts, and
 // whether any term was inf or NaN. Each pass is waited for before the next collective reads its
-// output, since the transport's own stream knows nothing of ours.
+// output, since the transport's own stream knows nothing of ours; every such wait has the call's
+// deadline. The passes run on the device the caller names (the transport's for NCCL, the
+// buffers' for libfabric), current for the call whatever the calling thread's device is.
 #pragma once
 
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "ringzero/algorithm.hpp"
@@ -55,7 +59,7 @@ enum scratch_use : std::size_t {
 template <class Table = algorithms::builtin, class Comm, class E>
 void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const options& opt,
                              const kernels::device_runtime& rt,
-                             const kernels::device_reproducible& k) {
+                             const kernels::device_reproducible& k, int device) {
   namespace rp = reproducible;
   const collective_descriptor& d = algorithms::describe(c);
   const int n = comm.size();
@@ -76,15 +80,13 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   // The scratch and stream stay with the communicator (device_cache, as the schedules'): a
   // fresh allocation and stream per call cost about 100 us on an H200, and memory a transport
   // registered (libfabric FI_HMEM) is forgotten there before it is freed.
-  const int device = rt.current_device();
-  device_cache& cache =
-      device_cache_of(comm, rt, device, [&comm](const void* p, std::size_t bytes) {
-        if constexpr (requires { comm.transport().forget_memory(p, bytes); })
-          comm.transport().forget_memory(p, bytes);
-        else
-          (void)comm, (void)p, (void)bytes;  // nothing registered: nothing to forget
-      });
+  const device_scope current(rt, device);
+  device_cache& cache = device_cache_of(comm, rt, device);
   CUstream_st* s = cache.stream();
+  const std::chrono::nanoseconds limit =
+      opt.timeout.count() > 0 ? opt.timeout : std::chrono::nanoseconds(comm.timeout());
+  const auto deadline = clock::now() + limit;
+  const auto wait = [&] { wait_for_stream(comm, rt, s, deadline, limit, d.name); };
   // The passes read c.in on s: behind what the caller queued before the call.
   k.after(s, opt.stream);
 
@@ -92,7 +94,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   const std::size_t blocks = rp::blocks(total);
   std::int32_t* d_win = scratch_slot<std::int32_t>(cache, windows_slot, 2 * blocks + 1);
   k.windows(t, c.in.data(), total, d_win, s);
-  k.synchronize(s);
+  wait();
   pass<algorithms::builtin>(comm, builtin_collectives::all_reduce,
                             std::span<const std::int32_t>(d_win, 2 * blocks + 1),
                             std::span<std::int32_t>(d_win, 2 * blocks + 1), op::max, 0, aux);
@@ -112,7 +114,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   std::int32_t flag = 0;
   k.copy(bounds.data(), d_bounds, bounds.size() * sizeof(std::uint64_t), s);
   k.copy(&flag, d_win + 2 * blocks, sizeof flag, s);
-  k.synchronize(s);
+  wait();
   const bool special = flag != 0;
 
   // 3. digits, laid out by the windows, added as int64 (reduce_scatter: each rank's part in a
@@ -124,7 +126,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   const std::size_t q_len = scatter ? seg * un : static_cast<std::size_t>(bounds[1]);
   std::int64_t* d_q = scratch_slot<std::int64_t>(cache, digits_slot, q_len);
   if (total > 0) k.digits(t, c.in.data(), total, d_win, d_off, count, seg, d_q, s);
-  k.synchronize(s);
+  wait();
   std::int64_t* d_mine = d_q;
   const std::size_t from = scatter ? static_cast<std::size_t>(comm.rank()) * count : 0;
   // The call's own collective on the digits: into this rank's segment, or in place.
@@ -136,7 +138,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   if (special) {
     d_codes = scratch_slot<std::int64_t>(cache, codes_slot, total);
     k.special_codes(t, c.in.data(), total, d_codes, s);
-    k.synchronize(s);
+    wait();
     d_my_codes = scatter ? scratch_slot<std::int64_t>(cache, my_codes_slot, count) : d_codes;
     pass<Table>(comm, d, std::span<const std::int64_t>(d_codes, total),
                 std::span<std::int64_t>(d_my_codes, scatter ? count : total), op::sum, c.root, aux);
@@ -146,7 +148,7 @@ void run_reproducible_device(Comm& comm, const algorithms::call<E>& c, const opt
   // 4. rounded once into out
   if (count > 0) k.round(t, d_mine, d_win, d_off, from, count, divisor, c.out.data(), s);
   if (special && count > 0) k.apply_specials(t, d_my_codes, count, c.out.data(), s);
-  k.synchronize(s);
+  wait();
 }
 
 }  // namespace ringzero::detail

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 // CUDA's stream and event types (cudaStream_t is CUstream_st*, cudaEvent_t CUevent_st*), named
 // without including a CUDA header.
@@ -15,6 +17,16 @@ struct CUstream_st;
 struct CUevent_st;
 
 namespace ringzero::kernels {
+
+/// The device allocation a pointer lies in: its first byte, its size, and the id the driver gave
+/// it (CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused in a process), so that a new allocation at
+/// the address of a freed one is told apart from it. All zero for memory that is not device
+/// memory.
+struct device_allocation {
+  const void* base = nullptr;
+  std::size_t bytes = 0;
+  std::uint64_t id = 0;
+};
 
 /// Every function may throw transport_error on a CUDA error, except those marked noexcept.
 struct device_runtime {
@@ -32,11 +44,22 @@ struct device_runtime {
   CUevent_st* (*record)(CUstream_st* stream);
   bool (*done)(CUevent_st* event);
   void (*destroy_event)(CUevent_st* event) noexcept;
-  /// Blocks until `stream` is idle, ignoring errors: for unwinding after a failure.
-  void (*drain)(CUstream_st* stream) noexcept;
+  /// Waits until `stream` is idle, ignoring errors, for at most `limit`: for unwinding after a
+  /// failure, where a stream held by a collective whose peer died never drains. false when it
+  /// gave up.
+  bool (*drain)(CUstream_st* stream, std::chrono::nanoseconds limit) noexcept;
   /// Device memory of the current device, and its release.
   void* (*allocate)(std::size_t bytes);
   void (*release)(void* p) noexcept;
+  /// The allocation `p` lies in (cuPointerGetAttributes).
+  device_allocation (*allocation_of)(const void* p);
+  /// Whether a kernel on `device` sees what a NIC wrote into its memory by GPUDirect RDMA once
+  /// the receive completed (cudaDevAttrGPUDirectRDMAWritesOrdering at least "owner"). Where not,
+  /// flush_remote_writes() must come between the completion and the kernel that reads the data.
+  bool (*remote_writes_ordered)(int device);
+  /// Returns once remote writes to the current device are visible to it
+  /// (cudaDeviceFlushGPUDirectRDMAWrites, to the owner).
+  void (*flush_remote_writes)();
 };
 
 namespace detail {

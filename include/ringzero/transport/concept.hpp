@@ -68,15 +68,17 @@ concept transport = requires(const T& ct) {
 /// communicator runs ringzero's schedules on device buffers over it, with the messaging
 /// executor of detail/device_executor.hpp. device_memory(): opened for it; otherwise
 /// device_memory_refusal() says why device buffers are refused, naming the provider.
-/// register_device_buffer(p, n, device) registers memory of CUDA device `device` (the
-/// communicator registers the buffers it is given, whole, and its scratch); forget_memory(p, n)
-/// drops a registration before the memory is freed.
+/// register_device_buffer(p, n, device, id) registers memory of CUDA device `device` in the
+/// allocation with id `id` (0: unknown; a new allocation at a freed one's addresses has a new
+/// one, and must be registered anew); the communicator registers the allocations of the buffers
+/// it is given, whole, and its scratch. forget_memory(p, n) drops a registration before the
+/// memory is freed.
 template <class T>
 concept device_memory_transport = messaging<T> &&
-    requires(T& t, const T& ct, const void* p, std::size_t n, int device) {
+    requires(T& t, const T& ct, const void* p, std::size_t n, int device, std::uint64_t id) {
   { ct.device_memory() } -> std::convertible_to<bool>;
   { ct.device_memory_refusal() } -> std::convertible_to<std::string>;
-  t.register_device_buffer(p, n, device);
+  t.register_device_buffer(p, n, device, id);
   t.forget_memory(p, n);
 };
 

@@ -23,10 +23,12 @@
 // Memory: parameters and gradients come from ncclMemAlloc and are registered with the
 // communicator (ncclCommRegister) where NCCL has both (2.19 and later), so NCCL can take its
 // zero-copy paths on them; other buffers from cudaMalloc, and gathered stage-3 buckets from the
-// stream-ordered allocator on the compute stream, whose pool keeps freed memory (no driver call
-// after the first step). Host values travel through a pinned staging buffer. The only host waits
-// are the ones the sharder asks for: reading the gradient statistics once per step (one copy),
-// copies to and from the host, and synchronize(). Events come from a pool and are reused.
+// stream-ordered allocator on the compute stream, from a pool of the space's own that keeps
+// freed memory (no driver call after the first step; the device's default pool, which NCCL and
+// the rest of the process use, is left alone). Host values travel through a pinned staging
+// buffer. The only host waits are the ones the sharder asks for: reading the gradient statistics
+// once per step (one copy), copies to and from the host, and synchronize(). Events come from a
+// pool and are reused. After a failure, drain() waits for both streams before memory is freed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,12 +47,13 @@
 #include <utility>
 #include <vector>
 
+#include "ringzero/detail/cuda_runtime.hpp"
 #include "ringzero/detail/env.hpp"
-#include "ringzero/detail/exchange.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/cuda/detail/launch.cuh"
 #include "ringzero/kernels/cuda/optimizer.cuh"
 #include "ringzero/kernels/element.hpp"
+#include "ringzero/log.hpp"
 #include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/memory_space.hpp"
 
@@ -105,56 +108,68 @@ struct state {
   std::vector<cudaEvent_t> free_events;  // recorded before, complete or not: reusable
   std::atomic<std::uint64_t> launches{0}, statistics{0}, host_syncs{0}, events_created{0},
       driver_allocations{0};
+  cudaMemPool_t pool = nullptr;  // the stream-ordered allocations' (make_pool)
 
   ~state() {
     if (staging != nullptr) static_cast<void>(cudaFreeHost(staging));
     for (cudaEvent_t e : free_events) static_cast<void>(cudaEventDestroy(e));
+    // Frees still queued on a stream complete first: CUDA releases the pool after them.
+    if (pool != nullptr) static_cast<void>(cudaMemPoolDestroy(pool));
   }
 };
 
 /// The sharder may run on a thread whose current device is another.
 using device_guard = ringzero::detail::cuda_device_guard;
 
-/// The pool stream-ordered allocations come from keeps what is freed instead of giving it back
-/// to the driver at every synchronization (its default release threshold is 0): a stage-3 step
-/// gathers and frees every bucket, and would otherwise map them afresh each time.
-inline void keep_pool_memory(int device) {
+/// The space's own stream-ordered pool on `device`, which keeps what is freed instead of giving
+/// it back to the driver at every synchronization (a pool's default release threshold is 0): a
+/// stage-3 step gathers and frees every bucket, and would otherwise map them afresh each time.
+/// Its own, not the device's default pool: raising that one's threshold kept every
+/// cudaMallocAsync of the process (NCCL's schedule scratch, the trainer's) mapped for good, out
+/// of reach of the buffers NCCL sets up lazily at its first collectives.
+[[nodiscard]] inline cudaMemPool_t make_pool(int device) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
   cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
   std::uint64_t keep = UINT64_MAX;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-        "cudaMemPoolSetAttribute(release threshold)");
+  if (const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      e != cudaSuccess) {
+    static_cast<void>(cudaMemPoolDestroy(pool));
+    check(e, "cudaMemPoolSetAttribute(release threshold)");
+  }
+  return pool;
 }
 
-/// Bytes the device's default pool holds from the driver.
-[[nodiscard]] inline std::uint64_t pool_reserved(int device) {
-  cudaMemPool_t pool = nullptr;
+/// Bytes `pool` holds from the driver.
+[[nodiscard]] inline std::uint64_t pool_reserved(cudaMemPool_t pool) {
   std::uint64_t bytes = 0;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
   check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &bytes),
         "cudaMemPoolGetAttribute(reserved)");
   return bytes;
 }
 
-/// Waits until `s` is idle, polling, and raises timeout_error after RINGZERO_TIMEOUT: a stream
-/// held by a collective whose peer died never drains, and cudaStreamSynchronize would block
-/// forever. Spaces lent by a communicator wait through it instead (its abort path).
-inline void poll_idle(cudaStream_t s, const char* what) {
-  const auto limit = ringzero::detail::env_timeout();
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  ringzero::detail::backoff b;
-  for (;;) {
-    const cudaError_t q = cudaStreamQuery(s);
-    if (q == cudaSuccess) return;
-    if (q != cudaErrorNotReady) check(q, what);
-    if (std::chrono::steady_clock::now() > deadline)
-      throw timeout_error(std::string("zero (CUDA device space): ") + what +
-                              ": the stream did not drain within " +
-                              std::to_string(std::chrono::duration<double>(limit).count()) +
-                              " s (RINGZERO_TIMEOUT)",
-                          -1);
-    b.pause();
+/// `bytes` from `pool` in `s`'s order; when the device is out of memory, once more after
+/// handing back what the pool holds unused (fragments no allocation of this size fits).
+[[nodiscard]] inline void* allocate_from(cudaMemPool_t pool, std::size_t bytes, cudaStream_t s) {
+  void* p = nullptr;
+  cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool, s);
+  if (e == cudaErrorMemoryAllocation) {
+    static_cast<void>(cudaGetLastError());
+    check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+    e = cudaMallocFromPoolAsync(&p, bytes, pool, s);
   }
+  check(e, "cudaMallocFromPoolAsync");
+  return p;
+}
+
+/// Waits until `s` is idle, within RINGZERO_TIMEOUT (detail::wait_stream): spaces lent by a
+/// communicator wait through it instead (its abort path).
+inline void poll_idle(cudaStream_t s, const char* what) {
+  ringzero::detail::wait_stream(s, ringzero::detail::env_timeout(),
+                                std::string("zero (CUDA device space): ") + what);
 }
 
 }  // namespace detail::cuda_space
@@ -181,7 +196,7 @@ class cuda_device_space {
     state_->allocator = std::move(allocator);
     state_->wait_idle = std::move(wait_idle);
     const detail::cuda_space::device_guard guard(device);
-    detail::cuda_space::keep_pool_memory(device);
+    state_->pool = detail::cuda_space::make_pool(device);
     state_->stats = std::make_unique<kernels::cuda::grad_stats_accumulator>(comm_stream);
   }
 
@@ -234,18 +249,17 @@ class cuda_device_space {
     return {std::span<T>(static_cast<T*>(p), n), std::move(owner), false};
   }
 
-  /// Device memory allocated and freed in compute-stream order (cudaMallocAsync / cudaFreeAsync):
-  /// the free follows every kernel enqueued there before the last handle went. The pool keeps
-  /// freed memory (keep_pool_memory), so after the first step this asks nothing of the driver;
-  /// a call that grew the pool counts as a driver allocation.
+  /// Device memory allocated and freed in compute-stream order (cudaMallocFromPoolAsync /
+  /// cudaFreeAsync): the free follows every kernel enqueued there before the last handle went.
+  /// The space's pool keeps freed memory (make_pool), so after the first step this asks nothing
+  /// of the driver; a call that grew the pool counts as a driver allocation.
   template <class T>
   [[nodiscard]] buffer<T> allocate_ordered(std::size_t n, fill how = fill::zeroed) const {
     const detail::cuda_space::device_guard guard(state_->device);
     const std::size_t bytes = std::max<std::size_t>(n * sizeof(T), 1);
-    const std::uint64_t before = detail::cuda_space::pool_reserved(state_->device);
-    void* p = nullptr;
-    detail::cuda_space::check(cudaMallocAsync(&p, bytes, state_->compute), "cudaMallocAsync");
-    if (detail::cuda_space::pool_reserved(state_->device) > before) ++state_->driver_allocations;
+    const std::uint64_t before = detail::cuda_space::pool_reserved(state_->pool);
+    void* p = detail::cuda_space::allocate_from(state_->pool, bytes, state_->compute);
+    if (detail::cuda_space::pool_reserved(state_->pool) > before) ++state_->driver_allocations;
     if (how == fill::zeroed) {
       ++state_->launches;
       detail::cuda_space::check(cudaMemsetAsync(p, 0, bytes, state_->compute), "cudaMemsetAsync");
@@ -301,6 +315,21 @@ class cuda_device_space {
     idle(state_->compute, "synchronize");
     idle(state_->comm, "synchronize");
   }
+  /// Both streams, polled directly rather than through the communicator (which refuses every
+  /// wait once aborted), errors ignored, each within RINGZERO_TIMEOUT: after an abort NCCL's
+  /// kernels have stopped, so the streams drain, and what was queued behind them has run before
+  /// the memory it uses is freed.
+  void drain() const noexcept {
+    const auto limit = ringzero::detail::env_timeout();
+    int previous = state_->device;
+    static_cast<void>(cudaGetDevice(&previous));
+    static_cast<void>(cudaSetDevice(state_->device));
+    for (cudaStream_t s : {state_->compute, state_->comm})
+      if (!ringzero::detail::drain_stream(s, limit))
+        log::warn("zero (CUDA device space): a stream of device {} did not drain in {:g} s",
+                  state_->device, std::chrono::duration<double>(limit).count());
+    static_cast<void>(cudaSetDevice(previous));
+  }
 
   template <class T>
   void zero(stream s, T* p, std::size_t n) const {
@@ -349,8 +378,7 @@ class cuda_device_space {
   void set_values(stream s, P* param, float* master, const float* values, std::size_t n) const {
     if (n == 0) return;
     const detail::cuda_space::device_guard guard(state_->device);
-    void* tmp = nullptr;
-    detail::cuda_space::check(cudaMallocAsync(&tmp, n * sizeof(float), s), "cudaMallocAsync");
+    void* tmp = detail::cuda_space::allocate_from(state_->pool, n * sizeof(float), s);
     upload(s, static_cast<float*>(tmp), values, n);
     ++state_->launches;
     detail::cuda_space::set_values_kernel<P>
@@ -423,9 +451,15 @@ class cuda_device_space {
     return {state_->launches.load(), state_->statistics.load(), state_->host_syncs.load(),
             state_->events_created.load(), state_->driver_allocations.load()};
   }
-  /// Bytes the device's stream-ordered pool holds from the driver (constant once warm).
+  /// Bytes the space's stream-ordered pool holds from the driver (constant once warm).
   [[nodiscard]] std::uint64_t pool_reserved_bytes() const {
-    return detail::cuda_space::pool_reserved(state_->device);
+    return detail::cuda_space::pool_reserved(state_->pool);
+  }
+  /// Hands back to the driver what the space's pool holds and no allocation uses (between steps,
+  /// for memory wanted elsewhere); the next step maps what it needs again.
+  void trim_pool() const {
+    const detail::cuda_space::device_guard guard(state_->device);
+    detail::cuda_space::check(cudaMemPoolTrimTo(state_->pool, 0), "cudaMemPoolTrimTo");
   }
 
  private:

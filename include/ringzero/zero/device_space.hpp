@@ -10,6 +10,8 @@
 //                     gradient statistics and the optimizer step
 //   record(s) / wait(s, e)   hand-offs between the two (cudaEventRecord / cudaStreamWaitEvent)
 //   synchronize(s)    waits on the host for everything enqueued on s; raises its failure
+//   drain()           waits for both streams whatever failed, within RINGZERO_TIMEOUT: what a
+//                     teardown does before freeing memory that queued work may still use
 //
 // Two spaces implement it: cuda_device_space (zero/cuda_space.cuh: device memory, CUDA streams
 // and events, the kernels of kernels/cuda/) and emulated_device_space below, where memory is host
@@ -103,6 +105,8 @@ concept device_space =
   s.wait(st, ev);
   s.synchronize(st);
   s.synchronize();
+  { s.drain() }
+  noexcept;
   s.zero(st, f, n);
   s.upload(st, f, cf, n);
   s.download(st, f, cf, n);
@@ -292,6 +296,15 @@ class emulated_device_space {
     ++state_->host_syncs;
     state_->compute.drain();
     state_->comm.drain();
+  }
+  /// Both streams, whatever failed: a failed stream drops its remaining work, so each returns
+  /// once its queue is empty.
+  void drain() const noexcept {
+    for (detail::worker* w : {&state_->compute, &state_->comm}) try {
+        w->drain();
+      } catch (...) {
+        // The stream failed: nothing more runs on it.
+      }
   }
 
   template <class T>

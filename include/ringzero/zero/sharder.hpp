@@ -155,7 +155,10 @@ class sharder {
 
   /// Joins the communication thread first (its queued collectives finish; while unwinding an
   /// exception they are dropped), and on a device space waits for both streams: the queued
-  /// work of either uses the buffers the members below hold.
+  /// work of either uses the buffers the members below hold. A synchronization that fails (a
+  /// communicator aborted after a dead peer refuses to wait) still drains both streams before
+  /// any buffer is freed: kernels queued on the compute stream would otherwise read memory
+  /// handed back to the driver.
   ~sharder() {
     worker_.join();
     if constexpr (device) {
@@ -163,6 +166,7 @@ class sharder {
         space_.synchronize();
       } catch (const std::exception& e) {
         log::warn("zero: the device reported a failure while the sharder closed: {}", e.what());
+        space_.drain();
       }
     }
   }

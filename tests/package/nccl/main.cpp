@@ -26,6 +26,7 @@ int main() {
   try {
     // docs-begin: nccl-usage
     auto comm = ringzero::nccl::communicator::single();  // or from_env() under a launcher
+    // The communicator made its rank's GPU current: cudaMalloc below allocates there.
     std::vector<float> host(1000, 1.0f);
     float* device = nullptr;
     if (cudaMalloc(&device, host.size() * sizeof(float)) != cudaSuccess) return 1;

@@ -93,15 +93,19 @@ struct device_schedule {
       if (x.start(a)) return true;
       const kernels::device_runtime& rt = *kernels::registered_device_runtime();
       const device_scope current(rt, x.device);
-      // Registered whole: a registration covers later calls on parts of the same buffers.
+      // Registered whole, the allocation a buffer lies in: a registration covers later calls on
+      // other parts of it, and its id tells a new allocation at a freed one's addresses from the
+      // old, which must not be reached through the old registration.
       const auto adopt = [&](const void* p, std::size_t bytes) {
-        if (bytes > 0) t.register_device_buffer(p, bytes, x.device);
+        if (bytes == 0) return;
+        if (const kernels::device_allocation m = rt.allocation_of(p); m.base != nullptr)
+          t.register_device_buffer(m.base, m.bytes, x.device, m.id);
+        else
+          t.register_device_buffer(p, bytes, x.device, 0);
       };
       if (x.d.uses_in(x.comm.rank(), c.root)) adopt(c.in.data(), c.in.size_bytes());
       if (x.d.uses_out(x.comm.rank(), c.root)) adopt(c.out.data(), c.out.size_bytes());
-      device_cache& cache =
-          device_cache_of(x.comm, rt, x.device,
-                          [&t](const void* p, std::size_t bytes) { t.forget_memory(p, bytes); });
+      device_cache& cache = device_cache_of(x.comm, rt, x.device);
       const std::size_t elems = algorithms::schedule::scratch_elems(a, c, x.comm.size());
       E* scratch =
           elems > 0 ? reinterpret_cast<E*>(cache.scratch(elems * sizeof(E), adopt)) : nullptr;

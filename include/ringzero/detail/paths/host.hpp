@@ -21,6 +21,16 @@ struct host {
 
   template <class R>
   [[nodiscard]] static bool run(R& x) {
+    if constexpr (native_collectives<typename R::transport_type>) {
+      return false;  // ringzero's algorithms need a messaging transport
+    } else {
+      return run_algorithm(x);
+    }
+  }
+
+ private:
+  template <class R>
+  [[nodiscard]] static bool run_algorithm(R& x) {
     using Table = typename R::table;
     refuse_async(x.d.name, x.opt);
     const std::optional<algorithm> from_env = x.env_algorithm();

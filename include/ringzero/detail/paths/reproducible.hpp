@@ -24,12 +24,22 @@
 
 namespace ringzero::detail::paths {
 
+/// The device options::reproducible's passes run on: the transport's where it has one (NCCL),
+/// else the buffers' (x.device); never merely the calling thread's. -1: host buffers.
+template <class R>
+[[nodiscard]] int reproducible_device_of(const R& x) {
+  if constexpr (requires { x.comm.transport().device(); })
+    return x.comm.transport().device();
+  else
+    return x.device;
+}
+
 /// On device buffers: NCCL's (every call on it), or a messaging transport's that moves device
 /// memory. The passes' kernels come from the registered device tables.
 struct reproducible_device {
   template <class R>
   [[nodiscard]] static bool applies(const R& x) {
-    return x.reproducible && (native_collectives<typename R::transport_type> || x.device >= 0);
+    return x.reproducible && reproducible_device_of(x) >= 0;
   }
   template <class R>
   [[nodiscard]] static bool run(R& x) {
@@ -39,7 +49,8 @@ struct reproducible_device {
       const kernels::device_runtime* rt = kernels::registered_device_runtime();
       if (rt == nullptr)  // registered with k by the same header: only a test can split them
         throw unsupported(fmt::format("{}: no CUDA runtime table", x.d.name));
-      run_reproducible_device<typename R::table>(x.comm, x.call, x.opt, *rt, k);
+      run_reproducible_device<typename R::table>(x.comm, x.call, x.opt, *rt, k,
+                                                 reproducible_device_of(x));
     }
     return true;
   }

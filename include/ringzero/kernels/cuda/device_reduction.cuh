@@ -7,10 +7,14 @@
 // element type and op, and options::reproducible's kernels (kernels/cuda/reproducible.cuh).
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 
+#include "ringzero/detail/cuda_runtime.hpp"
 #include "ringzero/kernels/cuda/reduce.cuh"
 #include "ringzero/kernels/cuda/reproducible.cuh"
 #include "ringzero/kernels/device_reduction.hpp"
@@ -113,8 +117,8 @@ inline void destroy_event(CUevent_st* e) noexcept {
   static_cast<void>(cudaEventDestroy(e));
 }
 
-inline void drain(CUstream_st* s) noexcept {
-  if (cudaStreamSynchronize(s) != cudaSuccess) static_cast<void>(cudaGetLastError());
+inline bool drain(CUstream_st* s, std::chrono::nanoseconds limit) noexcept {
+  return ringzero::detail::drain_stream(s, limit);
 }
 
 inline void* allocate(std::size_t bytes) {
@@ -127,13 +131,68 @@ inline void release(void* p) noexcept {
   static_cast<void>(cudaFree(p));
 }
 
+/// The driver's cuPointerGetAttributes, found through the runtime: linking libcuda itself would
+/// make every program of the component need the driver to start, GPU or not.
+inline decltype(&cuPointerGetAttributes) pointer_attributes() {
+  static const auto fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      static_cast<void>(cudaGetLastError());
+      f = nullptr;
+    }
+    return reinterpret_cast<decltype(&cuPointerGetAttributes)>(f);
+  }();
+  return fn;
+}
+
+inline device_allocation allocation_of(const void* p) {
+  const auto get = pointer_attributes();
+  if (get == nullptr) return {};
+  unsigned long long id = 0;
+  CUdeviceptr base = 0;
+  std::size_t bytes = 0;
+  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID,
+                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* into[] = {&id, &base, &bytes};
+  if (get(3, which, into, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) return {};
+  return {reinterpret_cast<const void*>(base), bytes, static_cast<std::uint64_t>(id)};
+}
+
+inline bool remote_writes_ordered(int device) {
+  int scope = 0;
+  check_cuda(cudaDeviceGetAttribute(&scope, cudaDevAttrGPUDirectRDMAWritesOrdering, device),
+             "cudaDeviceGetAttribute(GPUDirectRDMAWritesOrdering)");
+  return scope >= cudaGPUDirectRDMAWritesOrderingOwner;
+}
+
+inline void flush_remote_writes() {
+  check_cuda(cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                cudaFlushGPUDirectRDMAWritesToOwner),
+             "cudaDeviceFlushGPUDirectRDMAWrites");
+}
+
 }  // namespace detail
 
 /// The runtime table this header registers.
-inline constexpr device_runtime cuda_runtime{
-    &detail::device_of,      &detail::current_device, &detail::set_device, &detail::create_stream,
-    &detail::destroy_stream, &detail::copy,           &detail::record,     &detail::done,
-    &detail::destroy_event,  &detail::drain,          &detail::allocate,   &detail::release};
+inline constexpr device_runtime cuda_runtime{&detail::device_of,
+                                             &detail::current_device,
+                                             &detail::set_device,
+                                             &detail::create_stream,
+                                             &detail::destroy_stream,
+                                             &detail::copy,
+                                             &detail::record,
+                                             &detail::done,
+                                             &detail::destroy_event,
+                                             &detail::drain,
+                                             &detail::allocate,
+                                             &detail::release,
+                                             &detail::allocation_of,
+                                             &detail::remote_writes_ordered,
+                                             &detail::flush_remote_writes};
 
 namespace detail {
 

@@ -17,6 +17,8 @@
 #include <string>
 #include <type_traits>
 
+#include "ringzero/detail/cuda_runtime.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/cuda/detail/launch.cuh"
 #include "ringzero/kernels/optimizer.hpp"
@@ -415,12 +417,14 @@ class grad_stats_accumulator {
     add<P>(std::span<const stats_segment<P>>(&one, 1), scale, stream);
   }
 
-  /// Copies the result to the host; waits for `stream`.
+  /// Copies the result to the host; waits for `stream`, within RINGZERO_TIMEOUT (a stream
+  /// behind a collective whose peer died never drains).
   [[nodiscard]] grad_stats read(cudaStream_t stream = nullptr) const {
     grad_stats r;
     detail::check_cuda(cudaMemcpyAsync(&r, result(), sizeof r, cudaMemcpyDeviceToHost, stream),
                        "grad_stats_accumulator::read");
-    detail::check_cuda(cudaStreamSynchronize(stream), "grad_stats_accumulator::read");
+    ringzero::detail::wait_stream(stream, ringzero::detail::env_timeout(),
+                                  "grad_stats_accumulator::read");
     return r;
   }
 

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ringzero/detail/cuda_runtime.hpp"
+#include "ringzero/detail/env.hpp"
 #include "ringzero/kernels/cuda/detail/launch.cuh"
 #include "ringzero/kernels/device_reproducible.hpp"
 #include "ringzero/reduce/reproducible.hpp"
@@ -195,7 +197,7 @@ inline void rp_copy(void* dst, const void* src, std::size_t bytes, CUstream_st* 
 }
 
 inline void rp_synchronize(CUstream_st* s) {
-  check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  ringzero::detail::wait_stream(s, ringzero::detail::env_timeout(), "options::reproducible");
 }
 
 inline void rp_after(CUstream_st* s, CUstream_st* caller) {

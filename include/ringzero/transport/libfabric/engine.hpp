@@ -37,8 +37,8 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -388,11 +388,12 @@ class engine {
     return static_cast<std::size_t>(tag % rails);
   }
 
-  /// Registers [p, p+n) as memory of CUDA device `device` (fi_mr_regattr with FI_HMEM_CUDA) on
-  /// every rail: sends and receives inside it then pass that registration to the provider.
+  /// Registers [p, p+n) as memory of CUDA device `device`, in allocation `id` (0: unknown), with
+  /// fi_mr_regattr and FI_HMEM_CUDA on every rail (mr_cache::register_device): sends and
+  /// receives inside it then pass that registration to the provider.
   /// Throws unsupported when the engine was not opened for device memory or the provider
   /// refuses.
-  void register_device(const void* p, std::size_t n, int device) {
+  void register_device(const void* p, std::size_t n, int device, std::uint64_t id = 0) {
     if (n == 0) return;
     if (device < 0)
       throw invalid_argument(fmt::format("CUDA device ordinal {} is negative", device));
@@ -404,7 +405,7 @@ class engine {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < rails_.size(); ++i) {
       try {
-        rails_[i]->memory().register_device(p, n, device);
+        rails_[i]->memory().register_device(p, n, device, id);
       } catch (...) {
         // All rails or none: a message placed on a rail without it would be refused later.
         for (std::size_t j = 0; j < i; ++j) rails_[j]->memory().forget(p, n);

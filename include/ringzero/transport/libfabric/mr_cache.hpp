@@ -9,9 +9,13 @@
 //
 // CUDA device memory (FI_HMEM_CUDA) is registered only when the caller declares it
 // (register_device): the cache cannot tell a device pointer from a host one without the CUDA
-// runtime, which the libfabric component does not link. Such a registration covers exactly the
-// declared range (device allocations are not page-granular host mappings), is never evicted, and
-// serves every operation inside that range until forget() drops it.
+// runtime, which the libfabric component does not link. A declaration (device_declarations)
+// names the range, its device and its allocation's id; the registration made for it covers
+// exactly the declared range (device allocations are not page-granular host mappings), is
+// evicted like any other when idle (pinned GPU memory is a scarce resource of the NIC), and is
+// made again from the declaration when an operation inside the range needs it. A declaration of
+// another allocation at overlapping addresses (one freed and allocated again) replaces the old
+// one and drops its registrations: they would move the freed pages.
 #pragma once
 
 #include <fmt/core.h>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "ringzero/error.hpp"
+#include "ringzero/transport/detail/device_declarations.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 
 namespace ringzero::libfabric::detail {
@@ -48,9 +53,8 @@ class mr_cache {
     void* desc = nullptr;
     std::size_t in_use = 0;  ///< operations in flight that use it
     std::uint64_t last_use = 0;
-    bool stale = false;   ///< forgotten while in use: closed when the last user completes
-    int device = -1;      ///< CUDA device ordinal for device memory, -1 for host memory
-    bool pinned = false;  ///< a declared device range: holds one use of its own until forgotten
+    bool stale = false;  ///< forgotten while in use: closed when the last user completes
+    int device = -1;     ///< CUDA device ordinal for device memory, -1 for host memory
   };
 
   /// mr_mode: the provider's FI_MR_* bits; ep: the endpoint FI_MR_ENDPOINT binds to.
@@ -65,9 +69,10 @@ class mr_cache {
   mr_cache& operator=(const mr_cache&) = delete;
   ~mr_cache() { clear(); }
 
-  /// A registration covering [p, p+n), counted in use until release(). n > 0. A declared
-  /// device range that covers it is used as it is; otherwise, with `register_host`, the pages are
-  /// registered as host memory, and without it the result is nullptr (no descriptor needed).
+  /// A registration covering [p, p+n), counted in use until release(). n > 0. A registration
+  /// that covers it is used as it is; inside a declared device range, that range is registered
+  /// (again, if it was evicted); otherwise, with `register_host`, the pages are registered as
+  /// host memory, and without it the result is nullptr (no descriptor needed).
   [[nodiscard]] entry* acquire(const void* p, std::size_t n, bool register_host = true) {
     const auto lo = reinterpret_cast<std::uintptr_t>(p);
     const auto hi = lo + n;
@@ -79,87 +84,66 @@ class mr_cache {
         ++hits_;
         return e.get();
       }
-    // Registering part of a device range as host memory would hand the provider device
-    // addresses to read as host pages.
-    if (devices_ > 0)
-      for (auto& e : entries_)
-        if (e->device >= 0 && !e->stale && e->begin < hi && lo < e->end)
+    if (!declared_.empty()) {
+      if (const auto* d = declared_.covering(p, n)) {
+        ++misses_;
+        return add(d->begin, d->end, d->device);
+      }
+      // Registering part of a device range as host memory would hand the provider device
+      // addresses to read as host pages.
+      for (const auto& d : declared_.all())
+        if (d.overlaps(lo, hi))
           throw invalid_argument(fmt::format(
               "a {} byte buffer at {} extends past the CUDA device buffer registered at {:#x} "
               "({} bytes): register the whole allocation",
-              n, p, e->begin, e->end - e->begin));
+              n, p, d.begin, d.end - d.begin));
+    }
     if (!register_host) return nullptr;
-    evict();
-    const std::uintptr_t page = page_size();
-    auto e = std::make_unique<entry>();
-    e->begin = lo & ~(page - 1);
-    e->end = (hi + page - 1) & ~(page - 1);
-    register_range(*e);
-    e->in_use = 1;
-    e->last_use = clock_;
-    entries_.push_back(std::move(e));
     ++misses_;
-    return entries_.back().get();
+    const std::uintptr_t page = page_size();
+    return add(lo & ~(page - 1), (hi + page - 1) & ~(page - 1), -1);
   }
 
   void release(entry* e) noexcept {
     if (--e->in_use == 0 && e->stale) drop(e);
   }
 
-  /// Registers [p, p+n) as memory of CUDA device `device` (fi_mr_regattr, FI_HMEM_CUDA), kept
-  /// until forget() covers it. A range already declared, or inside one, is not registered again.
-  /// Throws unsupported, with the provider's reason, when it refuses.
-  void register_device(const void* p, std::size_t n, int device) {
+  /// Declares [p, p+n) memory of CUDA device `device` in allocation `id` (kernels::
+  /// device_allocation; 0 where unknown) and registers it (fi_mr_regattr, FI_HMEM_CUDA), so that
+  /// a provider that refuses says so now. A range of the same allocation already declared, or
+  /// inside one, is not declared again; a declaration it replaces (another allocation at those
+  /// addresses) loses its registrations. Throws unsupported, with the provider's reason, when it
+  /// refuses.
+  void register_device(const void* p, std::size_t n, int device, std::uint64_t id = 0) {
+    const ringzero::detail::device_declarations::outcome o = declared_.declare(p, n, device, id);
+    for (const auto& r : o.replaced) drop_overlapping(r.begin, r.end);
+    if (!o.added) return;
     const auto lo = reinterpret_cast<std::uintptr_t>(p);
-    const auto hi = lo + n;
-    for (auto& e : entries_)
-      if (e->device == device && !e->stale && e->begin <= lo && hi <= e->end) return;
-    auto e = std::make_unique<entry>();
-    e->begin = lo;
-    e->end = hi;
-    e->device = device;
-    register_range(*e);
-    e->in_use = 1;
-    e->pinned = true;
-    e->last_use = ++clock_;
-    entries_.push_back(std::move(e));
-    ++devices_;
+    try {
+      release(add(lo, lo + n, device));
+    } catch (...) {
+      declared_.forget(p, n);
+      throw;
+    }
   }
 
   /// Whether [p, p+n) lies in a declared device range.
   [[nodiscard]] bool is_device(const void* p, std::size_t n) const noexcept {
-    if (devices_ == 0) return false;
-    const auto lo = reinterpret_cast<std::uintptr_t>(p);
-    const auto hi = lo + n;
-    return std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) {
-      return e->device >= 0 && e->begin < hi && lo < e->end;
-    });
+    return !declared_.empty() && declared_.overlaps(p, n);
   }
 
-  /// Drops every registration overlapping [p, p+n).
+  /// Drops every declaration and registration overlapping [p, p+n).
   void forget(const void* p, std::size_t n) noexcept {
+    declared_.forget(p, n);
     const auto lo = reinterpret_cast<std::uintptr_t>(p);
-    const auto hi = lo + n;
-    std::vector<entry*> idle;
-    for (auto& e : entries_)
-      if (e->begin < hi && lo < e->end) {
-        if (e->pinned) {
-          e->pinned = false;
-          --e->in_use;
-        }
-        if (e->in_use)
-          e->stale = true;
-        else
-          idle.push_back(e.get());
-      }
-    for (auto* e : idle) drop(e);
+    drop_overlapping(lo, lo + n);
   }
 
   void clear() noexcept { entries_.clear(); }
 
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
-  /// Declared device ranges still registered.
-  [[nodiscard]] std::size_t device_ranges() const noexcept { return devices_; }
+  /// Declared device ranges (registered now, or again when next used).
+  [[nodiscard]] std::size_t device_ranges() const noexcept { return declared_.size(); }
   [[nodiscard]] std::uint64_t hits() const noexcept { return hits_; }
   [[nodiscard]] std::uint64_t misses() const noexcept { return misses_; }
 
@@ -204,6 +188,33 @@ class mr_cache {
     e.desc = fi_mr_desc(e.mr);
   }
 
+  /// A new registration of [begin, end) (`device` < 0: host pages), in use once.
+  entry* add(std::uintptr_t begin, std::uintptr_t end, int device) {
+    evict();
+    auto e = std::make_unique<entry>();
+    e->begin = begin;
+    e->end = end;
+    e->device = device;
+    register_range(*e);
+    e->in_use = 1;
+    e->last_use = clock_;
+    entries_.push_back(std::move(e));
+    return entries_.back().get();
+  }
+
+  /// Drops the registrations overlapping [lo, hi); one in use closes when its last user is done.
+  void drop_overlapping(std::uintptr_t lo, std::uintptr_t hi) noexcept {
+    std::vector<entry*> idle;
+    for (auto& e : entries_)
+      if (e->begin < hi && lo < e->end) {
+        if (e->in_use)
+          e->stale = true;
+        else
+          idle.push_back(e.get());
+      }
+    for (auto* e : idle) drop(e);
+  }
+
   // Keeps the cache bounded: the least recently used idle registration goes first.
   void evict() noexcept {
     while (entries_.size() >= capacity_) {
@@ -216,7 +227,6 @@ class mr_cache {
   }
 
   void drop(entry* e) noexcept {
-    if (e->device >= 0) --devices_;
     entries_.erase(std::find_if(entries_.begin(), entries_.end(),
                                 [&](const auto& x) { return x.get() == e; }));
   }
@@ -231,7 +241,7 @@ class mr_cache {
   std::uint64_t next_key_ = 1;
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
-  std::size_t devices_ = 0;  ///< device entries, so host-only runs skip the device checks
+  ringzero::detail::device_declarations declared_;
 };
 
 }  // namespace ringzero::libfabric::detail

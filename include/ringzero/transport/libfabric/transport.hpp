@@ -29,6 +29,7 @@
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 #include "ringzero/transport/libfabric/rendezvous.hpp"
+#include "ringzero/transport/libfabric/signals.hpp"
 #include "ringzero/transport/shm/transport.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
@@ -149,10 +150,13 @@ class transport {
   /// the collectives, given device buffers, call this for them (they ask the CUDA runtime through
   /// kernels/device_runtime.hpp).
   /// Registering pins the memory, tens of microseconds or more: register an allocation once,
-  /// and call forget_memory(p, n) before freeing it. Throws unsupported when the transport was
-  /// opened without options::device_memory or the provider cannot register CUDA memory.
-  void register_device_buffer(const void* p, std::size_t n, int device) {
-    engine_->register_device(p, n, device);
+  /// and call forget_memory(p, n) before freeing it. `id`, the allocation's
+  /// (kernels::device_allocation; 0 where unknown), tells a new allocation at a freed one's
+  /// addresses from the old: it is registered anew, never through the old registration. Throws
+  /// unsupported when the transport was opened without options::device_memory or the provider
+  /// cannot register CUDA memory.
+  void register_device_buffer(const void* p, std::size_t n, int device, std::uint64_t id = 0) {
+    engine_->register_device(p, n, device, id);
   }
   /// Opened with options::device_memory, on a provider that reports FI_HMEM.
   [[nodiscard]] bool device_memory() const noexcept { return engine_->hmem(); }

@@ -22,6 +22,7 @@
 
 #include "ringzero/detail/cuda_runtime.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/detail/rank_device.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
@@ -180,16 +181,20 @@ inline void check_nccl(ncclResult_t r, std::string_view what) {
   return n;
 }
 
-/// The device a rank uses when the caller did not pick one.
+/// The device of rank `rank` (ringzero::detail::choose_rank_device).
 [[nodiscard]] inline int pick_device(int requested, int rank) {
   const int n = require_devices();
-  if (requested >= n)
+  try {
+    return ringzero::detail::choose_rank_device(requested, n, rank);
+  } catch (const invalid_argument& e) {
     throw invalid_argument(
-        fmt::format("nccl: device {} was requested but only {} are visible", requested, n));
-  if (requested >= 0) return requested;
-  const auto local = ringzero::detail::getenv_int("LOCAL_RANK");
-  const long long base = local && *local >= 0 ? *local : rank;
-  return static_cast<int>(base % n);
+        fmt::format("nccl: {}", std::string_view(e.what()).substr(sizeof "ringzero: " - 1)));
+  }
+}
+
+/// Makes `device` the calling thread's current device, for good (the constructors' contract).
+inline void make_current(int device) {
+  check_cuda(cudaSetDevice(device), fmt::format("nccl: cudaSetDevice({})", device));
 }
 
 /// A CUDA failure inside an enqueued group, reported the way NCCL reports its own.

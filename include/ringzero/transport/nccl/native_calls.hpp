@@ -1,7 +1,7 @@
 // The NCCL transport's collectives as NCCL's own calls (nccl::transport::run_native): which NCCL
-// call each collective is, the buffers each must find on the communicator's GPU, and how the
-// block collectives NCCL lacks (all_to_all, all_to_allv, gather, scatter) are made of groups of
-// sends and receives.
+// call each collective is, the buffers each must find on the communicator's GPU (small blocking
+// calls on host memory staged through it), and how the block collectives NCCL lacks
+// (all_to_all, all_to_allv, gather, scatter) are made of groups of sends and receives.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <string_view>
@@ -23,11 +24,77 @@
 
 namespace ringzero::nccl::detail {
 
+/// Runs `c` on transport `t` (nccl::transport) on device copies of its buffers when they are small,
+/// plain host memory and the call is blocking (T::host_staging_bytes); returns false to leave it to
+/// the normal path (which refuses host memory). The in-place forms keep their meaning: an input
+/// inside the output is copied with it.
+template <class T>
+bool staged_through_device(T& t, const native_call& c, const ringzero::options& opt) {
+  if (opt.async || c.count == 0) return false;
+  const std::size_t es = dtype_size(c.type);
+  if (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter &&
+      c.kind != collective::all_gather && c.kind != collective::broadcast)
+    return false;
+  const collective_descriptor& desc = *builtin_collectives::find(c.kind);
+  const std::size_t in_len = desc.in_elems(c.count, t.size_, t.rank_, c.root);
+  const std::size_t out_len = desc.out_elems(c.count, t.size_, t.rank_, c.root);
+  const std::size_t in_bytes = in_len * es, out_bytes = out_len * es;
+  const auto* in = static_cast<const std::byte*>(c.in);
+  auto* out = static_cast<std::byte*>(c.out);
+  const bool in_inside = in_len > 0 && in >= out && in + in_bytes <= out + out_bytes;
+  if (in_bytes + out_bytes > T::host_staging_bytes || !plain_host(out, out_bytes) ||
+      (in_len > 0 && !in_inside && !plain_host(in, in_bytes)))
+    return false;
+  const std::string_view what = collective_name(c.kind);
+  t.ensure_usable(what);
+  device_guard guard(t.device_);
+  cudaStream_t s = t.stream_for(opt);
+  const stream_scratch scratch(t.device_, s, out_bytes + (in_inside ? 0 : in_bytes));
+  auto* dout = static_cast<std::byte*>(scratch.data());
+  std::byte* din = in_inside ? dout + (in - out) : dout + out_bytes;
+  if (in_inside)
+    check_cuda(cudaMemcpyAsync(dout, out, out_bytes, cudaMemcpyHostToDevice, s),
+               "nccl: staging host memory");
+  else if (in_len > 0)
+    check_cuda(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, s),
+               "nccl: staging host memory");
+  native_call d = c;
+  d.in = in_len > 0 ? din : dout;
+  d.out = dout;
+  t.run_native(d, {.timeout = opt.timeout, .stream = s});
+  check_cuda(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, s),
+             "nccl: staging host memory");
+  const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : t.timeout_;
+  t.wait("staging host memory", s, std::chrono::steady_clock::now() + limit, limit);
+  return true;
+}
+
+/// Refuses any buffer of a call (not all_to_allv, barrier or send_recv) that this rank's GPU
+/// cannot address; the one the call shares in place is checked once.
+template <class T>
+void check_operands(const T& t, const native_call& c) {
+  // Every buffer this rank uses must be this GPU's memory, as large as the descriptor's
+  // extent says; in place, the smaller one lies inside the larger and is covered by it.
+  const collective_descriptor& d = *builtin_collectives::find(c.kind);
+  const std::size_t es = dtype_size(c.type);
+  const auto* in = static_cast<const std::byte*>(c.in);
+  const auto* out = static_cast<const std::byte*>(c.out);
+  const bool uses_in = d.uses_in(t.rank_, c.root), uses_out = d.uses_out(t.rank_, c.root);
+  const bool in_place = uses_in && uses_out && d.in_place(in, out, c.count * es, t.rank_);
+  const bool in_is_part = in_place && d.out.size == extent::blocks && d.in.size != extent::blocks;
+  if (uses_in && !in_is_part)
+    check_device_buffer(d.name, "input", in, d.in_elems(c.count, t.size_, t.rank_, c.root) * es,
+                        t.device_);
+  if (uses_out && !(in_place && !in_is_part))
+    check_device_buffer(d.name, "output", out, d.out_elems(c.count, t.size_, t.rank_, c.root) * es,
+                        t.device_);
+}
+
 /// One validated collective on transport `t` (nccl::transport, whose rank, size, device, stream,
 /// scratch, operand checks and enqueue it uses).
 template <class T>
 void run_native(T& t, const native_call& c, const ringzero::options& opt) {
-  if (t.staged_through_device(c, opt)) return;
+  if (staged_through_device(t, c, opt)) return;
   const std::string_view what = collective_name(c.kind);
   const std::size_t es = dtype_size(c.type);
   const ncclDataType_t type = to_nccl(c.type);
@@ -40,27 +107,27 @@ void run_native(T& t, const native_call& c, const ringzero::options& opt) {
   };
   switch (c.kind) {
     case collective::all_reduce:
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         return ncclAllReduce(in, out, c.count, type, to_nccl(c.reduction), h, s);
       });
     case collective::reduce_scatter:
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         return ncclReduceScatter(in, out, c.count, type, to_nccl(c.reduction), h, s);
       });
     case collective::all_gather:
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         return ncclAllGather(in, out, c.count, type, h, s);
       });
     case collective::broadcast:
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         return ncclBroadcast(is_root ? in : out, out, c.count, type, c.root, h, s);
       });
     case collective::reduce:
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         return ncclReduce(in, is_root ? out : nullptr, c.count, type, to_nccl(c.reduction), c.root,
                           h, s);
@@ -88,7 +155,7 @@ void run_native(T& t, const native_call& c, const ringzero::options& opt) {
       // c.count is one rank's block. In place the input is first copied to a stream-ordered
       // temporary, since a peer may write a block before this rank has sent it.
       const std::size_t total = c.count * n;
-      t.check_operands(c);
+      check_operands(t, c);
       std::vector<std::size_t> counts(n, c.count), displs(n);
       for (std::size_t i = 0; i < n; ++i) displs[i] = i * c.count;
       if (out != in)
@@ -121,7 +188,7 @@ void run_native(T& t, const native_call& c, const ringzero::options& opt) {
     }
     case collective::gather: {
       std::byte* own = is_root ? out + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         if (!is_root) return ncclSend(in, c.count, type, c.root, h, s);
         if (own != in)
@@ -137,7 +204,7 @@ void run_native(T& t, const native_call& c, const ringzero::options& opt) {
     case collective::scatter: {
       const std::byte* own =
           is_root ? in + c.count * es * static_cast<std::size_t>(c.root) : nullptr;
-      t.check_operands(c);
+      check_operands(t, c);
       return t.enqueue(what, opt, [&](ncclComm_t h, cudaStream_t s) {
         if (!is_root) return ncclRecv(out, c.count, type, c.root, h, s);
         if (own != out)

@@ -12,6 +12,22 @@
 // NCCL communicators are created non-blocking (ncclConfig_t::blocking = 0): that is what makes
 // them abortable while a call is stuck, and ringzero waits out NCCL's "in progress" states itself.
 // A communicator is used by one thread at a time, like the ncclComm_t it wraps.
+//
+// The rank's device: every constructor (from_env(), single(), the store's, adoption of an
+// ncclComm_t) makes the communicator's GPU the current device of the calling thread and leaves it
+// so, as NCCL programs call cudaSetDevice(local_rank) first: the trainer's cudaMalloc, streams and
+// kernels after it land on the GPU the collectives use. Calls pin that device whatever thread
+// makes them. Which GPU: config::device, else the launcher's local rank (LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else the device a rank on this thread used before
+// (an elastic rank keeps its GPU across generations), else the rank; modulo the visible devices
+// (detail/rank_device.hpp).
+//
+// A dead peer: NCCL itself does not say which rank it waits for. config::dead_rank (an elastic
+// session passes its heartbeat and the launcher's death marks) names one while a call waits: the
+// communicator then stops its work at once (ncclCommRevoke where NCCL has it, 2.28 and later,
+// which keeps the handle for ncclCommShrink; ncclCommAbort before), failed_rank() names the rank
+// and the call throws peer_error. abort() does the same from any thread. shrink() (NCCL 2.27 and
+// later) makes the survivors' communicator from this one without a new rendezvous.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,35 +57,19 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/detail/backoff.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/detail/rank_device.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_reduction.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/native.hpp"
+#include "ringzero/transport/nccl/config.hpp"
 #include "ringzero/transport/nccl/detail.hpp"
 #include "ringzero/transport/nccl/executor.hpp"
 #include "ringzero/transport/nccl/native_calls.hpp"
+#include "ringzero/transport/nccl/peer_watch.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::nccl {
-
-/// How a communicator is created.
-struct config {
-  /// CUDA device of this rank; -1 picks LOCAL_RANK (the rank where LOCAL_RANK is unset) modulo
-  /// the number of visible devices. NCCL allows one rank per GPU per communicator.
-  int device = -1;
-  /// Deadline for creation and the default for every blocking call; 0 = RINGZERO_TIMEOUT
-  /// (default 300 s).
-  std::chrono::nanoseconds timeout{0};
-  /// Store key prefix under which rank 0 publishes the NCCL unique id; empty =
-  /// "ringzero/nccl/<size>". Groups of different ranks that create communicators through one
-  /// store at the same time need different keys.
-  std::string key{};
-  /// Handed to ncclCommInitRankConfig (CTA counts, network name, ...); ringzero sets blocking = 0.
-  ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
-};
-
-/// Whether an adopted ncclComm_t is destroyed with the communicator.
-enum class ownership { owned, borrowed };
 
 class transport {
  public:
@@ -83,13 +84,15 @@ class transport {
   static constexpr std::size_t host_staging_bytes = std::size_t{1} << 20;
 
   /// Rank `rank` of `size`: rank 0 creates the NCCL unique id and publishes it in `store`, the
-  /// others read it there. Every rank must construct its communicators in the same order.
+  /// others read it there. Every rank must construct its communicators in the same order. The
+  /// rank's device (config::device) is current in the calling thread from here on.
   transport(bootstrap::store& store, int rank, int size, const config& cfg = {}) : transport() {
     if (size < 1 || rank < 0 || rank >= size)
       throw invalid_argument(fmt::format(
           "nccl::communicator: rank {} is out of range for a {}-rank communicator", rank, size));
     timeout_ = detail::resolve_timeout(cfg.timeout);
     device_ = detail::pick_device(cfg.device, rank);
+    watch_ = detail::peer_watch(cfg.dead_rank);
     const std::string prefix = cfg.key.empty() ? fmt::format("ringzero/nccl/{}", size) : cfg.key;
     // Every rank counts itself in; a creation completes only once all ranks joined it, so the
     // count tells each rank which creation through this prefix it is part of.
@@ -113,7 +116,8 @@ class transport {
 
   /// Takes over an ncclComm_t created elsewhere (already initialized). With ownership::borrowed
   /// the handle is not destroyed with this object; a missed deadline still aborts it, after
-  /// which its creator must not use or destroy it.
+  /// which its creator must not use or destroy it. The handle's device is current in the calling
+  /// thread from here on.
   explicit transport(ncclComm_t comm, ownership own = ownership::owned, const config& cfg = {})
       : transport() {
     if (comm == nullptr)
@@ -126,17 +130,21 @@ class transport {
     detail::check_nccl(ncclCommUserRank(comm, &rank_), "nccl: ncclCommUserRank");
     detail::check_nccl(ncclCommCount(comm, &size_), "nccl: ncclCommCount");
     detail::check_nccl(ncclCommCuDevice(comm, &device_), "nccl: ncclCommCuDevice");
-    detail::device_guard guard(device_);
+    watch_ = detail::peer_watch(cfg.dead_rank);
+    detail::make_current(device_);
+    ringzero::detail::thread_rank_device() = device_;
     detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                        "nccl: cudaStreamCreateWithFlags");
     live_->comm = comm_;
   }
 
-  /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs.
+  /// A world of one rank in this process: no store, no peers. For tests and single-GPU runs. Its
+  /// device is current in the calling thread from here on.
   [[nodiscard]] static transport single(const config& cfg = {}) {
     transport c;
     c.timeout_ = detail::resolve_timeout(cfg.timeout);
     c.device_ = detail::pick_device(cfg.device, 0);
+    c.watch_ = detail::peer_watch(cfg.dead_rank);
     ncclUniqueId id{};
     detail::check_nccl(ncclGetUniqueId(&id), "nccl: ncclGetUniqueId");
     c.init(id, 0, 1, cfg);
@@ -145,9 +153,10 @@ class transport {
 
   /// This process's rank of the job that started it (ringzero-run, torchrun, mpirun, srun; see
   /// bootstrap/environment.hpp), on device local rank modulo the visible devices unless
-  /// cfg.device says otherwise. The unique id travels through the job's rendezvous store
-  /// (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR) that lives only while
-  /// the communicator is created. Without a launcher it is single().
+  /// cfg.device says otherwise; that device is current in the calling thread from here on, so
+  /// memory and streams the trainer makes next are on it. The unique id travels through the
+  /// job's rendezvous store (bootstrap::make_store: TCP on rank 0 or RINGZERO_STORE=file:DIR)
+  /// that lives only while the communicator is created. Without a launcher it is single().
   [[nodiscard]] static transport from_env(const config& cfg = {}) {
     const int devices = detail::require_devices();
     const bootstrap::launch_info job = bootstrap::detect_launch();
@@ -179,19 +188,7 @@ class transport {
     if (h == nullptr)
       throw transport_error(fmt::format(
           "nccl: split on rank {} of {} (color {}) returned no communicator", rank_, size_, color));
-    transport sub;
-    sub.comm_ = h;
-    sub.owned_ = true;
-    sub.timeout_ = timeout_;
-    sub.config_ = config_;
-    sub.device_ = device_;
-    sub.live_->comm = h;
-    sub.settle("creating the NCCL communicator split from another", ncclInProgress, deadline,
-               timeout_);
-    detail::check_nccl(ncclCommUserRank(h, &sub.rank_), "nccl: ncclCommUserRank");
-    detail::check_nccl(ncclCommCount(h, &sub.size_), "nccl: ncclCommCount");
-    detail::check_cuda(cudaStreamCreateWithFlags(&sub.stream_, cudaStreamNonBlocking),
-                       "nccl: cudaStreamCreateWithFlags");
+    transport sub = child(h, "creating the NCCL communicator split from another", deadline, {});
     log::info("nccl: rank {} of {} split to rank {} of {} (color {})", rank_, size_, sub.rank_,
               sub.size_, color);
     return std::optional<transport>(std::move(sub));
@@ -224,6 +221,60 @@ class transport {
   [[nodiscard]] ncclComm_t native_handle() const noexcept { return comm_; }
   /// True after a failure aborted the communicator; every later call then throws.
   [[nodiscard]] bool aborted() const noexcept { return !failure_.empty(); }
+
+  /// Fails the communicator from any thread, now: a call waiting in another thread stops its
+  /// work (as when a dead rank is found) and throws peer_error carrying `why`, and every later
+  /// call throws. communicator::abort() calls it. Without a call in flight the work stops at the
+  /// next call or when the communicator is destroyed.
+  void abort(const std::string& why) { watch_.abort(why); }
+  /// Why abort() was called or a dead rank was found, once one was: communicator::check_usable
+  /// refuses every call then.
+  [[nodiscard]] std::optional<std::string> abort_reason() const { return watch_.reason(); }
+  /// The rank config::dead_rank named while a call waited, or -1 (communicator::failed_rank()).
+  [[nodiscard]] int failed_rank() const noexcept { return watch_.failed_rank(); }
+
+  /// The communicator of this one's ranks but `excluded` (ranks here), as ncclCommShrink:
+  /// collective over the ranks that remain, each passing the same list; they keep their order.
+  /// Works on a healthy communicator and on one stopped after a dead rank was found where NCCL
+  /// revokes (2.28 and later: the handle is kept); an aborted one cannot shrink. The new
+  /// transport has this one's device, deadline and configuration, and `dead_rank` as its
+  /// config::dead_rank (its ranks are numbered anew). unsupported before NCCL 2.27.
+  [[nodiscard]] transport shrink(std::span<const int> excluded,
+                                 std::function<int()> dead_rank = {}) {
+    if (comm_ == nullptr)
+      throw transport_error(fmt::format(
+          "nccl: shrink on rank {} of {}: this communicator was aborted or moved from{}{}", rank_,
+          size_, failure_.empty() ? "" : ": ", failure_));
+    std::vector<int> list(excluded.begin(), excluded.end());
+    for (int r : list)
+      if (r < 0 || r >= size_ || r == rank_)
+        throw invalid_argument(fmt::format(
+            "nccl: shrink on rank {} of {}: rank {} cannot be excluded (out of range, or this "
+            "rank, which then must not call shrink)",
+            rank_, size_, r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    detail::device_guard guard(device_);
+    const auto deadline = clock::now() + timeout_;
+    ncclConfig_t c = config_;
+    ncclComm_t h = nullptr;
+    const ncclResult_t r = ncclCommShrink(comm_, list.data(), static_cast<int>(list.size()), &h, &c,
+                                          NCCL_SHRINK_DEFAULT);
+    settle("shrinking the NCCL communicator", r, deadline, timeout_, false);
+    if (h == nullptr)
+      throw transport_error(
+          fmt::format("nccl: shrink on rank {} of {} returned no communicator", rank_, size_));
+    transport sub = child(h, "creating the NCCL communicator shrunk from another", deadline,
+                          std::move(dead_rank));
+    log::info("nccl: rank {} of {} shrunk to rank {} of {} ({} excluded)", rank_, size_, sub.rank_,
+              sub.size_, list.size());
+    return sub;
+#else
+    static_cast<void>(dead_rank);
+    throw unsupported(
+        fmt::format("nccl: shrink needs ncclCommShrink (NCCL 2.27 or later); this is NCCL {}.{}.{}",
+                    NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH));
+#endif
+  }
 
   /// Runs f(native handle, stream) (one or more NCCL calls that return ncclResult_t) with this
   /// communicator's device current, then, unless opt.async, waits for the stream with the
@@ -263,7 +314,9 @@ class transport {
   }
 
   /// The handle while it is alive (see detail::live_handle), for memory registered with it.
-  [[nodiscard]] std::shared_ptr<detail::live_handle> live() const noexcept { return live_; }
+  [[nodiscard]] std::shared_ptr<detail::live_handle> live() const noexcept {
+    return live_;
+  }
 
   /// One validated collective (transport/native.hpp), as NCCL's own call
   /// (nccl/native_calls.hpp). Every buffer is checked to be memory this rank's GPU can address
@@ -286,7 +339,7 @@ class transport {
                             std::string_view schedule, std::size_t scratch_elems, Body&& body) {
     const std::string_view what = collective_name(c.kind);
     ensure_usable(what);
-    check_operands(c);
+    detail::check_operands(*this, c);
     const bool reduces = builtin_collectives::find(c.kind)->reduces;
     const kernels::device_reduction* reductions =
         reduces ? &kernels::required_device_reduction(what, schedule)
@@ -327,9 +380,14 @@ class transport {
             [&](ncclComm_t h, cudaStream_t st) {
               return ncclAllGather(own, buf.data(), slot, ncclUint8, h, st);
             });
+    // The exchange completed (waited for above, with the deadline); the copy back is waited
+    // for with it too, never with a bare cudaMemcpy.
     std::vector<std::byte> host(buf.size());
-    detail::check_cuda(cudaMemcpy(host.data(), buf.data(), host.size(), cudaMemcpyDeviceToHost),
-                       "RINGZERO_CHECK: cudaMemcpy");
+    detail::check_cuda(
+        cudaMemcpyAsync(host.data(), buf.data(), host.size(), cudaMemcpyDeviceToHost, s),
+        "RINGZERO_CHECK: cudaMemcpyAsync");
+    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
+    wait("RINGZERO_CHECK", s, clock::now() + limit, limit);
     for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
       std::memcpy(all.data() + r * mine.size(), host.data() + r * slot, mine.size());
   }
@@ -337,16 +395,42 @@ class transport {
  private:
   template <class T>
   friend void detail::run_native(T& t, const native_call& c, const ringzero::options& opt);
+  template <class T>
+  friend bool detail::staged_through_device(T& t, const native_call& c,
+                                            const ringzero::options& opt);
+  template <class T>
+  friend void detail::check_operands(const T& t, const native_call& c);
 
   using clock = std::chrono::steady_clock;
 
   transport() = default;
 
+  /// The transport of handle `h`, which split() or shrink() made from this one (non-blocking:
+  /// waited for here, by `deadline`): this one's device, deadline and configuration.
+  [[nodiscard]] transport child(ncclComm_t h, std::string_view what, clock::time_point deadline,
+                                std::function<int()> dead_rank) {
+    transport sub;
+    sub.comm_ = h;
+    sub.owned_ = true;
+    sub.timeout_ = timeout_;
+    sub.config_ = config_;
+    sub.device_ = device_;
+    sub.watch_ = detail::peer_watch(std::move(dead_rank));
+    sub.live_->comm = h;
+    sub.settle(what, ncclInProgress, deadline, timeout_);
+    detail::check_nccl(ncclCommUserRank(h, &sub.rank_), "nccl: ncclCommUserRank");
+    detail::check_nccl(ncclCommCount(h, &sub.size_), "nccl: ncclCommCount");
+    detail::check_cuda(cudaStreamCreateWithFlags(&sub.stream_, cudaStreamNonBlocking),
+                       "nccl: cudaStreamCreateWithFlags");
+    return sub;
+  }
+
   void init(const ncclUniqueId& id, int rank, int size, const config& cfg) {
     rank_ = rank;
     size_ = size;
     owned_ = true;
-    detail::device_guard guard(device_);
+    // The rank's device stays current in this thread: see the header comment.
+    detail::make_current(device_);
     // Non-blocking: work the trainer puts on the legacy default stream must not serialize with
     // NCCL's, and the sharder orders the two with events.
     detail::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
@@ -359,85 +443,61 @@ class transport {
     const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, copy, rank, &c);
     settle("creating the NCCL communicator", r, deadline, timeout_);
     live_->comm = comm_;
-    log::info("nccl: rank {} of {} ready on device {}", rank_, size_, device_);
+    log::info("nccl: rank {} of {} ready on device {} (current in the creating thread)", rank_,
+              size_, device_);
   }
 
-  /// Runs `c` on device copies of its buffers when they are small, plain host memory and the call
-  /// is blocking (host_staging_bytes); returns false to leave it to the normal path (which refuses
-  /// host memory). The in-place forms keep their meaning: an input inside the output is copied
-  /// with it.
-  bool staged_through_device(const native_call& c, const ringzero::options& opt) {
-    if (opt.async || c.count == 0) return false;
-    const std::size_t es = dtype_size(c.type);
-    if (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter &&
-        c.kind != collective::all_gather && c.kind != collective::broadcast)
-      return false;
-    const collective_descriptor& desc = *builtin_collectives::find(c.kind);
-    const std::size_t in_len = desc.in_elems(c.count, size_, rank_, c.root);
-    const std::size_t out_len = desc.out_elems(c.count, size_, rank_, c.root);
-    const std::size_t in_bytes = in_len * es, out_bytes = out_len * es;
-    const auto* in = static_cast<const std::byte*>(c.in);
-    auto* out = static_cast<std::byte*>(c.out);
-    const bool in_inside = in_len > 0 && in >= out && in + in_bytes <= out + out_bytes;
-    if (in_bytes + out_bytes > host_staging_bytes || !detail::plain_host(out, out_bytes) ||
-        (in_len > 0 && !in_inside && !detail::plain_host(in, in_bytes)))
-      return false;
-    const std::string_view what = collective_name(c.kind);
-    ensure_usable(what);
-    detail::device_guard guard(device_);
-    cudaStream_t s = stream_for(opt);
-    const detail::stream_scratch scratch(device_, s, out_bytes + (in_inside ? 0 : in_bytes));
-    auto* dout = static_cast<std::byte*>(scratch.data());
-    std::byte* din = in_inside ? dout + (in - out) : dout + out_bytes;
-    if (in_inside)
-      detail::check_cuda(cudaMemcpyAsync(dout, out, out_bytes, cudaMemcpyHostToDevice, s),
-                         "nccl: staging host memory");
-    else if (in_len > 0)
-      detail::check_cuda(cudaMemcpyAsync(din, in, in_bytes, cudaMemcpyHostToDevice, s),
-                         "nccl: staging host memory");
-    native_call d = c;
-    d.in = in_len > 0 ? din : dout;
-    d.out = dout;
-    run_native(d, {.timeout = opt.timeout, .stream = s});
-    detail::check_cuda(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, s),
-                       "nccl: staging host memory");
-    const std::chrono::nanoseconds limit = opt.timeout.count() > 0 ? opt.timeout : timeout_;
-    wait("staging host memory", s, clock::now() + limit, limit);
-    return true;
-  }
-
-  /// Refuses any buffer of a call (not all_to_allv, barrier or send_recv) that this rank's GPU
-  /// cannot address; the one the call shares in place is checked once.
-  void check_operands(const native_call& c) const {
-    // Every buffer this rank uses must be this GPU's memory, as large as the descriptor's
-    // extent says; in place, the smaller one lies inside the larger and is covered by it.
-    const collective_descriptor& d = *builtin_collectives::find(c.kind);
-    const std::size_t es = dtype_size(c.type);
-    const auto* in = static_cast<const std::byte*>(c.in);
-    const auto* out = static_cast<const std::byte*>(c.out);
-    const bool uses_in = d.uses_in(rank_, c.root), uses_out = d.uses_out(rank_, c.root);
-    const bool in_place = uses_in && uses_out && d.in_place(in, out, c.count * es, rank_);
-    const bool in_is_part = in_place && d.out.size == extent::blocks && d.in.size != extent::blocks;
-    if (uses_in && !in_is_part)
-      detail::check_device_buffer(d.name, "input", in,
-                                  d.in_elems(c.count, size_, rank_, c.root) * es, device_);
-    if (uses_out && !(in_place && !in_is_part))
-      detail::check_device_buffer(d.name, "output", out,
-                                  d.out_elems(c.count, size_, rank_, c.root) * es, device_);
-  }
-
-  void ensure_usable(std::string_view what) const {
-    if (aborted())
-      throw transport_error(fmt::format(
-          "{}: this communicator was aborted after an earlier failure: {}", what, failure_));
+  void ensure_usable(std::string_view what) {
+    if (!aborted() && watch_.aborted()) stop(*watch_.reason());
+    if (aborted()) {
+      const std::string msg = fmt::format(
+          "{}: this communicator was aborted after an earlier failure: {}", what, failure_);
+      if (const int dead = failed_rank(); dead >= 0) throw peer_error(msg, dead);
+      throw transport_error(msg);
+    }
     if (comm_ == nullptr)
       throw invalid_argument(fmt::format("{}: this communicator was moved from", what));
   }
 
+  /// What every wait checks between polls: abort() from another thread, and (every 100 ms)
+  /// config::dead_rank. Either stops the communicator's work (stop()) and throws peer_error.
+  void check_peers(std::string_view what) {
+    if (watch_.aborted()) {
+      const std::string why = *watch_.reason();
+      stop(why);
+      throw peer_error(
+          fmt::format("{} on rank {} of {} (device {}): {}", what, rank_, size_, device_, why),
+          failed_rank());
+    }
+    const int dead = watch_.probe(rank_, size_);
+    if (dead < 0) return;
+    const std::string msg = fmt::format(
+        "{} on rank {} of {} (device {}): rank {} died (its launcher or its heartbeat says so); "
+        "the communicator was stopped",
+        what, rank_, size_, device_, dead);
+    watch_.dead(dead, msg);
+    stop(msg);
+    throw peer_error(msg, dead);
+  }
+
+  /// Stops the communicator's work after a failure NCCL did not report (a dead rank, abort()):
+  /// ncclCommRevoke where NCCL has it stops what is in flight and keeps the handle for shrink();
+  /// otherwise, or if revoking fails, ncclCommAbort.
+  void stop(const std::string& reason) noexcept {
+    if (comm_ != nullptr && !revoked_) {
+      if (!detail::revoke(comm_, device_, timeout_)) return abort_with(reason);
+      revoked_ = true;
+      log::warn("nccl: rank {} of {} revoked its communicator: {}", rank_, size_, reason);
+    }
+    failure_ = reason;
+  }
+
   /// Turns what an NCCL call returned into success or an error. In non-blocking mode a call may
   /// answer "in progress"; the communicator's asynchronous state then says when it is done.
+  /// `watch`: also stop for abort() and config::dead_rank (not while shrinking a communicator
+  /// stopped for exactly that).
   void settle(std::string_view what, ncclResult_t r, clock::time_point deadline,
-              std::chrono::nanoseconds limit) {
+              std::chrono::nanoseconds limit, bool watch = true) {
     if (r == ncclSuccess) return;
     if (r != ncclInProgress) fail(what, r);
     ringzero::detail::backoff b;
@@ -447,6 +507,7 @@ class transport {
         fail(what, q);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(what, state);
+      if (watch) check_peers(what);
       if (clock::now() > deadline) timed_out(what, limit);
       b.pause();
     }
@@ -471,6 +532,7 @@ class transport {
         fail(what, e);
       if (state != ncclSuccess && state != ncclInProgress) fail(what, state);
       if (q == cudaSuccess) return;
+      check_peers(what);
       if (clock::now() > deadline) timed_out(what, limit);
       b.pause();
     }
@@ -522,18 +584,29 @@ class transport {
     static_cast<void>(cudaSetDevice(device_));
     retire();
     if (comm_ != nullptr && owned_) {
-      ncclResult_t r = ncclCommFinalize(comm_);
+      // Finalizing flushes work with every peer: with one known dead (or after abort() or a
+      // revoke, after which NCCL refuses it) it would only wait out the deadline. Abort instead.
+      const auto peer_dead = [&](bool now) {
+        try {
+          return watch_.probe(rank_, size_, now) >= 0;
+        } catch (...) {
+          return false;
+        }
+      };
+      const bool stopped = revoked_ || watch_.aborted() || failed_rank() >= 0;
+      ncclResult_t r = stopped || peer_dead(true) ? ncclInternalError : ncclCommFinalize(comm_);
       const auto deadline = clock::now() + timeout_;
       ringzero::detail::backoff b;
       while (r == ncclInProgress) {
-        if (clock::now() > deadline) break;
+        if (clock::now() > deadline || peer_dead(false)) break;
         b.pause();
         if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) r = ncclInternalError;
       }
       if (r == ncclSuccess) r = ncclCommDestroy(comm_);
       if (r != ncclSuccess) {
-        log::warn("nccl: closing the communicator of rank {} of {} failed ({}); aborting it", rank_,
-                  size_, ncclGetErrorString(r));
+        if (!stopped)
+          log::warn("nccl: closing the communicator of rank {} of {} failed ({}); aborting it",
+                    rank_, size_, ncclGetErrorString(r));
         static_cast<void>(ncclCommAbort(comm_));
       }
     }
@@ -573,6 +646,8 @@ class transport {
 
   void steal(transport& o) noexcept {
     live_ = std::move(o.live_);
+    watch_ = std::move(o.watch_);
+    revoked_ = std::exchange(o.revoked_, false);
     comm_ = std::exchange(o.comm_, nullptr);
     stream_ = std::exchange(o.stream_, nullptr);
     order_ = std::exchange(o.order_, nullptr);
@@ -599,6 +674,8 @@ class transport {
 
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<detail::live_handle> live_ = std::make_shared<detail::live_handle>();
+  detail::peer_watch watch_;  // abort(), the rank found dead, config::dead_rank
+  bool revoked_ = false;      // stop() revoked the handle: kept for shrink(), then aborted
   cudaStream_t stream_ = nullptr;
   cudaEvent_t order_ = nullptr;  // stream_for's: the default stream's point stream_ waits for
   void* scratch_ = nullptr;
