@@ -133,9 +133,9 @@ struct incoming {
   /// piece's header arrives, at the piece's length (checked against the message first), so an
   /// unmatched message holds what its sender sent, never what a header claims is coming.
   std::map<std::uint64_t, std::vector<std::byte>> held;
-  std::shared_ptr<op> recv;     ///< the receive it goes into
-  bool matched = false;         ///< its turn came: given to a receive or queued unexpected
-  bool discard = false;         ///< its bytes go nowhere (size mismatch, receive abandoned)
+  std::shared_ptr<op> recv;  ///< the receive it goes into
+  bool matched = false;      ///< its turn came: given to a receive or queued unexpected
+  bool discard = false;      ///< its bytes go nowhere (size mismatch, receive abandoned)
   std::size_t got = 0;
   std::vector<std::uint64_t> done_offsets;  ///< pieces read whole (duplicates are dropped)
 
@@ -593,8 +593,9 @@ class engine {
     }
     e.recv = r;
     r->attached = &e;
+    // A zero-byte receive has no buffer (data may be null, which memcpy may not be given).
     for (const auto& [offset, bytes] : e.held)
-      std::memcpy(r->data + offset, bytes.data(), bytes.size());
+      if (!bytes.empty()) std::memcpy(r->data + offset, bytes.data(), bytes.size());
     e.drop_held();
   }
 
@@ -924,8 +925,8 @@ class engine {
     }
     if (const char* bad = bad_data_header(h))
       return violation(peer, c,
-                       fmt::format("{} ({} bytes at offset {} of a {}-byte message)", bad,
-                                   h.length, h.offset, h.total));
+                       fmt::format("{} ({} bytes at offset {} of a {}-byte message)", bad, h.length,
+                                   h.offset, h.total));
     c.cur = h;
     c.cur_got = 0;
     c.in_payload = true;

@@ -195,8 +195,8 @@ class handshake {
           welcome w{};
           std::memcpy(&w, in_.data(), sizeof w);
           if (w.magic != welcome{}.magic || w.says != verdict::welcome)
-            return fail(outcome::refused, fmt::format("it refused this rank's proof: {}",
-                                                      verdict_text(w.says)));
+            return fail(outcome::refused,
+                        fmt::format("it refused this rank's proof: {}", verdict_text(w.says)));
           state_ = state::done;
           return outcome::done;
         }
@@ -227,8 +227,8 @@ class handshake {
           if (v == verdict::welcome) {
             ringzero::detail::random_bytes(nonce_);
             c.nonce = nonce_;
-            const auto mac = accept_mac(terms_.secret, theirs_, nonce_,
-                                        static_cast<std::uint32_t>(terms_.rank));
+            const auto mac =
+                accept_mac(terms_.secret, theirs_, nonce_, static_cast<std::uint32_t>(terms_.rank));
             std::memcpy(c.mac.data(), mac.data(), mac.size());
           } else {
             refusal_ = fmt::format("it claimed rank {} rail {}, refused: {}", theirs_.rank,
@@ -246,9 +246,9 @@ class handshake {
           break;
         case state::read_proof: {
           if (const auto r = fill(); r != io::complete)
-            return pending_or(r, outcome::refused,
-                              fmt::format("it claimed rank {} and closed before its proof",
-                                          theirs_.rank));
+            return pending_or(
+                r, outcome::refused,
+                fmt::format("it claimed rank {} and closed before its proof", theirs_.rank));
           proof p{};
           std::memcpy(&p, in_.data(), sizeof p);
           const auto expected = connect_mac(terms_.secret, theirs_, nonce_);
@@ -403,7 +403,7 @@ class handshake {
 struct meeting {
   const std::vector<rail>& rails;
   const std::vector<bootstrap::detail::unique_fd>& listeners;  ///< one per rail
-  const std::vector<std::vector<sockaddr_in>>& addresses;     ///< per rank, per rail
+  const std::vector<std::vector<sockaddr_in>>& addresses;      ///< per rank, per rail
   std::size_t buffer_bytes = 0;
   std::chrono::milliseconds user_timeout{1000};
   /// How long an accepted connection may take to prove itself.
@@ -444,10 +444,9 @@ void meet(const handshake_terms& terms, const meeting& m, Adopt&& adopt) {
       return;
     }
     if (err != ECONNREFUSED && err != EAGAIN)
-      throw bootstrap_error(
-          fmt::format("socket transport: connecting from rail {} to {} failed: {}",
-                      m.rails[r].name, address_text(m.addresses[static_cast<std::size_t>(peer)][r]),
-                      std::strerror(err)));
+      throw bootstrap_error(fmt::format(
+          "socket transport: connecting from rail {} to {} failed: {}", m.rails[r].name,
+          address_text(m.addresses[static_cast<std::size_t>(peer)][r]), std::strerror(err)));
     last_refusal = fmt::format("connecting to rank {} on rail {}: {}", peer, m.rails[r].name,
                                std::strerror(err));
     redial.emplace_back(peer, r, clock::now() + std::chrono::milliseconds(10));
@@ -474,8 +473,8 @@ void meet(const handshake_terms& terms, const meeting& m, Adopt&& adopt) {
       for (std::size_t p = 0; p < n; ++p)
         for (std::size_t r = 0; r < nrails; ++r)
           if (p != static_cast<std::size_t>(terms.rank) && !have[p * nrails + r])
-            what += fmt::format("{}rank {} on rail {}", what.empty() ? "" : ", ", p,
-                                m.rails[r].name);
+            what +=
+                fmt::format("{}rank {} on rail {}", what.empty() ? "" : ", ", p, m.rails[r].name);
       throw bootstrap_error(fmt::format(
           "socket transport: {} connection{} never proven within {}: {}{}", missing,
           missing == 1 ? "" : "s", bsd::seconds_text(m.timeout), what,
@@ -552,16 +551,15 @@ void meet(const handshake_terms& terms, const meeting& m, Adopt&& adopt) {
         const std::size_t accepting = static_cast<std::size_t>(
             std::count_if(open.begin(), open.end(), [](const slot& s) { return s.accepted; }));
         if (accepting >= max_accepting) {
-          const auto oldest = std::find_if(open.begin(), open.end(),
-                                           [](const slot& s) { return s.accepted; });
+          const auto oldest =
+              std::find_if(open.begin(), open.end(), [](const slot& s) { return s.accepted; });
           drop(*oldest, "too many connections were proving themselves at once");
           open.erase(oldest);
         }
-        open.push_back({handshake::accepting(std::move(fd), static_cast<int>(r), terms,
-                                             address_text(from)),
-                        clock::now() + std::chrono::duration_cast<clock::duration>(
-                                           m.handshake_timeout),
-                        true});
+        open.push_back(
+            {handshake::accepting(std::move(fd), static_cast<int>(r), terms, address_text(from)),
+             clock::now() + std::chrono::duration_cast<clock::duration>(m.handshake_timeout),
+             true});
       }
     }
   }
