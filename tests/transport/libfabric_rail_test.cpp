@@ -24,8 +24,8 @@
 
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/transport/detail/delivery.hpp"
 #include "ringzero/transport/libfabric.hpp"
-#include "ringzero/transport/libfabric/delivery.hpp"
 
 using namespace std::chrono_literals;
 using ringzero::op;
@@ -534,7 +534,7 @@ TEST_CASE("what a peer received is acknowledged: sends complete, copies are let 
 }
 
 TEST_CASE("delivery's bookkeeping: what arrived, as one statement that survives the wire") {
-  namespace delivery = ringzero::libfabric::detail::delivery;
+  namespace delivery = ringzero::detail::delivery;
   delivery::received_set got;
   // Out of order: runs above the mark until the gap fills.
   for (const std::uint64_t s : {0u, 1u, 3u, 4u, 7u}) CHECK(got.add(s));

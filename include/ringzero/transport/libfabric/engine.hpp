@@ -49,15 +49,17 @@
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/abort_state.hpp"
+#include "ringzero/transport/detail/delivery.hpp"
 #include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/detail/pending_report.hpp"
-#include "ringzero/transport/libfabric/delivery.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
 #include "ringzero/transport/libfabric/rail.hpp"
 #include "ringzero/transport/libfabric/watchdog.hpp"
 
 namespace ringzero::libfabric::detail {
+
+namespace delivery = ringzero::detail::delivery;
 
 /// The engine's own limits, named once.
 struct engine_limits {
@@ -663,7 +665,7 @@ class engine {
     return static_cast<std::uint64_t>(i) << piece_shift_;
   }
   [[nodiscard]] std::uint64_t control_tag() const noexcept {
-    return delivery::limits::control_piece << piece_shift_;
+    return std::uint64_t{delivery::limits::control_piece} << piece_shift_;
   }
   [[nodiscard]] const std::string& rail_name(std::size_t r) const {
     return rails_[r]->domain_name();

@@ -27,9 +27,9 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/delivery.hpp"
 #include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/detail/pci_topology.hpp"
-#include "ringzero/transport/libfabric/delivery.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 
