@@ -30,16 +30,20 @@ TYPE_TO_STRING_AS("socket rails", suite::socket_rails);
 TYPE_TO_STRING_AS("libfabric shm", suite::libfabric_shm);
 TYPE_TO_STRING_AS("libfabric tcp", suite::libfabric_tcp);
 TYPE_TO_STRING_AS("libfabric rails", suite::libfabric_rails);
+TYPE_TO_STRING_AS("libfabric failover", suite::libfabric_failover);
 #define RINGZERO_SUITE_LIBFABRIC \
   , suite::libfabric_shm, suite::libfabric_tcp, suite::libfabric_rails
+#define RINGZERO_SUITE_LIBFABRIC_RAILS , suite::libfabric_failover
 #else
 #define RINGZERO_SUITE_LIBFABRIC
+#define RINGZERO_SUITE_LIBFABRIC_RAILS
 #endif
 
 #define RINGZERO_SUITE_IN_PROCESS \
   suite::loopback, suite::lazy, suite::mailbox, suite::mailbox_rails, suite::mailbox_agreed
 // Every network transport's rails: the kit's engine over each rail kind.
-#define RINGZERO_SUITE_RAILS suite::mailbox_rails, suite::mailbox_agreed
+#define RINGZERO_SUITE_RAILS \
+  suite::mailbox_rails, suite::mailbox_agreed RINGZERO_SUITE_LIBFABRIC_RAILS
 #define RINGZERO_SUITE_ALL \
   RINGZERO_SUITE_IN_PROCESS, suite::shm, suite::socket, suite::socket_rails RINGZERO_SUITE_LIBFABRIC
 

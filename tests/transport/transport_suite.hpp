@@ -347,6 +347,21 @@ struct libfabric_rails : libfabric_tcp {
     return ringzero::communicator<transport>::from_env(options());
   }
 };
+/// tcp;ofi_rxm on three rails on loopback, for the rail that fails (rail_failover): one can
+/// fail and two are left, so "the others" means something.
+struct libfabric_failover : libfabric_rails {
+  static constexpr const char* name = "libfabric failover";
+  static ringzero::libfabric::options options(std::chrono::nanoseconds timeout = {}) {
+    return {.provider = provider_tcp,
+            .timeout = timeout,
+            .rails = {"lo", "lo", "lo"},
+            .stripe_bytes = 512};
+  }
+  static transport make(ringzero::bootstrap::store& s, int r, int n,
+                        std::chrono::nanoseconds timeout) {
+    return transport(s, r, n, options(timeout));
+  }
+};
 #endif
 
 // --- running a world ----------------------------------------------------------------------------
