@@ -43,7 +43,7 @@ TYPE_TO_STRING_AS("libfabric failover", suite::libfabric_failover);
   suite::loopback, suite::lazy, suite::mailbox, suite::mailbox_rails, suite::mailbox_agreed
 // Every network transport's rails: the kit's engine over each rail kind.
 #define RINGZERO_SUITE_RAILS \
-  suite::mailbox_rails, suite::mailbox_agreed RINGZERO_SUITE_LIBFABRIC_RAILS
+  suite::mailbox_rails, suite::mailbox_agreed, suite::socket_rails RINGZERO_SUITE_LIBFABRIC_RAILS
 #define RINGZERO_SUITE_ALL \
   RINGZERO_SUITE_IN_PROCESS, suite::shm, suite::socket, suite::socket_rails RINGZERO_SUITE_LIBFABRIC
 

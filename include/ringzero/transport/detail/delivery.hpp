@@ -40,6 +40,12 @@ struct limits {
   /// does; larger ones complete when the receiver acknowledges them. Below it the copy costs
   /// less than waiting a round trip for the acknowledgement; above it, the other way round.
   static constexpr std::size_t copy_bytes = std::size_t{64} << 10;
+  /// Copied sends to one peer not yet acknowledged, at most (messages, bytes): past them a send
+  /// waits for its acknowledgement, as a larger one does. The copies stay bounded while a
+  /// receiver falls behind, and a sender that only sends still waits now and then, and so
+  /// learns of a peer that is gone.
+  static constexpr std::size_t max_copies = 64;
+  static constexpr std::size_t max_copy_bytes = std::size_t{4} << 20;
   /// A receiver acknowledges copied sends after this many arrived, or after ack_delay: the
   /// sender's copies stay bounded without an acknowledgement per small message.
   static constexpr std::size_t ack_batch = 16;

@@ -297,6 +297,8 @@ class rail_engine : private rail_events<typename Rail::op> {
     bool listed = false;
     std::vector<std::uint64_t> cut{};    ///< the latest arrivals cut short (delivery::control)
     std::vector<std::uint32_t> rates{};  ///< each rail's rate toward the peer, as it reported
+    std::size_t copies = 0;              ///< unacknowledged copied sends, and their bytes
+    std::size_t copy_bytes = 0;
   };
 
   // rail_events: what the rails report from poll().

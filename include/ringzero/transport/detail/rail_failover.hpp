@@ -147,8 +147,12 @@ template <rail_kind Rail>
 auto rail_engine<Rail>::send_reliably(int world_peer, int peer, std::uint64_t tag,
                                       std::span<const std::byte> data) -> op* {
   // A small send (host memory) is copied, sent from the copy and complete on return, as an
-  // injected send is; a larger one is held until the receiver acknowledges every piece.
+  // injected send is, while the peer's unacknowledged copies stay within their bounds; a larger
+  // one is held until the receiver acknowledges every piece.
+  const link& to = links_[static_cast<std::size_t>(world_peer)];
   const bool copy = !striping(data.size()) && data.size() <= delivery::limits::copy_bytes &&
+                    to.copies < delivery::limits::max_copies &&
+                    to.copy_bytes + data.size() <= delivery::limits::max_copy_bytes &&
                     host_readable(*rails_.front(), data.data(), data.size());
   if (!copy)
     return post_pieces(world_peer, peer, true, tag, const_cast<std::byte*>(data.data()),
@@ -158,6 +162,8 @@ auto rail_engine<Rail>::send_reliably(int world_peer, int peer, std::uint64_t ta
   if (!data.empty()) std::memcpy(bytes.get(), data.data(), data.size());
   link& l = links_[static_cast<std::size_t>(world_peer)];
   const std::uint64_t seq = l.next_seq++;
+  ++l.copies;
+  l.copy_bytes += data.size();
   auto& e = l.unacked
                 .emplace(seq, outstanding{.piece = nullptr,
                                           .rail = rail_for(tag, rails_.size()),
@@ -434,6 +440,8 @@ void rail_engine<Rail>::peer_unreachable(int world_peer, std::size_t r, const st
   for (auto& [seq, e] : l.unacked)
     if (e.piece) e.piece->tracked = false;
   l.unacked.clear();
+  l.copies = 0;
+  l.copy_bytes = 0;
   if (!graceful) watch_->suspect(world_peer, failure);
 }
 
@@ -446,6 +454,10 @@ void rail_engine<Rail>::acknowledge(int world_peer, std::uint64_t seq) {
   if (it == l.unacked.end()) return;
   op* c = it->second.piece;
   lanes_[it->second.rail].acknowledged_bytes += it->second.length;
+  if (!c) {
+    --l.copies;
+    l.copy_bytes -= it->second.length;
+  }
   l.unacked.erase(it);
   if (!c) return;
   c->tracked = false;
