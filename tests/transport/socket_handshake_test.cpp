@@ -6,7 +6,6 @@
 // own cases (socket/handshake.hpp) run over socket pairs, and its HMAC against RFC 4231's vectors.
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -15,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -145,8 +145,6 @@ struct one_engine {
                                                                            .acknowledge = true},
                                       std::move(rails));
     wire.reset(sv[1]);
-    const int flags = ::fcntl(sv[1], F_GETFL);
-    ::fcntl(sv[1], F_SETFL, flags & ~O_NONBLOCK);
   }
 
   /// A data frame as rank 0's engine writes it: message `seq` to this rank, with `tag`.
@@ -164,9 +162,25 @@ struct one_engine {
   }
 
   void send(const d::frame_header& h, std::size_t payload = 0) {
-    REQUIRE(send_all(wire.get(), std::as_bytes(std::span(&h, 1))));
+    write(std::as_bytes(std::span(&h, 1)));
     const std::vector<std::byte> body(payload, std::byte{0x5a});
-    REQUIRE(send_all(wire.get(), body));
+    write(body);
+  }
+
+  /// Writes `b` whole, moving the engine while the socket is full: one thread is both ranks, and
+  /// a payload larger than the socket's buffer is only taken as the engine reads it.
+  void write(std::span<const std::byte> b) {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!b.empty()) {
+      const ssize_t n = ::send(wire.get(), b.data(), b.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        b = b.subspan(static_cast<std::size_t>(n));
+        continue;
+      }
+      REQUIRE((n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)));
+      REQUIRE(std::chrono::steady_clock::now() < until);
+      eng->progress();
+    }
   }
 
   [[nodiscard]] d::op* recv(ringzero::tag_t tag, std::span<std::byte> buf) {
