@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -471,6 +472,50 @@ TEST_CASE("a rail takes what its limit allows; the rest waits in the engine, in 
                    fmt::format("message {} in its receive", i));
         expect(out, t.engine().waiting_operations() == 0 && t.engine().posted_operations() == 0,
                "nothing left");
+      });
+  require_clean(failures);
+}
+
+TEST_CASE("a sender that only sends keeps few copies: past the bound its sends wait for the peer") {
+  // Small sends complete on return from a copy kept until the receiver acknowledges it. A rank
+  // that only sends (a broadcast's root) to a peer that has not yet received would otherwise
+  // copy without end, and never wait long enough to learn that its peer is gone.
+  using limits = kit::delivery::limits;
+  const mailbox::options opt{.rails = 1, .limit = 1024};
+  constexpr std::size_t messages = limits::max_copies * 3;
+  std::atomic<bool> sent{false};
+  const auto failures =
+      run_world(2, opt, [&](mailbox::transport& t, mailbox::post_office&, int r, std::string& out) {
+        const std::size_t bytes = 1024;
+        if (r == 0) {
+          std::vector<std::vector<std::uint8_t>> src;
+          for (std::size_t m = 0; m < messages; ++m)
+            src.push_back(pattern(bytes, static_cast<int>(m)));
+          std::vector<mailbox::transport::request> sends;
+          std::size_t completed = 0;
+          for (std::size_t m = 0; m < messages; ++m) {
+            sends.push_back(t.isend(1, 5, std::as_bytes(std::span(src[m]))));
+            completed += t.test(sends.back()) ? 1 : 0;
+          }
+          expect(out, completed == limits::max_copies,
+                 fmt::format("{} sends complete before the peer received any, got {}",
+                             limits::max_copies, completed));
+          expect(out, t.engine().unacknowledged(1) == messages,
+                 fmt::format("{} unacknowledged, got {}", messages, t.engine().unacknowledged(1)));
+          sent = true;
+          for (auto& q : sends) drive(t, q, 1);
+        } else {
+          while (!sent) std::this_thread::sleep_for(1ms);
+          std::size_t wrong = 0;
+          for (std::size_t m = 0; m < messages; ++m) {
+            std::vector<std::uint8_t> in(bytes, 0);
+            auto q = t.irecv(0, 5, std::as_writable_bytes(std::span(in)));
+            drive(t, q, 0);
+            wrong += in != pattern(bytes, static_cast<int>(m));
+          }
+          expect(out, wrong == 0,
+                 fmt::format("every message intact and in order, {} wrong", wrong));
+        }
       });
   require_clean(failures);
 }
