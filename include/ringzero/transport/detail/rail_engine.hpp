@@ -310,6 +310,7 @@ class rail_engine : private rail_events<typename Rail::op> {
 
   // Delivery and failover (rail_failover.hpp).
   void check_reachable(int world_peer, int peer) const;
+  [[nodiscard]] peer_error unreachable(int world_peer, int peer) const;
   [[nodiscard]] std::size_t place(int world_peer, std::size_t home) const;
   void deliver_before_close() noexcept;
   void track(op* c, bool urgent);

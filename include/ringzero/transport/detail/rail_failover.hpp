@@ -74,9 +74,20 @@ std::vector<std::uint64_t> rail_engine<Rail>::send_shares(int world_peer) const 
 
 template <rail_kind Rail>
 void rail_engine<Rail>::check_reachable(int world_peer, int peer) const {
-  const auto& why = failures_[static_cast<std::size_t>(world_peer)];
   if (delivery::substitute(0, links_[static_cast<std::size_t>(world_peer)].dead, rails_.size()) < 0)
-    throw peer_error(fmt::format("rank {} is unreachable over {}: {}", peer, fabric_, why), peer);
+    throw unreachable(world_peer, peer);
+}
+
+template <rail_kind Rail>
+peer_error rail_engine<Rail>::unreachable(int world_peer, int peer) const {
+  const auto& why = failures_[static_cast<std::size_t>(world_peer)];
+  // A peer that closed its transport may be a survivor that left after another rank failed:
+  // the error names the rank that failed first, as every survivor's does.
+  if (const int first = failed_rank(); first >= 0 && first != world_peer)
+    return peer_error(fmt::format("rank {} died ({}); then rank {} became unreachable over {}: {}",
+                                  first, watch_->failure(), peer, fabric_, why),
+                      first);
+  return peer_error(fmt::format("rank {} is unreachable over {}: {}", peer, fabric_, why), peer);
 }
 
 template <rail_kind Rail>
@@ -84,10 +95,7 @@ std::size_t rail_engine<Rail>::place(int world_peer, std::size_t home) const {
   if (!reliable_) return home;
   const int r =
       delivery::substitute(home, links_[static_cast<std::size_t>(world_peer)].dead, rails_.size());
-  if (r < 0)
-    throw peer_error(fmt::format("rank {} is unreachable over {}: {}", world_peer, fabric_,
-                                 failures_[static_cast<std::size_t>(world_peer)]),
-                     world_peer);
+  if (r < 0) throw unreachable(world_peer, world_peer);
   return static_cast<std::size_t>(r);
 }
 
