@@ -292,6 +292,11 @@ class communicator {
   [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
   /// The tuning policy the cost model and the algorithms' flow control use.
   [[nodiscard]] const tuning::policy& tuning() const noexcept { return tuning_; }
+  /// tuning()'s name until 0.3.
+  [[deprecated("0.3 renamed it tuning(); cost() goes in 0.5")]] [[nodiscard]] const tuning::policy&
+  cost() const noexcept {
+    return tuning_;
+  }
   /// Replaces the tuning policy, as a RINGZERO_TUNING file does when the communicator is made
   /// (`ringzero-perf --tune` tries settings this way). Every rank must pass the same policy
   /// before its next collective: ranks that price differently pick different algorithms. Throws
@@ -486,6 +491,13 @@ class communicator {
 
   /// The levels nodes() built, or null before its first call.
   [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
+  /// Installs levels built elsewhere, as 0.2's hierarchical algorithm did.
+  [[deprecated(
+      "0.3 builds the levels in nodes(); set_hierarchy() goes in 0.5")]] node_communicators<communicator>&
+  set_hierarchy(node_communicators<communicator> h) {
+    hierarchy_ = std::make_unique<node_communicators<communicator>>(std::move(h));
+    return *hierarchy_;
+  }
 
  private:
   // nodes()'s first call. The collectives are found by argument-dependent lookup when this is
