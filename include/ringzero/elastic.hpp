@@ -517,11 +517,18 @@ class session {
           if (outcome == close_outcome::closed) continue;
           // Too few to go on: once every member that can come came, or at the deadline, every
           // survivor fails alike, naming who was lost; the last good checkpoint is untouched.
-          if (all_came || clock::now() >= deadline)
+          if (all_came || clock::now() >= deadline) {
+            if (present >= lim_.min)
+              throw bootstrap_error(fmt::format(
+                  "elastic: {} members for generation {}, and the job allows no size from {} to "
+                  "{} (its `allowed` sizes: a trainer's batch must split evenly over the ranks); "
+                  "the job cannot go on",
+                  present, g, lim_.min, std::min<std::int64_t>(present, lim_.max)));
             throw bootstrap_error(fmt::format(
                 "elastic: only {} members remain for generation {} (lost: {}), below the "
-                "minimum of {} or no allowed size; the job cannot go on",
+                "minimum of {}; the job cannot go on",
                 present, g, fmt::join(lost_members(g, present), ", "), lim_.min));
+          }
         }
       } else if (store_->add(keys::finished(), 0) > 0) {
         throw bootstrap_error(

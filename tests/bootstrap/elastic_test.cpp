@@ -176,6 +176,24 @@ TEST_CASE("elastic: below the minimum every survivor fails, naming the lost memb
   }
 }
 
+TEST_CASE("elastic: members enough but no size allowed says so, not that too few remain") {
+  // ringzero-gpt -n 3 --elastic 3:3 --batch 4: three members, and 4 sequences do not split over 3.
+  temp_dir d;
+  auto st = open(d);
+  const auto splits_4 = [](int n) { return 4 % n == 0; };
+  const auto out = run_all({0, 1, 2}, [&](std::int64_t id) {
+    re::session s(st, id, 3, bounds(3, 3, splits_4), 20s);
+    return s.join();
+  });
+  for (const std::int64_t id : {0, 1, 2}) {
+    const auto& o = out.at(id);
+    CHECK_FALSE(o.m);
+    CHECK(o.error.find("3 members for generation 0, and the job allows no size from 3 to 3") !=
+          std::string::npos);
+    CHECK(o.error.find("below the minimum") == std::string::npos);
+  }
+}
+
 TEST_CASE("elastic: the size is the largest allowed one, and a member left out is told") {
   temp_dir d;
   auto st = open(d);

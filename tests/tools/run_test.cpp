@@ -402,6 +402,12 @@ TEST_CASE("usage") {
     CHECK(contains(l.err(), "above the --elastic maximum"));
   }
   {
+    // Before: accepted, and the ranks failed with "only 2 members remain ... (lost: )".
+    launch l({"-n", "2", "--elastic", "4:8", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 2);
+    CHECK(contains(l.err(), "-n 2 is below the --elastic minimum 4"));
+  }
+  {
     launch l({"-n", "1", "--join", "/nonexistent/job", RUN_HELPER_EXE});
     CHECK(exit_code(l.finish()) == 1);
     CHECK(contains(l.err(), "--join /nonexistent/job"));

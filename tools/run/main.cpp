@@ -190,8 +190,14 @@ options parse_args(int argc, char** argv) {
   if (!o.job_file.empty() && o.elastic.empty()) usage_error("--job-file needs --elastic");
   if (!o.join.empty() && (!o.elastic.empty() || o.port != 0))
     usage_error("--join takes the job's limits and port from its job file");
-  if (!o.elastic.empty() && o.nproc > ringzero::elastic::parse_limits(o.elastic).max)
-    usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
+  if (!o.elastic.empty()) {
+    const auto lim = ringzero::elastic::parse_limits(o.elastic);
+    if (o.nproc > lim.max) usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
+    if (o.nproc < lim.min)
+      usage_error(fmt::format(
+          "-n {} is below the --elastic minimum {}: the job could not form its first generation",
+          o.nproc, lim.min));
+  }
   if (o.command.empty()) usage_error("no program to run");
   return o;
 }
