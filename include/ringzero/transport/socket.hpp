@@ -60,6 +60,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
 #include "ringzero/transport/socket/engine.hpp"
@@ -186,6 +187,24 @@ class transport {
   /// The rank this one saw fail first (a broken connection, or a peer's word), or -1.
   [[nodiscard]] int failed_rank() const { return eng_->failed_rank(); }
 
+  /// The ranks on this host whose process is stopped (SIGSTOP, a debugger): alive, so nothing
+  /// failed, but a wait on them can only time out (communicator::stopped_rank()). A wait that
+  /// gives up asks; the first one found is then the failure this rank names, and its goodbye
+  /// says so, so that peers that only waited for this rank blame the stopped one, as on
+  /// libfabric.
+  [[nodiscard]] std::vector<int> stopped_ranks() const {
+    const auto self = ringzero::detail::self_process();
+    std::vector<int> stopped;
+    for (std::size_t r = 0; r < procs_.size(); ++r)
+      if (static_cast<int>(r) != rank_ &&
+          ringzero::detail::probe(procs_[r], self) == ringzero::detail::process_state::stopped)
+        stopped.push_back(static_cast<int>(r));
+    if (!stopped.empty())
+      eng_->blame(stopped.front(),
+                  fmt::format("rank {} is stopped (SIGSTOP or a debugger)", stopped.front()));
+    return stopped;
+  }
+
   /// Fails every wait on this transport, and so on every communicator over it, with
   /// peer_error carrying `why`: now, including waits in another thread, and every call after.
   void abort(const std::string& why) { eng_->abort(why); }
@@ -258,9 +277,15 @@ class transport {
       return fmt::format("ringzero-socket/{}/{}/{}", generation, what, r);
     };
     store.set_string(key("host", rank_), log::detail::host_name());
+    store.set_string(key("process", rank_), ringzero::detail::self_process().text());
     hosts_.resize(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r)
+    procs_.resize(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
       hosts_[static_cast<std::size_t>(r)] = store.get_string(key("host", r));
+      // Unparsable (another build?): that rank is simply not probed.
+      if (auto p = ringzero::detail::process_id::parse(store.get_string(key("process", r))))
+        procs_[static_cast<std::size_t>(r)] = std::move(*p);
+    }
     const bool one_host =
         std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h == hosts_[0]; });
 
@@ -355,6 +380,11 @@ class transport {
     eng_ = std::make_shared<d::engine>(rank_, size, names,
                                        ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
                                        opt.weigh_rails && weigh_rails_from_env());
+    eng_->set_stopped_probe([procs = procs_](int r) {
+      return ringzero::detail::probe(procs[static_cast<std::size_t>(r)],
+                                     ringzero::detail::self_process()) ==
+             ringzero::detail::process_state::stopped;
+    });
     const auto user_timeout = std::chrono::milliseconds(std::max<long long>(
         1000, std::min<long long>(
                   opt.rail_timeout.count(),
@@ -406,6 +436,7 @@ class transport {
 
   std::shared_ptr<detail::engine> eng_;
   std::vector<std::string> hosts_;
+  std::vector<ringzero::detail::process_id> procs_;  ///< by rank, as each published itself
   int rank_ = 0;
   ringzero::tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};

@@ -54,50 +54,10 @@ namespace ringzero::libfabric::detail {
 /// Exit status of a process the watchdog ended (EX_SOFTWARE).
 inline constexpr int watchdog_exit_status = 70;
 
-/// Who a process is, as other processes on its host can check it: published at rendezvous.
-struct process_id {
-  std::string host;  ///< host name and pid namespace: pids mean the same only where both match
-  long pid = 0;
-  std::uint64_t start = 0;  ///< start time in clock ticks since boot: tells a reused pid apart
-
-  [[nodiscard]] std::string text() const { return fmt::format("{} {} {}", pid, start, host); }
-
-  [[nodiscard]] static std::optional<process_id> parse(std::string_view s) {
-    process_id p;
-    const auto sp1 = s.find(' ');
-    if (sp1 == std::string_view::npos) return std::nullopt;
-    const auto sp2 = s.find(' ', sp1 + 1);
-    if (sp2 == std::string_view::npos) return std::nullopt;
-    const char* b = s.data();
-    if (std::from_chars(b, b + sp1, p.pid).ec != std::errc{} || p.pid <= 0) return std::nullopt;
-    if (std::from_chars(b + sp1 + 1, b + sp2, p.start).ec != std::errc{}) return std::nullopt;
-    p.host = std::string(s.substr(sp2 + 1));
-    return p;
-  }
-};
-
-enum class process_state { alive, stopped, gone, unknown };
-
-[[nodiscard]] inline process_id self_process() {
-  process_id p;
-  p.pid = static_cast<long>(::getpid());
-  const auto st = ringzero::detail::read_process_stat(p.pid);
-  p.start = st ? st->start : 0;
-  std::string ns = "?";
-  char buf[64] = {};
-  if (const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1); n > 0)
-    ns.assign(buf, static_cast<std::size_t>(n));
-  p.host = fmt::format("{}/{}", log::detail::host_name(), ns);
-  return p;
-}
-
-/// How `p` is doing, seen from a process on the same host (`unknown` from elsewhere).
-[[nodiscard]] inline process_state probe(const process_id& p, const process_id& self) {
-  if (p.host != self.host || p.start == 0) return process_state::unknown;
-  const auto st = ringzero::detail::read_process_stat(p.pid);
-  if (!st || st->start != p.start || st->ended()) return process_state::gone;
-  return st->stopped() ? process_state::stopped : process_state::alive;
-}
+using ringzero::detail::probe;
+using ringzero::detail::process_id;
+using ringzero::detail::process_state;
+using ringzero::detail::self_process;
 
 /// libfabric's shm provider keeps an endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>
 /// (tcp;ofi_rxm opens one too) and removes it when the endpoint closes, which a process that

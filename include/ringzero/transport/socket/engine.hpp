@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -496,6 +497,18 @@ class engine {
     std::lock_guard lock(mutex_);
     return failed_rank_;
   }
+  /// Records `rank` as the failure this rank names (unless one is known already): a wait gave
+  /// up on it though its connections live (a stopped process).
+  void blame(int rank, const std::string& why) {
+    std::lock_guard lock(mutex_);
+    if (rank >= 0 && rank != rank_) note_failure(rank, why);
+  }
+  /// How to tell whether a rank's process is stopped (the transport knows the processes): a
+  /// goodbye that names a rank then says so.
+  void set_stopped_probe(std::function<bool(int)> probe) {
+    std::lock_guard lock(mutex_);
+    stopped_ = std::move(probe);
+  }
 
   /// Says goodbye on every connection (naming the rank this one saw fail first, if any),
   /// writes what is still queued for up to `grace`, and closes.
@@ -913,7 +926,11 @@ class engine {
         c.got_bye = true;
         const int culprit = static_cast<int>(h.seq) - 1;
         if (culprit >= 0 && culprit != rank_ && failed_rank_ < 0)
-          note_failure(culprit, fmt::format("rank {} reported it", peer));
+          note_failure(culprit, stopped_ && stopped_(culprit)
+                                    ? fmt::format("rank {} is stopped (SIGSTOP or a debugger), "
+                                                  "as rank {} reported",
+                                                  culprit, peer)
+                                    : fmt::format("rank {} reported it", peer));
         connection_closed(peer, c);
         return false;
       }
@@ -1098,6 +1115,7 @@ class engine {
   std::string failure_;
   clock::time_point failed_at_{};
   bool closed_ = false;
+  std::function<bool(int)> stopped_;  ///< set_stopped_probe()
   mutable std::mutex mutex_;
   ringzero::detail::abort_state abort_;
 };
