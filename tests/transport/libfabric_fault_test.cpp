@@ -177,6 +177,58 @@ TEST_CASE("a rank found dead is named by waits on other ranks, and failed_rank()
   }
 }
 
+TEST_CASE(
+    "after a rank of this host died, nothing is sent to it and shm endpoints close without "
+    "the provider") {
+  // An elastic survivor closes its endpoint while forming the next generation; over shm, a call
+  // into the region of a rank that died holding its lock never returns, and the watchdog ended
+  // the survivor (exit 70). Now a send to a rank found gone is not posted, and the shm endpoint
+  // is left to the process once a rank of this host died: the survivors go on to a new
+  // communicator.
+  auto out = multiprocess::run(3, 90s, [&](int r, int n, ringzero::bootstrap::store& s) {
+    rank_checks check{r};
+    std::string log;
+    {
+      fabric::communicator comm(fabric::transport(s, r, n, {.provider = "shm", .timeout = 20s}));
+      std::vector<float> v(1000, 1.0f);
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+      if (r == 2) std::_Exit(0);  // gone without a word, as a killed rank
+      const auto start = std::chrono::steady_clock::now();
+      while (comm.failed_rank() < 0 && std::chrono::steady_clock::now() - start < 5s)
+        std::this_thread::sleep_for(5ms);
+      std::string what;
+      const std::vector<std::byte> word(8);
+      try {
+        auto req = comm.isend(2, 9, word);
+        while (!comm.test(req)) {
+        }
+      } catch (const ringzero::peer_error& e) {
+        what = e.what();
+      }
+      check.expect(contains(what, "rank 2"),
+                   fmt::format("a send to rank 2 fails naming it, got '{}'", what));
+      log = multiprocess::capture_info_log("fabric-left-open", [&] {
+        fabric::communicator gone = std::move(comm);
+        static_cast<void>(gone);
+      });
+    }
+    check.expect(contains(log,
+                          "a rank of this host died or is stopped: the shm endpoints are left "
+                          "open"),
+                 fmt::format("teardown without the provider, got '{}'", log));
+    // The survivors form a world of their own and go on.
+    fabric::communicator comm(fabric::transport(s, r, 2, {.provider = "shm", .timeout = 20s}));
+    std::vector<float> v(1000, static_cast<float>(r + 1));
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(v.front() == 3.0f && v.back() == 3.0f, "the sum 1 + 2 in the next world");
+    return check.code();
+  });
+  INFO(out.describe());
+  CHECK(out.status[0] == 0);
+  CHECK(out.status[1] == 0);
+  CHECK_FALSE(out.timed_out);
+}
+
 // SIGKILL during hierarchical all_reduces whose node level runs over the native shm transport
 // (two "nodes" of two ranks on this host, each with a host name of its own). Its neighbour on
 // the node, waiting on it over shm, fails within a second with a peer_error naming it in the

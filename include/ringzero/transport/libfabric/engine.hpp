@@ -157,7 +157,12 @@ class engine {
 
   ~engine() {
     deliver_before_close();
-    if (held_ > 0) {
+    // After a rank of this host died or stopped, closing an shm endpoint may wait on a lock in
+    // that rank's region for good, and an elastic job's survivors close theirs in the middle
+    // of forming the next generation: the watchdog would end them (exit status 70), fewer than
+    // the job can go on with. Left open, the endpoint costs its memory until the process exits.
+    const bool lock_risk = provider() == "shm" && dog_ && dog_->any_lost();
+    if (held_ > 0 || lock_risk) {
       // Operations the provider never gave back (abandoned after a failure) still point into
       // buffers the caller has likely freed, and at a peer that may never answer: closing the
       // endpoint then makes the provider finish them, and ofi_rxm, tearing down a rendezvous
@@ -166,8 +171,15 @@ class engine {
       // contexts it holds are left as they are, and only the names other processes could
       // still find (this process's /dev/shm regions) are removed: an engine that failed is
       // not closed, and its process is usually about to exit.
-      log::info("libfabric: {} operation{} still held by provider {}: the endpoints are left open",
-                held_, held_ == 1 ? "" : "s", provider());
+      if (held_ > 0)
+        log::info(
+            "libfabric: {} operation{} still held by provider {}: the endpoints are left open",
+            held_, held_ == 1 ? "" : "s", provider());
+      else
+        log::info(
+            "libfabric: a rank of this host died or is stopped: the {} endpoints are left "
+            "open",
+            provider());
       auto kept = std::make_unique<left_open>();
       for (auto& r : rails_) r->leave_open(*kept);
       kept->contexts = std::move(pool_);  // a deque moves its blocks: the addresses stay
@@ -323,6 +335,10 @@ class engine {
 
   /// The world rank the watchdog found dead, or -1.
   [[nodiscard]] int failed_rank() const noexcept { return dog_ ? dog_->failed_rank() : -1; }
+  /// Whether `world_peer`'s process was found gone: no provider call goes to it any more.
+  [[nodiscard]] bool gone(int world_peer) const {
+    return dog_ && world_peer >= 0 && dog_->is_gone(world_peer);
+  }
   /// World ranks on this host the watchdog finds stopped (SIGSTOP, a debugger), or none.
   [[nodiscard]] std::vector<int> stopped_ranks() const {
     return dog_ ? dog_->stopped_ranks() : std::vector<int>{};
@@ -437,7 +453,7 @@ class engine {
     rail& r = *rails_[ri];
     // Injecting past queued sends could reorder two messages with one tag.
     if (r.inject_size() > 0 && data.size() <= r.inject_size() && lanes_[ri].sends.empty() &&
-        !r.memory().is_device(data.data(), data.size())) {
+        !r.memory().is_device(data.data(), data.size()) && !gone(world_peer)) {
       const ssize_t rc = watched(dog_.get(), [&] { return r.inject(world_peer, data, tag); });
       if (rc == 0) {
         ++lanes_[ri].carried;
@@ -802,7 +818,7 @@ class engine {
     e.rail = ri;
     rail& r = *rails_[ri];
     const std::uint64_t word = delivery::cq_word::make(seq, false);
-    if (e.length <= r.inject_size() && lanes_[ri].sends.empty()) {
+    if (e.length <= r.inject_size() && lanes_[ri].sends.empty() && !gone(world_peer)) {
       const ssize_t rc = watched(dog_.get(), [&] {
         return r.inject(world_peer, std::span<const std::byte>(e.copy.get(), e.length), e.tag,
                         word);
@@ -1055,7 +1071,8 @@ class engine {
       const auto bytes = delivery::control::encode(rank_, l.dead, l.received, l.cut);
       rail& r = *rails_[static_cast<std::size_t>(ri)];
       ssize_t rc = 1;
-      if (bytes.size() <= r.inject_size() && lanes_[static_cast<std::size_t>(ri)].sends.empty()) {
+      if (bytes.size() <= r.inject_size() && lanes_[static_cast<std::size_t>(ri)].sends.empty() &&
+          !gone(world_peer)) {
         rc = watched(dog_.get(), [&] { return r.inject(world_peer, bytes, control_tag()); });
         if (rc == -FI_EAGAIN) return;
       }
@@ -1497,6 +1514,19 @@ class engine {
     const std::size_t cap = limit(ri, sends);
     while (!queue.empty() && posted < cap) {
       op_context* c = queue.front();
+      if (c->is_send && gone(c->world_peer)) {
+        // Into a dead process's region (shm) a send may wait on the lock it died holding.
+        queue.pop_front();
+        c->state = op_context::status::failed;
+        c->peer_loss = true;
+        c->error = fmt::format("rank {}'s process is gone: a send to it was not posted", c->peer);
+        if (c->kind != role::message) {
+          recycle(c);
+          continue;
+        }
+        settle(c);
+        continue;
+      }
       const ssize_t rc = watched(dog_.get(), [&] { return rails_[ri]->post(c); });
       if (rc == -FI_EAGAIN) return;
       queue.pop_front();

@@ -267,6 +267,17 @@ class watchdog {
     std::lock_guard lock(mutex_);
     return std::find(stopped_.begin(), stopped_.end(), world_rank) != stopped_.end();
   }
+  /// `world_rank`'s process was found gone (this host's ranks only).
+  [[nodiscard]] bool is_gone(int world_rank) const {
+    std::lock_guard lock(mutex_);
+    return std::find(gone_.begin(), gone_.end(), world_rank) != gone_.end();
+  }
+  /// A rank of this host was found gone or is stopped: one of them may hold a lock in memory
+  /// its peers share (libfabric's shm provider), which a call touching it would wait on for good.
+  [[nodiscard]] bool any_lost() const {
+    std::lock_guard lock(mutex_);
+    return !gone_.empty() || !stopped_.empty();
+  }
 
   /// Brackets one provider call: the thread checks how long the current one has run. A call
   /// entered `brief` may only run for `grace`, as once a rank is known dead: a teardown call.
@@ -307,6 +318,8 @@ class watchdog {
           if (!removed_[r]) {
             removed_[r] = true;
             remove_shm_regions(p.pid);
+            std::lock_guard lock(mutex_);
+            gone_.push_back(static_cast<int>(r));
           }
           if (failed_rank() < 0 && !departed(static_cast<int>(r)))
             suspect(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
@@ -377,6 +390,7 @@ class watchdog {
   std::condition_variable cv_;
   std::string reason_;
   std::vector<int> stopped_;
+  std::vector<int> gone_;  ///< ranks whose process was found gone (the watchdog thread adds them)
   std::vector<int> departed_;  ///< ranks that left in an orderly way (failure_board)
   std::vector<bool> removed_;  ///< by world rank: its shm regions were removed (watchdog thread)
   bool stop_ = false;
