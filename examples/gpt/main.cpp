@@ -43,6 +43,7 @@ struct args {
   std::optional<int> checkpoint_every;
   std::string transport = "libfabric";  ///< under a launcher: libfabric or shm (native)
   gpt::train_options train;
+  std::vector<std::string> command;  ///< argv, for the command that resumes a job
 };
 
 constexpr const char* usage = R"(usage: ringzero-gpt [options]
@@ -142,6 +143,7 @@ args parse(int argc, char** argv) {
        [](args& a, auto f, auto v) { a.checkpoint_every = number<int>(f, v); }},
   };
   args a;
+  a.command.assign(argv, argv + argc);
   for (int i = 1; i < argc; ++i) {
     const std::string_view f = argv[i];
     if (f == "-h" || f == "--help") {
@@ -189,28 +191,40 @@ bool launched() {
   return "native shm";
 }
 
-// An elastic job: each generation of the job trains from the last checkpoint until it finishes,
-// a rank dies (the survivors form the next generation and go on) or processes arrive (every
-// rank saves, and the next generation takes them in).
+// A job that cannot go on keeps its last checkpoint: one rank says where, and how to resume.
+void tell_kept_checkpoint(const args& a, ringzero::elastic::session& s, const std::string& dir) {
+  using keys = ringzero::elastic::session::keys;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.txt")) return;
+  try {
+    auto& st = s.job_store();
+    if (st.add_within(keys::finished(), 0, std::chrono::seconds(1)) > 0 ||
+        st.add_within("ringzero-gpt/kept-told", 1, std::chrono::seconds(1)) != 1)
+      return;
+  } catch (const ringzero::error&) {
+    // The store does not answer: every rank says it, rather than none.
+  }
+  std::string command;
+  for (std::size_t i = 0; i < a.command.size(); ++i) {
+    if (a.command[i] == "--resume" && i + 1 < a.command.size()) {
+      ++i;
+      continue;
+    }
+    command += (command.empty() ? "" : " ") + a.command[i];
+  }
+  const auto& lim = s.bounds();
+  fmt::print(stderr,
+             "ringzero-gpt: the job's last checkpoint is kept in {}; resume with:\n  ringzero-run "
+             "-n {} --elastic {}:{} -- {} --resume {}\n",
+             dir, lim.max == INT_MAX ? s.current().size() : lim.max, lim.min,
+             lim.max == INT_MAX ? std::string() : std::to_string(lim.max), command, dir);
+  std::fflush(stderr);
+}
+
+// The generations of an elastic job, until it finishes or cannot go on.
 template <class P, class Comm>
-void run_elastic(const args& a, const gpt::corpus& text) {
+void elastic_generations(const args& a, const gpt::corpus& text, ringzero::elastic::session& s,
+                         const gpt::train_options& o, bool own_dir) {
   using clock = std::chrono::steady_clock;
-  const int batch = a.train.batch, group = a.train.shard_group;
-  // Sizes the batch splits over, in whole shard groups.
-  auto s = ringzero::elastic::session::from_env(
-      [batch, group](int n) { return batch % n == 0 && (group == 0 || n % group == 0); });
-  s.join();
-  auto o = a.train;
-  // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after
-  // the job's token so that every rank, arrivals included, finds the same one.
-  const bool own_dir = o.checkpoint.empty();
-  if (own_dir)
-    o.checkpoint = (std::filesystem::temp_directory_path() /
-                    fmt::format("ringzero-gpt-elastic-{:016x}",
-                                ringzero::bootstrap::detail::fnv1a(
-                                    ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
-                       .string();
-  if (o.checkpoint_every == 0 && !a.checkpoint_every) o.checkpoint_every = 10;
   const auto manifest = std::filesystem::path(o.checkpoint) / "manifest.txt";
   std::optional<clock::time_point> failed_at;
   std::string failure;
@@ -290,6 +304,41 @@ void run_elastic(const args& a, const gpt::corpus& text) {
     }
   }
 }
+// An elastic job: each generation of the job trains from the last checkpoint until it finishes,
+// a rank dies (the survivors form the next generation and go on) or processes arrive (every
+// rank saves, and the next generation takes them in).
+template <class P, class Comm>
+void run_elastic(const args& a, const gpt::corpus& text) {
+  const int batch = a.train.batch, group = a.train.shard_group;
+  // Sizes the batch splits over, in whole shard groups.
+  auto s = ringzero::elastic::session::from_env(
+      [batch, group](int n) { return batch % n == 0 && (group == 0 || n % group == 0); });
+  s.join();
+  auto o = a.train;
+  // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after
+  // the job's token so that every rank, arrivals included, finds the same one.
+  const bool own_dir = o.checkpoint.empty();
+  if (own_dir)
+    o.checkpoint = (std::filesystem::temp_directory_path() /
+                    fmt::format("ringzero-gpt-elastic-{:016x}",
+                                ringzero::bootstrap::detail::fnv1a(
+                                    ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
+                       .string();
+  if (o.checkpoint_every == 0 && !a.checkpoint_every) o.checkpoint_every = 10;
+  try {
+    elastic_generations<P, Comm>(a, text, s, o, own_dir);
+  } catch (...) {
+    if (s.launcher_gone()) {
+      // The job ends with its launcher: nothing of it stays behind (the endpoints' shared
+      // memory goes as the exception unwinds, the job's own checkpoints here).
+      if (own_dir) std::filesystem::remove_all(o.checkpoint);
+      throw;
+    }
+    tell_kept_checkpoint(a, s, o.checkpoint);
+    throw;
+  }
+}
+
 #endif
 
 template <class P>

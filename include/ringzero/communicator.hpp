@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -475,6 +476,21 @@ class communicator {
     transport_->abort(why);
     if constexpr (requires { hierarchy_->node->abort(why); })
       if (hierarchy_ && hierarchy_->node) hierarchy_->node->abort(why);
+  }
+
+  /// abort(), as a function that holds the transport weakly: for a watcher on another thread
+  /// (elastic::session's heartbeat) that may outlive this communicator, after which calling it
+  /// does nothing. It aborts the transport, and so every communicator sharing it; not the node
+  /// level of hierarchical collectives, which abort() reaches too.
+  [[nodiscard]] std::function<void(const std::string&)> abort_handle() const requires
+      requires(T& x) {
+    x.abort(std::string());
+  }
+  {
+    check_moved("abort_handle()");
+    return [t = std::weak_ptr<T>(transport_)](const std::string& why) {
+      if (const auto p = t.lock()) p->abort(why);
+    };
   }
 
   /// The levels the hierarchical collectives run on: this node's ranks (split by node), one rank

@@ -9,6 +9,8 @@
 //   store          rendezvous through the store detect_launch() and make_store() find
 //   elastic V      join the elastic job; member V kills itself with SIGKILL, the others form the
 //                  next generation without it and print what they see
+//   silent V       join the elastic job; member V stops itself (SIGSTOP); the others wait until
+//                  the job declares it lost (the heartbeat), then form the next generation
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +26,7 @@
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/elastic.hpp"
+#include "ringzero/error.hpp"
 
 namespace {
 
@@ -124,6 +127,28 @@ int main(int argc, char** argv) {
       put(1, fmt::format("member {} gen {} rank {} size {} lost {}\n", s.id(), m1.generation,
                          m1.rank, m1.size(), m1.lost.empty() ? -1 : m1.lost[0]));
       if (m1.rank == 0) s.record("helper formed it");
+      return 0;
+    } catch (const std::exception& e) {
+      put(2, fmt::format("member failed: {}\n", e.what()));
+      return 3;
+    }
+  }
+  if (mode == "silent" && argc > 2) {
+    try {
+      using keys = ringzero::elastic::session::keys;
+      auto s = ringzero::elastic::session::from_env();
+      s.join();
+      const std::int64_t victim = std::atoi(argv[2]);
+      if (s.id() == victim) ::raise(SIGSTOP);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (s.job_store().add(keys::dead(victim), 0) == 0) {
+        if (std::chrono::steady_clock::now() > until)
+          throw ringzero::timeout_error("not declared lost", -1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const auto& m = s.shrink(-1);
+      put(1, fmt::format("member {} gen {} size {} lost {}\n", s.id(), m.generation, m.size(),
+                         m.lost.empty() ? -1 : m.lost[0]));
       return 0;
     } catch (const std::exception& e) {
       put(2, fmt::format("member failed: {}\n", e.what()));

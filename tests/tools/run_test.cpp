@@ -375,14 +375,36 @@ TEST_CASE("--elastic: a rank that dies does not stop the others, and the summary
     CHECK(contains(l.out(), "member 2 gen 1 rank 1 size 2 lost 1\n"));
   }
   {
-    // Below the minimum: the survivor fails naming the lost member, and so does the job.
+    // Below the minimum: the survivor fails naming the lost member, and the job exits with the
+    // launcher's own status for an elastic job that did not finish (before: 137, the killed
+    // rank's).
     launch l({"-n", "2", "--elastic", "2:2", RUN_HELPER_EXE, "elastic", "0"});
     const int status = l.finish();
     INFO("stderr:\n", l.err());
-    CHECK(exit_code(status) != 0);
+    CHECK(exit_code(status) == 3);
     CHECK(contains(l.err(), "below the minimum of 2"));
     CHECK(contains(l.err(), "lost: 0"));
+    CHECK(contains(l.err(), "the elastic job ended without finishing (exit status 3)"));
   }
+}
+
+TEST_CASE("--elastic: a stopped member is declared lost by the job's heartbeat and ended") {
+  // Member 1 stops itself (SIGSTOP). Before, nothing found it (the heartbeat acted only while
+  // the ranks met) and the launcher waited for it forever.
+  const auto t0 = clock_type::now();
+  ::setenv("RINGZERO_ELASTIC_SETTLE", "1", 1);
+  launch l({"-n", "3", "--elastic", "2:3", RUN_HELPER_EXE, "silent", "1"});
+  const int status = l.finish();
+  ::unsetenv("RINGZERO_ELASTIC_SETTLE");
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO("stdout:\n", l.out(), "stderr:\n", l.err(), "took ", took, " s");
+  CHECK(exit_code(status) == 0);
+  CHECK(contains(l.err(), "has not beaten for"));
+  CHECK(contains(l.err(), "rank 1 (pid "));
+  CHECK(contains(l.err(), "was declared lost by the job (it is stopped"));
+  CHECK(contains(l.out(), "member 0 gen 1 size 2 lost 1\n"));
+  CHECK(contains(l.out(), "member 2 gen 1 size 2 lost 1\n"));
+  CHECK(took < 30);
 }
 
 TEST_CASE("usage") {

@@ -40,6 +40,7 @@
 #include "ringzero/bootstrap/tcp_store.hpp"
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/elastic.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 #include "ringzero/version.hpp"
 
 extern char** environ;
@@ -192,7 +193,8 @@ options parse_args(int argc, char** argv) {
     usage_error("--join takes the job's limits and port from its job file");
   if (!o.elastic.empty()) {
     const auto lim = ringzero::elastic::parse_limits(o.elastic);
-    if (o.nproc > lim.max) usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
+    if (o.nproc > lim.max)
+      usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
     if (o.nproc < lim.min)
       usage_error(fmt::format(
           "-n {} is below the --elastic minimum {}: the job could not form its first generation",
@@ -271,6 +273,7 @@ std::vector<std::string> rank_environment(const options& o, int rank, int local,
                                               "MASTER_PORT=",
                                               "RINGZERO_TOKEN=",
                                               "RINGZERO_LAUNCHER=",
+                                              "RINGZERO_LAUNCHER_PID=",
                                               "RINGZERO_ELASTIC=",
                                               "RINGZERO_ELASTIC_ID=",
                                               "RINGZERO_ELASTIC_ARRIVAL="};
@@ -295,6 +298,8 @@ std::vector<std::string> rank_environment(const options& o, int rank, int local,
   env.push_back(fmt::format("MASTER_PORT={}", j.port));
   env.push_back("RINGZERO_TOKEN=" + j.token);
   env.push_back("RINGZERO_LAUNCHER=ringzero-run");
+  // Ranks of an elastic job watch this process: when it dies, they end cleanly (elastic.hpp).
+  env.push_back(fmt::format("RINGZERO_LAUNCHER_PID={}", ::getpid()));
   if (!j.elastic.empty()) {
     env.push_back("RINGZERO_ELASTIC=" + j.elastic);
     env.push_back(fmt::format("RINGZERO_ELASTIC_ID={}", j.first_id + rank));
@@ -446,6 +451,7 @@ struct rank_process {
   pid_t pid = -1;
   int local = 0;  ///< its LOCAL_RANK
   bool running = false;
+  bool declared_lost = false;  ///< the job declared it lost, and it was ended
   int status = 0;
   int log_fd = -1;
   stream out, err;
@@ -473,6 +479,21 @@ std::string describe(int status) {
 void remove_shm_regions(pid_t pid) {
   ringzero::detail::remove_shm_names(fmt::format("{}:", pid));
 }
+
+// A rank's process group, or the process alone where the group is gone.
+void signal_rank(pid_t pid, int sig) {
+  if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+}
+
+// Whether the process is stopped (SIGSTOP, a debugger): alive, holding up whoever waits on it.
+bool is_stopped(pid_t pid) {
+  const auto st = ringzero::detail::read_process_stat(pid);
+  return st && st->stopped();
+}
+
+// The launcher's own exit statuses (its usage text lists them with the others).
+constexpr int exit_unfinished = 3;    ///< an elastic job that ended without finishing
+constexpr int exit_not_taken_in = 4;  ///< --join: the job finished before its ranks were taken in
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -515,6 +536,18 @@ class job {
     if (store_) finish_elastic();
     if (spawn_failed_) return 127;
     if (store_ && !stopping_ && finished_ok_) return 0;
+    if (store_ && !stopping_) {
+      if (env_.arrival && !taken_in_) {
+        fmt::print(stderr,
+                   "ringzero-run: the job finished before these ranks were taken in (exit "
+                   "status {})\n",
+                   exit_not_taken_in);
+        return exit_not_taken_in;
+      }
+      fmt::print(stderr, "ringzero-run: the elastic job ended without finishing (exit status {})\n",
+                 exit_unfinished);
+      return exit_unfinished;
+    }
     if (first_failure_ >= 0)
       return exit_code_of(ranks_[static_cast<std::size_t>(first_failure_)].status);
     if (interrupted_by_ != 0) return 128 + interrupted_by_;
@@ -580,10 +613,11 @@ class job {
     return std::chrono::duration<double>(clock_type::now() - started_).count();
   }
 
-  // Prints each generation as the ranks form it (an elastic job's world size over time).
+  // Prints each generation as the ranks form it (an elastic job's world size over time); an
+  // arrival's launcher notes instead whether one took its ranks in.
   void watch_generations() {
     using keys = ringzero::elastic::session::keys;
-    if (!store_ || env_.arrival) return;
+    if (!store_) return;
     try {
       const auto formed = static_cast<std::uint64_t>(
           store_->add_within(keys::formed(), 0, std::chrono::seconds(1)));
@@ -593,6 +627,17 @@ class job {
         generations_.push_back(
             {elapsed_s(), std::string(reinterpret_cast<const char*>(v.data()), v.size())});
         const auto& list = generations_.back().members;
+        if (env_.arrival) {
+          for (std::string_view rest = list; !rest.empty();) {
+            const auto comma = rest.find(',');
+            std::int64_t id = -1;
+            std::from_chars(rest.data(), rest.data() + std::min(comma, rest.size()), id);
+            if (id >= env_.first_id && id < env_.first_id + opt_.nproc) taken_in_ = true;
+            if (comma == std::string_view::npos) break;
+            rest.remove_prefix(comma + 1);
+          }
+          continue;
+        }
         const auto n = 1 + std::count(list.begin(), list.end(), ',');
         fmt::print(stderr,
                    "ringzero-run: generation {} formed at {:.1f} s: {} ranks (members {})\n", g,
@@ -604,15 +649,43 @@ class job {
     }
   }
 
+  // The ranks the job declared lost (a member found one silent: stopped, or hung) are ended
+  // here, where they would otherwise be waited for forever.
+  void watch_losses() {
+    using keys = ringzero::elastic::session::keys;
+    if (!store_ || env_.arrival) return;
+    try {
+      const auto deaths = store_->add_within(keys::deaths(), 0, std::chrono::seconds(1));
+      if (deaths == deaths_seen_) return;
+      deaths_seen_ = deaths;
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        auto& rp = ranks_[r];
+        const std::int64_t id = env_.first_id + static_cast<std::int64_t>(r);
+        if (!rp.running || rp.declared_lost ||
+            store_->add_within(keys::dead(id), 0, std::chrono::seconds(1)) == 0)
+          continue;
+        rp.declared_lost = true;
+        fmt::print(stderr,
+                   "ringzero-run: rank {} (pid {}) was declared lost by the job{}; ending it\n", id,
+                   rp.pid, is_stopped(rp.pid) ? " (it is stopped: SIGSTOP or a debugger)" : "");
+        std::fflush(stderr);
+        signal_rank(rp.pid, SIGKILL);
+      }
+    } catch (const ringzero::error&) {
+      // The store is served here; a slow answer only delays the check.
+    }
+  }
+
   // The elastic job's summary: deaths and generations, with what the ranks recorded.
   void finish_elastic() {
     using keys = ringzero::elastic::session::keys;
     watch_generations();
+    // Only the job's own launcher ends it: an arrival's ending tells the others nothing.
+    if (env_.arrival) return;
     try {
       store_->add_within(keys::finished(), 1, std::chrono::seconds(1));
     } catch (const ringzero::error&) {
     }
-    if (env_.arrival) return;
     fmt::print(stderr, "ringzero-run: elastic job ({}): {} ranks started, {} lost\n", env_.elastic,
                opt_.nproc, deaths_.size());
     // One timeline: deaths as this launcher saw them, generations as the ranks formed them.
@@ -620,8 +693,12 @@ class job {
     for (std::size_t g = 0; g < generations_.size(); ++g) {
       std::string event;
       try {
-        const auto v = store_->get_within(keys::event(g), std::chrono::milliseconds(200));
-        event = std::string(reinterpret_cast<const char*>(v.data()), v.size());
+        // Only generations with an event wait for it: one without would hold this summary up
+        // for the whole limit, once per generation.
+        if (store_->add_within(keys::recorded(g), 0, std::chrono::seconds(1)) > 0) {
+          const auto v = store_->get_within(keys::event(g), std::chrono::seconds(1));
+          event = std::string(reinterpret_cast<const char*>(v.data()), v.size());
+        }
       } catch (const ringzero::error&) {
       }
       const auto& list = generations_[g].members;
@@ -667,7 +744,10 @@ class job {
     sigset_t none, defaults;
     sigemptyset(&none);
     sigemptyset(&defaults);
-    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, s);
+    // SIGPIPE stays ignored, as it is here: while this process lives it drains the ranks'
+    // output, so it changes nothing then; once it has died, a rank's next line fails with EPIPE
+    // instead of killing the rank before it can end cleanly.
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     posix_spawnattr_setpgroup(&attr, 0);
@@ -785,8 +865,9 @@ class job {
           // generation at once instead of waiting out the settle time.
           const std::int64_t id = env_.first_id + static_cast<std::int64_t>(r);
           try {
-            store_->add_within(ringzero::elastic::session::keys::dead(id), 1,
-                               std::chrono::seconds(1));
+            using keys = ringzero::elastic::session::keys;
+            if (store_->add_within(keys::dead(id), 1, std::chrono::seconds(1)) == 1)
+              store_->add_within(keys::deaths(), 1, std::chrono::seconds(1));
             elastic_local::release(*store_, rp.local);
           } catch (const ringzero::error&) {
           }
@@ -848,6 +929,7 @@ class job {
         stop(SIGKILL);
       }
       watch_generations();
+      watch_losses();
       if (rc > 0 && fds[0].revents != 0) {
         unsigned char sigs[64];
         const ssize_t n = ::read(signal_pipe[0], sigs, sizeof sigs);
@@ -906,6 +988,8 @@ class job {
   job_env env_;
   std::unique_ptr<ringzero::bootstrap::tcp_store> store_;  ///< an elastic job's store
   bool finished_ok_ = false;                               ///< a rank of an elastic job exited 0
+  bool taken_in_ = false;         ///< --join: a generation took one of these ranks in
+  std::int64_t deaths_seen_ = 0;  ///< the job's count of members declared lost, last read
   std::vector<death> deaths_;
   std::vector<generation> generations_;
   clock_type::time_point started_{};
