@@ -11,6 +11,8 @@
 //                  next generation without it and print what they see
 //   silent V       join the elastic job; member V stops itself (SIGSTOP); the others wait until
 //                  the job declares it lost (the heartbeat), then form the next generation
+//   stop R F       rank R stops itself (SIGSTOP); rank F exits 1 a moment later, as a rank whose
+//                  wait gave up on R would; the others wait to be stopped
 #include <signal.h>
 #include <unistd.h>
 
@@ -154,6 +156,20 @@ int main(int argc, char** argv) {
       put(2, fmt::format("member failed: {}\n", e.what()));
       return 3;
     }
+  }
+  if (mode == "stop" && argc > 3) {
+    if (rank == std::atoi(argv[2])) {
+      put(1, fmt::format("rank {} stopping\n", rank));
+      ::raise(SIGSTOP);
+      put(1, fmt::format("rank {} continued\n", rank));
+      wait_forever();
+    }
+    if (rank == std::atoi(argv[3])) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      put(1, fmt::format("rank {} gives up\n", rank));
+      return 1;
+    }
+    wait_forever();
   }
   if (mode == "store") {
     // Several stores one after another, as a trainer building several communicators would.

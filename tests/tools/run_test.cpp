@@ -407,6 +407,40 @@ TEST_CASE("--elastic: a stopped member is declared lost by the job's heartbeat a
   CHECK(took < 30);
 }
 
+TEST_CASE("a stopped rank is named as the culprit, and continued so that it ends") {
+  // Rank 1 stops itself; rank 2 gives up on it. Before, the launcher named rank 2 and waited out
+  // the grace period (20 s here) on the stopped rank before killing it.
+  const auto t0 = clock_type::now();
+  launch l({"-n", "3", "--grace", "20", RUN_HELPER_EXE, "stop", "1", "2"});
+  REQUIRE(l.wait_for("rank 1 stopping", 1));
+  const int status = l.finish();
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO("stdout:\n", l.out(), "stderr:\n", l.err(), "took ", took, " s");
+  CHECK(exit_code(status) == 1);
+  CHECK(contains(l.err(), "rank 1 (pid "));
+  CHECK(contains(l.err(), "is stopped (SIGSTOP or a debugger); rank 2 (pid "));
+  CHECK(took < 10);
+}
+
+TEST_CASE("--redirect DIR: the ranks' lines go to DIR/rank<R>.log only") {
+  char tmpl[] = "/tmp/ringzero-run-redirect-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  {
+    launch l({"-n", "2", "--redirect", tmpl, RUN_HELPER_EXE, "lines", "2"});
+    REQUIRE(exit_code(l.finish()) == 0);
+    CHECK(l.out().empty());
+    CHECK_FALSE(contains(l.err(), "line"));
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(std::filesystem::path(tmpl) / fmt::format("rank{}.log", r));
+    std::stringstream text;
+    text << in.rdbuf();
+    CHECK(lines(text.str()).size() == 4);  // two lines on each of stdout and stderr
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+}
+
 TEST_CASE("usage") {
   {
     launch l({"-n", "2", "--elastic", "4:2", RUN_HELPER_EXE});

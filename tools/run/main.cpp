@@ -65,6 +65,9 @@ constexpr const char* usage_text =
     "  --tag-output       always prefix lines with \"[RANK] \" (as mpirun --tag-output)\n"
     "  --no-tag-output    never prefix lines\n"
     "  --output DIR       also write each rank's stdout and stderr, untagged, to DIR/rank<R>.log\n"
+    "                     (torchrun's --tee 3 --log-dir DIR)\n"
+    "  --redirect DIR     write each rank's stdout and stderr only to DIR/rank<R>.log; this\n"
+    "                     process's own lines still come here (torchrun's --redirects 3)\n"
     "  --port P           MASTER_PORT to use instead of a free one\n"
     "  --timeout S        stop the job after S seconds (exit status 124)\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
@@ -81,10 +84,23 @@ constexpr const char* usage_text =
     "  --version          show the version\n"
     "\n"
     "SIGINT and SIGTERM are forwarded to every rank; a second one kills them. When a rank exits\n"
-    "with a non-zero status or is killed by a signal, the other ranks are stopped and\n"
-    "ringzero-run exits with that rank's status (128+N for signal N). With --elastic, the job\n"
-    "goes on while MIN ranks remain; it exits 0 if the ranks that finished it exited 0, and a\n"
-    "summary says who died when and the world size over time.\n";
+    "with a non-zero status or is killed by a signal, the other ranks are stopped (a stopped\n"
+    "rank, SIGSTOP or a debugger, is named as the culprit and continued so that it ends). With\n"
+    "--elastic, the job goes on while MIN ranks remain; a rank the job declares lost (its\n"
+    "heartbeat silent for RINGZERO_ELASTIC_SETTLE seconds) is ended; a summary says who died\n"
+    "when and the world size over time. Ranks get SIGPIPE ignored and RINGZERO_LAUNCHER_PID:\n"
+    "an elastic job's ranks end cleanly when this process dies.\n"
+    "\n"
+    "exit status:\n"
+    "  0      every rank exited 0 (elastic: the ranks that finished the job did)\n"
+    "  1      the job could not be set up (--output, --job-file, --join, the store)\n"
+    "  2      usage error\n"
+    "  3      an elastic job that ended without finishing (too few ranks left, or they failed)\n"
+    "  4      --join: the job finished before these ranks were taken in\n"
+    "  124    --timeout passed\n"
+    "  127    a rank could not be started\n"
+    "  128+N  this process got signal N (SIGINT, SIGTERM, SIGHUP) and stopped the ranks\n"
+    "  other  the status of the rank that failed first (128+N if signal N ended it)\n";
 
 constexpr std::size_t max_line_bytes = 64 * 1024;
 
@@ -94,6 +110,7 @@ struct options {
   int nproc = 0;
   tagging tag = tagging::automatic;
   std::string output_dir;
+  bool console = true;  ///< ranks' lines also go to this process's stdout and stderr
   int port = 0;
   double timeout_s = 0;
   double grace_s = 5;
@@ -181,6 +198,10 @@ options parse_args(int argc, char** argv) {
     else if (auto v6 = value(a, "--output")) {
       if (v6->empty()) usage_error("--output needs a directory");
       o.output_dir = *v6;
+    } else if (auto v10 = value(a, "--redirect")) {
+      if (v10->empty()) usage_error("--redirect needs a directory");
+      o.output_dir = *v10;
+      o.console = false;
     } else if (a.starts_with("-") && a.size() > 1)
       usage_error(fmt::format("unknown option '{}'", a));
     else
@@ -395,7 +416,7 @@ void write_all(int fd, std::string_view s) {
 
 struct stream {
   int fd = -1;       ///< our end of the rank's pipe; -1 once closed
-  int out_fd = -1;   ///< where its lines go (1 or 2)
+  int out_fd = -1;   ///< where its lines go (1 or 2; -1: only to the log file)
   int file_fd = -1;  ///< the rank's --output log, shared by its stdout and stderr; or -1
   std::string prefix;
   std::string partial;
@@ -420,7 +441,7 @@ struct stream {
       line(partial + '\n');
       partial.clear();
     }
-    if (!batch.empty()) write_all(out_fd, batch);
+    if (!batch.empty() && out_fd >= 0) write_all(out_fd, batch);
     if (!raw.empty()) write_all(file_fd, raw);
   }
 
@@ -791,16 +812,21 @@ class job {
     rp.pid = pid;
     rp.running = true;
     const std::string prefix = fmt::format("[{}] ", env_.elastic.empty() ? r : env_.first_id + r);
-    rp.out = {out[0], 1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
-    rp.err = {err[0], 2, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
+    rp.out = {out[0], opt_.console ? 1 : -1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
+    rp.err = {err[0], opt_.console ? 2 : -1, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
     ++running_;
     return true;
   }
 
-  // Sends `sig` to every running rank's process group and arms the SIGKILL deadline.
+  // Sends `sig` to every running rank's process group and arms the SIGKILL deadline. SIGCONT
+  // follows, so that a stopped rank (SIGSTOP, a debugger) acts on it now instead of holding the
+  // grace period up.
   void stop(int sig) {
     for (auto& rp : ranks_)
-      if (rp.running && ::kill(-rp.pid, sig) != 0) ::kill(rp.pid, sig);
+      if (rp.running) signal_rank(rp.pid, sig);
+    if (sig != SIGKILL)
+      for (auto& rp : ranks_)
+        if (rp.running) signal_rank(rp.pid, SIGCONT);
     if (sig != SIGKILL && !stopping_)
       kill_deadline_ = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                                std::chrono::duration<double>(opt_.grace_s));
@@ -884,8 +910,19 @@ class job {
         }
         if (failed && !stopping_) {
           first_failure_ = static_cast<int>(r);
-          fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
-                     pid, describe(status));
+          // A stopped rank is the culprit of the waits that gave up on it, whichever rank's
+          // error came first.
+          const auto stopped = std::find_if(ranks_.begin(), ranks_.end(), [](const auto& o) {
+            return o.running && is_stopped(o.pid);
+          });
+          if (stopped != ranks_.end())
+            fmt::print(stderr,
+                       "ringzero-run: rank {} (pid {}) is stopped (SIGSTOP or a debugger); rank {} "
+                       "(pid {}) {} waiting for it; stopping the ranks\n",
+                       stopped - ranks_.begin(), stopped->pid, r, pid, describe(status));
+          else
+            fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
+                       pid, describe(status));
           std::fflush(stderr);
           stop(SIGTERM);
         }
