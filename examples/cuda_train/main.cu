@@ -411,6 +411,9 @@ int run(const args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     const args a = parse(argc, argv);
     int devices = 0;

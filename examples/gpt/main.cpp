@@ -377,6 +377,9 @@ void launch(const args& a, const gpt::corpus& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const args a = parse(argc, argv);
   try {
     const auto text = gpt::corpus::from_file(a.text);
