@@ -88,8 +88,8 @@ constexpr const char* usage_text =
     "rank, SIGSTOP or a debugger, is named as the culprit and continued so that it ends). With\n"
     "--elastic, the job goes on while MIN ranks remain; a rank the job declares lost (its\n"
     "heartbeat silent for RINGZERO_ELASTIC_SETTLE seconds) is ended; a summary says who died\n"
-    "when and the world size over time. Ranks get SIGPIPE ignored and RINGZERO_LAUNCHER_PID:\n"
-    "an elastic job's ranks end cleanly when this process dies.\n"
+    "when and the world size over time. Its ranks get RINGZERO_LAUNCHER_PID, and SIGPIPE\n"
+    "ignored: they end cleanly when this process dies.\n"
     "\n"
     "exit status:\n"
     "  0      every rank exited 0 (elastic: the ranks that finished the job did)\n"
@@ -765,10 +765,13 @@ class job {
     sigset_t none, defaults;
     sigemptyset(&none);
     sigemptyset(&defaults);
-    // SIGPIPE stays ignored, as it is here: while this process lives it drains the ranks'
-    // output, so it changes nothing then; once it has died, a rank's next line fails with EPIPE
-    // instead of killing the rank before it can end cleanly.
+    // An elastic job's ranks keep SIGPIPE ignored, as it is here: while this process lives it
+    // drains the ranks' output, so it changes nothing then; once it has died, a rank's next
+    // line fails with EPIPE instead of killing the rank before its session, which watches this
+    // process, ends it cleanly. Other ranks watch nothing: SIGPIPE at their next line is what
+    // ends them then.
     for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
+    if (env_.elastic.empty()) sigaddset(&defaults, SIGPIPE);
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     posix_spawnattr_setpgroup(&attr, 0);
