@@ -16,6 +16,7 @@
 #include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/reduce/reproducible_compact.hpp"
+#include "ringzero/reduce/simd.hpp"
 
 using ringzero::bfloat16;
 using ringzero::float16;
@@ -212,4 +213,48 @@ TEST_CASE("a compact accumulator: an element's infinities and NaNs as IEEE addit
   CHECK(acc.value(2) == 6.0f);
   CHECK(acc.value(3) != acc.value(3));
   CHECK(acc.spilled_blocks() == 1);  // 2^-90 beside 1.0 (the tags took no rows)
+}
+
+TEST_CASE("a compact accumulator holds the same words on every path of the host loops") {
+  // The AVX-512 loop (reduce/detail/reproducible_compact_x86.hpp) against the scalar one: the
+  // same heads and words, not merely the same sums, over pieces that start and end mid-block,
+  // ranges that move (shifts), and terms that spill or are infinite (the vector loop hands
+  // those blocks back).
+  using ringzero::reduction::simd;
+  std::vector<simd> paths;
+  for (const simd p : ringzero::reduction::all_simd)
+    if (ringzero::reduction::simd_supported(p)) paths.push_back(p);
+  MESSAGE("paths compared with the scalar one: ", paths.size() - 1);
+  std::mt19937_64 rng(0xc0de);
+  for (int trial = 0; trial < 100; ++trial) {
+    CAPTURE(trial);
+    const std::size_t n = 1 + rng() % 500;
+    std::vector<rp::compact_accumulator<float>> acc;
+    for (std::size_t p = 0; p < paths.size(); ++p) acc.emplace_back(n);
+    for (int batch = 0; batch < 8; ++batch) {
+      const auto t = terms<float>(rng, n, static_cast<int>(rng() % 120) - 90,
+                                  1 + static_cast<int>(rng() % (trial % 3 == 0 ? 80 : 20)),
+                                  trial % 5 == 0, trial % 4 == 0);
+      const std::size_t at = batch % 2 == 0 ? 0 : rng() % (n + 1);
+      const std::size_t len = batch % 2 == 0 ? n : rng() % (n - at + 1);
+      for (std::size_t p = 0; p < paths.size(); ++p)
+        acc[p].add(paths[p], std::span<const float>(t.data(), len), at);
+    }
+    const rp::compact_view v0 = acc[0].view();
+    for (std::size_t p = 1; p < paths.size(); ++p) {
+      CAPTURE(ringzero::reduction::simd_name(paths[p]));
+      const rp::compact_view v = acc[p].view();
+      for (std::size_t b = 0; b < rp::blocks(n); ++b) {
+        REQUIRE(v.heads[b].lo == v0.heads[b].lo);
+        REQUIRE(v.heads[b].spill == v0.heads[b].spill);
+        CHECK(v.heads[b].bound == v0.heads[b].bound);
+        if (v.heads[b].lo == rp::empty || v.heads[b].spill >= 0) continue;
+        for (std::size_t e = b * rp::block_elems; e < std::min(n, (b + 1) * rp::block_elems); ++e) {
+          CHECK(v.words[e] == v0.words[e]);
+          CHECK(rp::magnitude(v.words[e]) <= v.heads[b].bound);  // the bound holds
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) CHECK(same(acc[p].value(i), acc[0].value(i)));
+    }
+  }
 }

@@ -31,14 +31,19 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "ringzero/error.hpp"
+#include "ringzero/reduce/detail/gathered.hpp"
+#include "ringzero/reduce/detail/reproducible_compact_x86.hpp"
 #include "ringzero/reduce/reproducible.hpp"
+#include "ringzero/reduce/simd.hpp"
 
 namespace ringzero::reproducible {
 
@@ -50,10 +55,15 @@ inline constexpr int spill_digits = 10;
 
 /// A block's state. lo == empty: no term yet, its words are not read (they hold whatever a
 /// previous use left). spill >= 0: the block's finite sums lie in that spill record, and its
-/// words are 0 or an inf/NaN tag.
+/// words are 0 or an inf/NaN tag; compact_tags: compact, and some word is a tag; compact_plain:
+/// compact, no tag. `bound` bounds the compact words' magnitudes, so that an add needs to read
+/// them only when the bound says the block might be full.
+inline constexpr std::int32_t compact_plain = -1;
+inline constexpr std::int32_t compact_tags = -2;
 struct compact_head {
   std::int32_t lo = empty;
-  std::int32_t spill = -1;
+  std::int32_t spill = compact_plain;
+  std::uint64_t bound = 0;
 };
 
 /// A spilled block: digit jlo + d of element e at row rows[d], column e.
@@ -410,10 +420,20 @@ template <class T>
   return is_special(w) ? tag_code(w) : 0;
 }
 
+/// The bound of a compact block after a plan that fits: each word grew by less than one term of
+/// range r, 2^(top - lo).
+[[nodiscard]] RINGZERO_HD inline std::uint64_t compact_bound(const compact_head& h,
+                                                             std::uint64_t most,
+                                                             const compact_plan& p,
+                                                             const term_range& r) noexcept {
+  const std::uint64_t words = h.lo == empty ? 0 : most << p.shift;
+  return words + (r.finite() ? std::uint64_t{1} << (r.top - p.lo) : 0);
+}
+
 /// Block b of v takes terms x[0, m) at its elements [first, first + m) (the host's loop; the
-/// device's kernel runs the same steps a warp at a time): their range, the block's largest
-/// word, the plan, then each word shifted and each term added; or the spill path. False when a
-/// spill found the pool full.
+/// device's kernel runs the same steps a warp at a time): their range, the plan against the
+/// block's bound (against its largest word if the bound says it is full), then each word
+/// shifted and each term added; or the spill path. False when a spill found the pool full.
 template <class T>
 RINGZERO_HD inline bool compact_block_add(const compact_view& v, std::size_t b, const T* x,
                                           std::size_t first, std::size_t m) noexcept {
@@ -423,19 +443,24 @@ RINGZERO_HD inline bool compact_block_add(const compact_view& v, std::size_t b, 
   term_range r;
   for (std::size_t i = 0; i < m; ++i) r.add(decompose(x[i]));
   if (r.none()) return true;
-  std::uint64_t most = 0;
-  if (h.lo != empty)
+  std::uint64_t most = h.lo == empty ? 0 : h.bound;
+  compact_plan p = plan_compact(h, most, r);
+  if (!p.fits && h.lo != empty && h.spill < 0) {
+    most = 0;
     for (std::size_t e = 0; e < len; ++e) {
       const std::uint64_t a = magnitude(w[e]);
       most = a > most ? a : most;
     }
-  const compact_plan p = plan_compact(h, most, r);
+    p = plan_compact(h, most, r);
+  }
   if (!p.fits) return spill_block_add(v, b, x, first, m, r, most);
   if (h.lo == empty)
     for (std::size_t e = 0; e < len; ++e) w[e] = 0;
   else if (p.shift > 0)
     for (std::size_t e = 0; e < len; ++e) w[e] = compact_shift(w[e], p.shift);
+  h.bound = compact_bound(h, most, p, r);
   h.lo = p.lo;
+  if (r.special) h.spill = compact_tags;
   for (std::size_t i = 0; i < m; ++i)
     w[first + i] = compact_add(w[first + i], decompose(x[i]), p.lo);
   return true;
@@ -493,6 +518,15 @@ class compact_accumulator {
 
   /// Adds terms[i] to element offset + i.
   void add(std::span<const T> terms, std::size_t offset = 0) {
+    add(reduction::active_simd(), terms, offset);
+  }
+  /// add on a given path of the host loops (tests compare them: the words are the same on
+  /// each); a path that reduction::simd_supported denies is an invalid_argument.
+  void add(reduction::simd path, std::span<const T> terms, std::size_t offset = 0) {
+    if (!reduction::simd_supported(path))
+      throw invalid_argument(fmt::format(
+          "reproducible::compact_accumulator::add: this CPU or build cannot run the {} path",
+          reduction::simd_name(path)));
     if (offset > n_ || terms.size() > n_ - offset)
       throw invalid_argument(
           fmt::format("reproducible::compact_accumulator::add: {} terms at {} pass the end of {} "
@@ -502,7 +536,7 @@ class compact_accumulator {
       const std::size_t e = offset + i;
       const std::size_t b = e / block_elems;
       const std::size_t m = std::min(terms.size() - i, (b + 1) * block_elems - e);
-      add_block(b, terms.data() + i, e - b * block_elems, m);
+      add_block(path, b, terms.data() + i, e - b * block_elems, m);
       i += m;
     }
   }
@@ -512,7 +546,15 @@ class compact_accumulator {
   /// Elements [from, from + out.size()) rounded into out.
   void round(std::size_t from, std::span<T> out) const noexcept {
     const compact_view v = view();
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = compact_round<T>(v, from + i);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      // A compact word is one integer: round_int64's integer rounding (compact_round's bits)
+      // where the result is a normal number.
+      const compact_head h = heads_[(from + i) / block_elems];
+      const std::int64_t w = words_[from + i];
+      if (h.lo == empty || h.spill >= 0 || is_special(w) ||
+          !ringzero::detail::round_int64<T>(w, h.lo, 1, out[i]))
+        out[i] = compact_round<T>(v, from + i);
+    }
   }
 
   /// Blocks that spilled (a measure for tests and the docs).
@@ -601,7 +643,9 @@ class compact_accumulator {
     return std::min(block_elems, n_ - b * block_elems);
   }
 
-  void add_block(std::size_t b, const T* x, std::size_t first, std::size_t m) {
+  void add_block(reduction::simd path, std::size_t b, const T* x, std::size_t first,
+                 std::size_t m) {
+    if (add_compact(path, b, x, first, m)) return;
     // A block spilling may take a record and a row for every digit.
     reserve(1, spill_digits);
     if (!compact_block_add(view(), b, x, first, m))
@@ -609,6 +653,101 @@ class compact_accumulator {
           "reproducible::compact_accumulator: a block's terms span beyond every supported "
           "type's range");
   }
+
+  /// compact_block_add's common case, without branches on the data: a compact block, finite
+  /// terms, no tag among its words, and room for the terms. The same words (the same steps, on
+  /// the bit fields directly); false, having changed nothing, for every other case.
+  bool add_compact(reduction::simd path, std::size_t b, const T* x, std::size_t first,
+                   std::size_t m) noexcept {
+    using F = format<T>;
+    constexpr int frac_bits = F::p - 1;
+    constexpr std::uint32_t exp_all = (1u << F::exp_bits) - 1;
+    constexpr int bias = F::emax + frac_bits;  // a term is mant * 2^(max(e, 1) - bias)
+    compact_head& h = heads_[b];
+    if (h.spill != compact_plain) return false;
+#if RINGZERO_X86_SIMD
+    if constexpr (std::is_same_v<T, float>)
+      if (path == reduction::simd::avx512 && m == block_elems) return add_compact64(h, b, x);
+#else
+    (void)path;
+#endif
+    const auto split = [](T v, std::uint32_t& mant, int& exp) {
+      const auto bits = static_cast<std::uint32_t>(bits_of(v));
+      const std::uint32_t e = (bits >> frac_bits) & exp_all;
+      const std::uint32_t f = bits & ((1u << frac_bits) - 1);
+      mant = e == exp_all ? 0 : (f | (e != 0 ? 1u << frac_bits : 0u));
+      exp = static_cast<int>(e != 0 ? e : 1) - bias;
+      return e == exp_all;
+    };
+    int lo = INT32_MAX, top = INT32_MIN;
+    bool special = false;
+    for (std::size_t i = 0; i < m; ++i) {
+      std::uint32_t mant = 0;
+      int exp = 0;
+      special |= split(x[i], mant, exp);
+      const bool live = mant != 0;
+      // countr_zero and bit_width of a zero mantissa only feed a value `live` discards.
+      const int low = exp + std::countr_zero(mant | (1u << 31));
+      const int high = exp + static_cast<int>(std::bit_width(mant));
+      lo = std::min(lo, live ? low : INT32_MAX);
+      top = std::max(top, live ? high : INT32_MIN);
+    }
+    if (special) return false;
+    if (lo > top) return true;  // only zeros
+    std::int64_t* w = words_ + b * block_elems;
+    const std::size_t len = block_len(b);
+    term_range r;
+    r.lo = lo;
+    r.top = top;
+    const std::uint64_t most = h.lo == empty ? 0 : h.bound;
+    const compact_plan p = plan_compact(h, most, r);
+    if (!p.fits) return false;  // compact_block_add reads the words for a tighter bound
+    h.bound = compact_bound(h, most, p, r);
+    if (h.lo == empty)
+      std::fill_n(w, len, std::int64_t{0});
+    else if (p.shift > 0)
+      for (std::size_t e = 0; e < len; ++e)
+        w[e] = static_cast<std::int64_t>(static_cast<std::uint64_t>(w[e]) << p.shift);
+    h.lo = p.lo;
+    std::int64_t* out = w + first;
+    for (std::size_t i = 0; i < m; ++i) {
+      std::uint32_t mant = 0;
+      int exp = 0;
+      (void)split(x[i], mant, exp);
+      const auto sign = std::uint64_t{0} -
+                        (static_cast<std::uint64_t>(bits_of(x[i])) >> (F::exp_bits + frac_bits));
+      // exp - lo is at least -(trailing zeros) for a nonzero term: exact either way.
+      const int s = exp - p.lo;
+      const std::uint64_t v = (std::uint64_t{mant} >> std::max(0, -s)) << std::max(0, s);
+      out[i] += static_cast<std::int64_t>((v ^ sign) - sign);
+    }
+    return true;
+  }
+
+#if RINGZERO_X86_SIMD
+  /// add_compact over a whole block of floats, on AVX-512.
+  bool add_compact64(compact_head& h, std::size_t b, const T* x) noexcept {
+    namespace v = detail::x86::avx512;
+    const v::block_range range = v::range64(x);
+    if (range.special) return false;
+    if (range.lo > range.top) return true;  // only zeros
+    std::int64_t* w = words_ + b * block_elems;
+    term_range r;
+    r.lo = range.lo;
+    r.top = range.top;
+    const std::uint64_t most = h.lo == empty ? 0 : h.bound;
+    const compact_plan p = plan_compact(h, most, r);
+    if (!p.fits) return false;  // compact_block_add reads the words for a tighter bound
+    h.bound = compact_bound(h, most, p, r);
+    if (h.lo == empty)
+      std::fill_n(w, block_elems, std::int64_t{0});
+    else if (p.shift > 0)
+      v::shift64(w, p.shift);
+    h.lo = p.lo;
+    v::add64(x, p.lo, w);
+    return true;
+  }
+#endif
 
   /// Room for `records` more records and `rows` more rows.
   void reserve(std::size_t records, std::size_t rows) {

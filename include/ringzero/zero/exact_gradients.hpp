@@ -140,8 +140,13 @@ class exact_gradients {
   /// given `layer0`, its place in the bucket buffer.
   [[nodiscard]] G* slot(int id, G* layer0) {
     auto& k = slot_[static_cast<std::size_t>(id)];
-    if (k < 0) k = used_[static_cast<std::size_t>(id)]++;
-    return region(id, k, layer0);
+    if (k >= 0) return region(id, k, layer0);
+    k = used_[static_cast<std::size_t>(id)]++;
+    G* at = region(id, k, layer0);
+    // The host's bucket buffers come unzeroed (submit zeroes what no gradient overwrote).
+    if constexpr (!device)
+      if (k == 0) std::fill_n(at, plan_.params()[static_cast<std::size_t>(id)].numel, G{});
+    return at;
   }
   /// The slot slot() gave this micro-batch, or null.
   [[nodiscard]] G* given_slot(int id, G* layer0) {
@@ -165,6 +170,7 @@ class exact_gradients {
   done_type submit(int b, G* layer0, bool first, bool last) {
     const auto ub = static_cast<std::size_t>(b);
     take_layers(b, static_cast<int>(layers_[ub].size()));  // untaken layers must be zeros
+    if constexpr (!device) zero_unwritten(b, layer0);
     if constexpr (device) {
       const auto st = space_.comm_stream();
       space_.wait(st, space_.record(space_.compute_stream()));
@@ -304,6 +310,22 @@ class exact_gradients {
         std::fill_n(layer.data(), layer.size(), G{});
       }
     }
+  }
+
+  /// Zeroes the places in a host bucket buffer that no gradient wrote this micro-batch: the
+  /// parameters none came for, the alignment gaps and the padding. (Zeroing the whole buffer
+  /// for each micro-batch was 5 % of a reproducible run's time, the adds 4 %.)
+  void zero_unwritten(int b, G* layer0) {
+    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
+    std::size_t at = bk.offset;  // flat position up to which the buffer is accounted for
+    for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p) {
+      const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
+      std::fill(layer0 + (at - bk.offset), layer0 + (pi.offset - bk.offset), G{});
+      if (used_[static_cast<std::size_t>(p)] == 0)
+        std::fill_n(layer0 + (pi.offset - bk.offset), pi.numel, G{});
+      at = pi.offset + pi.numel;
+    }
+    std::fill(layer0 + (at - bk.offset), layer0 + bk.padded, G{});
   }
 
   /// The pairwise in-place exchange of a layer (see the header comment), each block added into

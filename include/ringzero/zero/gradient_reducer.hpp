@@ -457,7 +457,8 @@ class gradient_reducer {
       pick = static_cast<int>(pool_.size()) - 1;
     }
     auto& e = pool_[static_cast<std::size_t>(pick)];
-    std::fill_n(e.data.data(), e.data.size(), G{});
+    // Reproducible mode zeroes only what no gradient overwrites (exact_gradients::submit).
+    if (!reproducible_) std::fill_n(e.data.data(), e.data.size(), G{});
     e.bucket = b;
     bucket_buffer_[static_cast<std::size_t>(b)] = pick;
   }
