@@ -3,7 +3,7 @@
 // clear, round, copy. This primary template is the emulated device's (device_space.hpp): the
 // space runs what it is given on the stream's thread, so the work is the host's own loops over the
 // __host__ __device__ functions of reduce/reproducible_compact.hpp. The CUDA device space has
-// its kernels (zero/cuda_exact.cuh), which run those same functions, a warp to a block.
+// its kernels (zero/cuda_exact.cuh), which run those same functions, a thread to a block.
 #pragma once
 
 #include <algorithm>
@@ -52,3 +52,7 @@ struct exact_ops {
 };
 
 }  // namespace ringzero::zero::detail
+
+#if defined(__CUDACC__)
+#include "ringzero/zero/cuda_exact.cuh"
+#endif
