@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -396,4 +398,38 @@ TEST_CASE("reproducible training: gradients spanning beyond a word spill, on hos
                        "in more blocks of 64 than the device's spill pool holds (65 blocks, 195 "
                        "rows); it grows after each step",
                        ringzero::unsupported);
+}
+
+TEST_CASE("reproducible training on a device space: no host wait per gradient, five per step") {
+  // The adds run on the device: between a step's start and step() the only host waits are the
+  // trainer's own (the harness waits for the compute stream before each gradient and after each
+  // micro-batch). step() reads the norm's bins with the pool's use (one wait) and agrees on two
+  // host words through device memory (an upload and a download each): five, whatever the model.
+  const auto layout = zt::make_layout<bfloat16>({std::vector<std::size_t>(20, 33), {129, 7}});
+  const int params = 22;
+  for (int stage : {0, 3})
+    for (int world : {1, 3}) {
+      auto o = options(world, stage);
+      o.steps = 4;
+      o.bucket_bytes = 512;
+      std::mutex m;
+      std::vector<std::string> over;
+      o.on_counters = [&](int rank, int step, const zero::device_counters& start,
+                          const zero::device_counters& before, const zero::device_counters& after) {
+        const std::lock_guard lock(m);
+        const auto say = [&](const char* what, std::uint64_t got, std::uint64_t want) {
+          if (got != want)
+            over.push_back(fmt::format("stage {} world {} rank {} step {}: {} {} (want {})", stage,
+                                       world, rank, step, what, got, want));
+        };
+        say("host waits before step()", before.host_syncs - start.host_syncs,
+            static_cast<std::uint64_t>(o.accumulation * (params + 1)));
+        say("host waits in step()", after.host_syncs - before.host_syncs, 5);
+        say("statistics launches", after.statistics_launches - start.statistics_launches, 0);
+        if (step >= 2)
+          say("driver allocations", after.driver_allocations - start.driver_allocations, 0);
+      };
+      (void)zt::train<bfloat16, zero::emulated_device_space>(layout, o);
+      for (const auto& line : over) FAIL_CHECK(line);
+    }
 }

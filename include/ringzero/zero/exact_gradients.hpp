@@ -26,10 +26,11 @@
 //
 // On a device space the same runs in stream order: words, heads and spill pool lie in device
 // memory, the exchange is enqueued on the communication stream and the adds are kernels
-// (detail/exact_device.hpp), so no gradient comes back to the host. The device's spill pool has
-// a fixed size within a step; the step reads its use (with the norm) and grows it, and a step in
-// which it ran full fails. With hybrid sharding the accumulators come back to the host once per
-// step for the combine across groups.
+// (detail/exact_device.hpp), and the exact norm's squares are binned there too, so no gradient
+// comes back to the host: a step reads 4 KiB of bins. The device's spill pool has a fixed size
+// within a step; the step reads its use with the bins and grows it, and a step in which it ran
+// full fails. With hybrid sharding the accumulators come back to the host once per step for the
+// combine across groups.
 #pragma once
 
 #include <fmt/format.h>
@@ -116,6 +117,10 @@ class exact_gradients {
       heads_ = space_.template allocate_local<reproducible::compact_head>(
           std::max<std::size_t>(1, blocks));
       counts_ = space_.template allocate_local<std::uint32_t>(3);
+      // The norm's bins, then room for the pool's counts: one read a step; and the staging of
+      // the norm's words (exact_sumsq::digits), so that no step waits to allocate it.
+      norm_ = space_.template allocate_local<std::uint64_t>(detail::device_bins + 2);
+      staging_ = space_.template allocate<std::int64_t>(detail::exact_sumsq::digits);
       grow_pool(blocks / 128 + 64);
     } else {
       for (const auto& bk : buckets)
@@ -195,14 +200,26 @@ class exact_gradients {
     return last_[ub];
   }
 
-  /// Device spaces: the exact sum of squares of `segs`' gradients times scale^2, and whether one
-  /// is inf or NaN, agreed over this rank's group. The step's one read of its gradients; it also
-  /// reads the spill pool's use, grows it, and fails if it ran full.
-  [[nodiscard]] gradient_stats agree_stats(const std::vector<segment>& segs, float scale,
+  /// Device spaces: the exact sum of squares of this rank's gradients (its slice of every
+  /// bucket: its segments and the padding's zeros) times scale^2, and whether one is inf or NaN,
+  /// agreed over this rank's group. The squares are binned on the device (exact_sumsq's bins);
+  /// the host reads the bins and the spill pool's use in one copy, grows the pool or fails if it
+  /// ran full, and agrees on the sum through staged collectives.
+  [[nodiscard]] gradient_stats agree_stats(float scale,
                                            const ringzero::options& o) requires device {
+    using ops = detail::exact_ops<Space>;
     const auto st = space_.comm_stream();
+    constexpr std::size_t bins = detail::device_bins;
+    space_.zero(st, norm_.data(), norm_.size());
+    const auto r = static_cast<std::size_t>(comm_.rank());
+    for (const auto& bk : plan_.buckets())
+      ops::sumsq(space_, st, sharded_ ? shard_values(bk) : flat_ + bk.offset + r * bk.slice,
+                 bk.slice, norm_.data());
+    ops::copy(space_, st, reinterpret_cast<std::uint32_t*>(norm_.data() + bins), counts_.data(), 3);
+    std::vector<std::uint64_t> host(norm_.size());
+    space_.download(st, host.data(), norm_.data(), host.size());
     std::uint32_t counts[3] = {};
-    space_.download(st, counts, counts_.data(), 3);
+    std::memcpy(counts, host.data() + bins, sizeof counts);
     if (counts[2] != 0)
       throw unsupported(fmt::format(
           "zero: reproducible: this step's gradients span more than 62 bits in more blocks of 64 "
@@ -212,11 +229,7 @@ class exact_gradients {
       grow_pool(2 * std::max<std::size_t>(pool_records_, counts[0]));
     space_.zero(st, counts_.data(), 3);
     detail::exact_sumsq sq;
-    for (const auto& s : segs) {
-      host_.resize(s.count);
-      space_.download(st, host_.data(), sharded_ ? gradient(s) : flat_ + s.flat_offset, s.count);
-      sq.add(host_.data(), s.count);
-    }
+    sq.add_bins(host.data());
     const auto [sum, bad] = sq.agree(comm_, o, staged(*this));
     gradient_stats stats;
     stats.sumsq = sum * static_cast<double>(scale) * static_cast<double>(scale);
@@ -229,7 +242,7 @@ class exact_gradients {
   [[nodiscard]] std::size_t bytes() const noexcept {
     std::size_t b = words_.bytes() + staging_.bytes();
     if constexpr (device) {
-      b += heads_.bytes() + counts_.bytes() + records_.bytes() + rows_.bytes();
+      b += heads_.bytes() + counts_.bytes() + norm_.bytes() + records_.bytes() + rows_.bytes();
     } else {
       for (const auto& a : accs_) b += a.bytes();
     }
@@ -483,12 +496,12 @@ class exact_gradients {
   std::vector<std::size_t> head_at_;
   buffer<reproducible::compact_head> heads_;
   buffer<std::uint32_t> counts_;
+  buffer<std::uint64_t> norm_;
   buffer<reproducible::spill_record> records_;
   buffer<std::int64_t> rows_;
   std::size_t pool_records_ = 0;
   std::size_t pool_rows_ = 0;
   buffer<std::int64_t> staging_;
-  std::vector<G> host_;
   std::vector<G> host_out_;
   std::vector<int> used_;        // layers each parameter filled this micro-batch
   std::vector<int> slot_;        // the layer of each parameter's slot this micro-batch, or -1

@@ -151,9 +151,9 @@ class gradient_reducer {
     return space_.read_stats(st);
   }
   /// agree_stats in reproducible mode (exact_gradients::agree_stats): the exact sum of squares.
-  [[nodiscard]] gradient_stats agree_exact_stats(const std::vector<segment>& segs, float scale,
+  [[nodiscard]] gradient_stats agree_exact_stats(float scale,
                                                  const ringzero::options& o) requires device {
-    return exact_->agree_stats(segs, scale, o);
+    return exact_->agree_stats(scale, o);
   }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }

@@ -1,16 +1,19 @@
 // The element work of reproducible training's accumulators on a device space
 // (zero/exact_gradients.hpp), each call enqueued on a stream of the space: add a slice of terms,
-// clear, round, copy. This primary template is the emulated device's (device_space.hpp): the
-// space runs what it is given on the stream's thread, so the work is the host's own loops over the
-// __host__ __device__ functions of reduce/reproducible_compact.hpp. The CUDA device space has
-// its kernels (zero/cuda_exact.cuh), which run those same functions, a thread to a block.
+// clear, round, bin the squares for the exact norm, copy. This primary template is the emulated
+// device's (device_space.hpp): the space runs what it is given on the stream's thread, so the work
+// is the host's own loops over the __host__ __device__ functions of reduce/reproducible_compact.hpp
+// and detail/exact_sumsq.hpp. The CUDA device space has its kernels (zero/cuda_exact.cuh), which
+// run those same functions.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "ringzero/reduce/reproducible_compact.hpp"
+#include "ringzero/zero/detail/exact_sumsq.hpp"
 
 namespace ringzero::zero::detail {
 
@@ -42,6 +45,24 @@ struct exact_ops {
                     G* out) {
     sp.enqueue(s, [v, out](auto) {
       for (std::size_t i = 0; i < v.n; ++i) out[i] = reproducible::compact_round<G>(v, i);
+    });
+  }
+  /// bins (device_bins words, zeroed before) take the squares of g[0, n) as exact_sumsq bins
+  /// them: the step's exact norm without the gradients leaving the device.
+  template <class G>
+  static void sumsq(const Space& sp, typename Space::stream s, const G* g, std::size_t n,
+                    std::uint64_t* bins) {
+    sp.enqueue(s, [g, n, bins](auto) {
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t e = 0;
+        std::uint64_t m2 = 0;
+        if (!square_of(g[i], e, m2)) {
+          bins[512] = 1;
+          continue;
+        }
+        bins[2 * e] += m2;
+        bins[2 * e + 1] += bins[2 * e] < m2 ? 1 : 0;  // the carry out of the low word
+      }
     });
   }
   /// n elements from src to dst, both device memory.
