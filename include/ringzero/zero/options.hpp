@@ -242,12 +242,12 @@ struct config {
   /// the last micro-batch; the global norm is an exact sum of squares, rounded once; the loss
   /// scaler's overflow check reads the rounded gradients. The sum of the global batch's
   /// gradients is then the same bits whatever the world size, and so is everything after it.
-  /// The cost: about 8.1 bytes of accumulator per element of this rank's shard in every stage
+  /// The cost: about 8.25 bytes of accumulator per element of this rank's shard in every stage
   /// (memory_report::accumulator), over which stages 2-3 keep their gradient shard; each
   /// micro-batch moves (N-1)/N of every bucket in G per rank (stages 0-1 too, where the plain
   /// mode reduces once per step), a bucket whose parameters are used u times u such layers. On a
-  /// device space the accumulators and their adds stay on the device; the exact norm reads the
-  /// gradient shard back once per step.
+  /// device space the accumulators, their adds and the exact norm's squares stay on the device;
+  /// a step reads 4 KiB of the norm's bins back.
   bool reproducible = false;
 };
 
