@@ -432,6 +432,12 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
           o.stage, plan.numel(), n, mib(static_cast<std::uint64_t>(f)),
           mib(static_cast<std::uint64_t>(measured)), 100.0 * (measured - f) / f,
           o.reproducible ? " and the exact gradient accumulator" : "");
+      if (o.reproducible)
+        say(log,
+            "  of the gradients, the exact accumulator of this rank's shard: {} MiB, {:.2f} bytes "
+            "per element of the shard\n",
+            mib(mem.accumulator),
+            static_cast<double>(mem.accumulator) / static_cast<double>(plan.shard_size()));
     }
   }
   const double seconds =

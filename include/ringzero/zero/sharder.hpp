@@ -47,14 +47,13 @@
 // the gradients' all_reduce (stages 0-1) reads the peers' buffers in place; with hybrid sharding
 // the shard group is split from the world and symmetric memory does not span it, so the buffers
 // are host memory. Symmetric allocation is collective over every rank of the transport; the
-// constructor makes exactly two, in this order on every rank (which is why every rank must
-// construct with the same layout and config, and no other thread may use the communicator
-// meanwhile): the parameters (the padded flat buffer, or the shard in stage 3), then the
-// gradients (the flat buffer in stages 0-1, the shard in stages 2-3, of the reduce type). Nothing
-// is allocated collectively after the constructor: the bucket buffers of stages 2-3 and the
-// gathered buckets of stage 3 are this rank's own (host memory), since which buffer holds what is
-// decided by timing and use, while a collective on symmetric memory finds a peer's buffer at the
-// offset of its own. zero::sharder<Comm, P, zero::host_space> keeps everything in host memory.
+// constructor makes exactly two, in this order on every rank (hence the same layout and config
+// everywhere, and no other thread on the communicator meanwhile): the parameters (the padded
+// flat buffer, or the shard in stage 3), then the gradients (the flat buffer in stages 0-1, the
+// shard in 2-3 -- reproducible: over the exact accumulators -- of the reduce type). Nothing else
+// is collective: bucket buffers and gathered buckets are this rank's own (host memory), as which
+// holds what is decided by timing and use, while a collective on symmetric memory finds a peer's
+// buffer at the offset of its own. zero::sharder<Comm, P, zero::host_space> is all host memory.
 //
 // On a world communicator whose transport runs collectives itself (shm: in its segment, and
 // all_reduce in place on symmetric buffers), each of config::collectives left at the ring (the
@@ -359,6 +358,7 @@ class sharder {
     m.stage = cfg_.stage;
     m.parameters = state_.parameter_bytes();
     m.gradients = std::visit([](const auto& r) { return r.gradient_bytes(); }, reducer_);
+    m.accumulator = std::visit([](const auto& r) { return r.accumulator_bytes(); }, reducer_);
     m.optimizer = state_.optimizer().bytes();
     m.buffers = meter_.now;
     m.peak_buffers = meter_.peak;
