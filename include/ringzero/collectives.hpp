@@ -529,8 +529,9 @@ void run_wire(communicator<T>& comm, const algorithms::call<E>& c, const options
     }
     const call_size<E> sz = size_of(c, comm.size());
     maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
-    if (sz.empty) return;
-    run_quantized(comm, d, c.in, c.out, c.reduction, opt);
+    // takes_quantized_path() refused the other element types.
+    if constexpr (quantize::supported_v<std::remove_cv_t<E>>)
+      if (!sz.empty) run_quantized(comm, d, c.in, c.out, c.reduction, opt);
   }
 }
 

@@ -4,15 +4,18 @@
 // ones the CUDA kernels run (RINGZERO_HD), so this is also their host test.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "ringzero/reduce/quantize.hpp"
+#include "ringzero/reduce/simd.hpp"
 
 namespace {
 
@@ -69,7 +72,13 @@ TEST_CASE("one encoding is within half the block's scale, exactly, from subnorma
       REQUIRE(static_cast<double>(s) <=
               static_cast<double>(absmax) / qm * (1 + 0x1p-15) + 0x1p-149);
       for (float x : block) {
-        const int c = q::code_of(x, s, qm);
+        const int c = q::code_of(x, s, q::inverse_of(s), qm);
+        // The nearest integer to x / s, ties to even, from a quotient exact enough to decide:
+        // long double's 64 bits against the 40 that separate a non-tie from a tie.
+        const long double ref =
+            s == 0 ? 0.0L
+                   : std::nearbyint(static_cast<long double>(x) / static_cast<long double>(s));
+        CHECK_MESSAGE(c == static_cast<int>(std::clamp<long double>(ref, -qm, qm)), "x ", x);
         REQUIRE(c >= -qm);
         REQUIRE(c <= qm);
         const float v = q::value_of(c, s, qm);
@@ -86,16 +95,17 @@ TEST_CASE("one encoding is within half the block's scale, exactly, from subnorma
 TEST_CASE("exact ties go to the even code; a scale's neighbours round to the nearer code") {
   for (const wire_format f : coded) {
     const int qm = q::qmax(f);
-    for (const float s : {1.0f, 0.375f, 3.0f * 0x1p-140f, 12345.0f}) {
+    for (const float s : {1.0f, 0.375f, 49.0f / 4096.0f, 3.0f * 0x1p-140f, 12345.0f}) {
       for (int k = -qm; k < qm; ++k) {
         const double tie = (k + 0.5) * static_cast<double>(s);
         const auto x = static_cast<float>(tie);
         if (static_cast<double>(x) != tie) continue;  // not representable: no tie
-        const int c = q::code_of(x, s, qm);
+        const double inv = q::inverse_of(s);
+        const int c = q::code_of(x, s, inv, qm);
         CHECK_MESSAGE(c % 2 == 0, "scale ", s, " tie between ", k, " and ", k + 1, " gave ", c);
         CHECK((c == k || c == k + 1));
-        CHECK(q::code_of(std::nextafter(x, 1e30f), s, qm) == k + 1);
-        CHECK(q::code_of(std::nextafter(x, -1e30f), s, qm) == k);
+        CHECK(q::code_of(std::nextafter(x, 1e30f), s, inv, qm) == k + 1);
+        CHECK(q::code_of(std::nextafter(x, -1e30f), s, inv, qm) == k);
       }
     }
   }
@@ -240,5 +250,72 @@ TEST_CASE("element_error bounds one encoding of any block whose magnitudes stay 
         CHECK(std::abs(static_cast<double>(q::value_at(L, bytes.data(), i)) - block[i]) <=
               q::element_error(f, a));
     }
+  }
+}
+
+TEST_CASE("every host vector path writes the scalar path's bytes and sums, bit for bit") {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937_64 g(17);
+  std::vector<float> in;
+  for (int i = 0; i < 3000; ++i) {
+    const std::uint64_t h = g();
+    float x = std::ldexp(static_cast<float>(h % 20001) / 10000.0f - 1.0f,
+                         static_cast<int>((h >> 20) % 12) - 6);
+    if (h % 97 == 0) x = (h & 1) ? inf : -inf;
+    if (h % 89 == 0) x = std::nanf("");
+    if (h % 83 == 0) x = std::ldexp(static_cast<float>((h >> 8) % 15) - 7.5f, -3);  // ties
+    in.push_back(x);
+  }
+  // A block of 256 exact ties under a scale whose reciprocal is inexact (49/4096): x · (1 / s)
+  // misses -126.5 there, and only the residual finds the tie.
+  constexpr float tie_scale = 49.0f / 4096.0f;
+  for (int k = -127; k < 127; ++k)
+    in[static_cast<std::size_t>(k + 127)] = (static_cast<float>(k) + 0.5f) * tie_scale;
+  in[254] = 127 * tie_scale;
+  in[255] = -127 * tie_scale;
+  std::vector<bfloat16> inb(in.begin(), in.end());
+  std::vector<float16> inh;
+  for (float x : in) inh.push_back(float16(std::isfinite(x) ? std::fmod(x, 60000.0f) : x));
+  const auto bits_equal = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  for (const reduction::simd path : reduction::all_simd) {
+    if (path == reduction::simd::scalar || !reduction::simd_supported(path)) continue;
+    for (const wire_format f : {wire_format::bf16, wire_format::int8, wire_format::int4})
+      for (const std::size_t block :
+           {std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{256}, std::size_t{1000}})
+        for (const std::size_t count :
+             {std::size_t{5}, std::size_t{17}, std::size_t{256}, std::size_t{2999}}) {
+          INFO(reduction::simd_name(path), " ", wire_format_name(f), " block ", block, " count ",
+               count);
+          const q::segment_layout L{f, block, count};
+          const auto check_type = [&](const auto* src) {
+            std::vector<std::uint8_t> a(L.bytes(), 1), b(L.bytes(), 2);
+            q::encode(L, src, a.data(), reduction::simd::scalar);
+            q::encode(L, src, b.data(), path);
+            CHECK(a == b);
+            using E = std::remove_cvref_t<decltype(*src)>;
+            std::vector<E> da(count), db(count);
+            q::decode(L, a.data(), da.data(), count, reduction::simd::scalar);
+            q::decode(L, a.data(), db.data(), count, path);
+            CHECK(bits_equal(da, db));
+          };
+          check_type(in.data());
+          check_type(inb.data());
+          check_type(inh.data());
+          // Sums over three segments, one holding infinities of the other sign.
+          std::vector<float> other(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(count));
+          for (float& x : other) x = std::isinf(x) ? -x : 0.5f * x;
+          std::vector<std::uint8_t> s1(L.bytes()), s2(L.bytes());
+          q::encode(L, in.data(), s1.data());
+          q::encode(L, other.data(), s2.data());
+          std::vector<float> acc_a(count), acc_b(count);
+          for (int k = 0; k < 3; ++k) {
+            const std::uint8_t* seg = k == 1 ? s2.data() : s1.data();
+            q::accumulate(L, seg, acc_a.data(), k == 0, reduction::simd::scalar);
+            q::accumulate(L, seg, acc_b.data(), k == 0, path);
+          }
+          CHECK(bits_equal(acc_a, acc_b));
+        }
   }
 }

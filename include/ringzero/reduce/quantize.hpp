@@ -36,6 +36,10 @@
 #include <type_traits>
 
 #include "ringzero/kernels/element.hpp"
+#include "ringzero/kernels/reduce.hpp"
+#include "ringzero/op.hpp"
+#include "ringzero/reduce/detail/quantize_x86.hpp"
+#include "ringzero/reduce/simd.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/wire.hpp"
 
@@ -127,19 +131,32 @@ RINGZERO_HD inline float scale_of(float absmax, int q) noexcept {
       float_at_or_above(kernels::div(static_cast<double>(absmax), static_cast<double>(q))));
 }
 
-/// The code of x in a block of scale s: nearest integer to x / s, ties to even, in [-q, q];
-/// -q - 1 for inf and NaN.
-RINGZERO_HD inline int code_of(float x, float s, int q) noexcept {
+/// What a block's codes are found with: 1 / s in double (0 for a block of zeros).
+RINGZERO_HD inline double inverse_of(float s) noexcept {
+  return s == 0.0f ? 0.0 : kernels::div(1.0, static_cast<double>(s));
+}
+
+/// The code of x in a block of scale s (inv = inverse_of(s)): the integer nearest x / s, ties to
+/// even, in [-q, q]; -q - 1 for inf and NaN. x · inv is within 2^-45 of x / s, and a quotient
+/// that is not a tie lies at least 2^-40 from one (s has at most 16 significant bits, x 24), so
+/// its nearest integer is the true one except at an exact tie, where the residual x - c · s
+/// (exact in double: at most 40 significant bits) picks the even neighbour. Whether the host
+/// compiler fuses x · inv into the rounding's add changes no code for the same reason.
+RINGZERO_HD inline int code_of(float x, float s, double inv, int q) noexcept {
   if (!kernels::is_finite(x)) return -q - 1;
-  if (s == 0.0f) return 0;  // every finite element of the block is zero
-  const int c = detail::nearest_int(kernels::div(static_cast<double>(x), static_cast<double>(s)));
+  const auto xd = static_cast<double>(x);
+  int c = detail::nearest_int(kernels::mul(xd, inv));
+  const double r = kernels::add(xd, -kernels::mul(static_cast<double>(c), static_cast<double>(s)));
+  const double half = 0.5 * static_cast<double>(s);
+  const int odd = c & 1;
+  c += (r == half ? odd : 0) - (r == -half ? odd : 0);
   return c > q ? q : (c < -q ? -q : c);
 }
 
 /// What a code of a block of scale s stands for: code * s (exact), or NaN for -q - 1.
 RINGZERO_HD inline float value_of(int code, float s, int q) noexcept {
-  if (code == -q - 1) return detail::float_of(0x7fc00000u);
-  return kernels::mul(static_cast<float>(code), s);
+  const float v = kernels::mul(static_cast<float>(code), s);
+  return code == -q - 1 ? detail::float_of(0x7fc00000u) : v;
 }
 
 /// The int4 byte holding codes lo (element 2i) and hi (element 2i + 1).
@@ -173,14 +190,16 @@ struct segment_layout {
   std::size_t block = default_wire_block;
   std::size_t count = 0;
 
-  [[nodiscard]] constexpr bool quantized() const noexcept {
+  [[nodiscard]] RINGZERO_HD constexpr bool quantized() const noexcept {
     return format == wire_format::int8 || format == wire_format::int4;
   }
-  [[nodiscard]] constexpr std::size_t blocks() const noexcept {
+  [[nodiscard]] RINGZERO_HD constexpr std::size_t blocks() const noexcept {
     return quantized() ? (count + block - 1) / block : 0;
   }
-  [[nodiscard]] constexpr std::size_t scale_bytes() const noexcept { return 4 * blocks(); }
-  [[nodiscard]] constexpr std::size_t code_bytes() const noexcept {
+  [[nodiscard]] RINGZERO_HD constexpr std::size_t scale_bytes() const noexcept {
+    return 4 * blocks();
+  }
+  [[nodiscard]] RINGZERO_HD constexpr std::size_t code_bytes() const noexcept {
     switch (format) {
       case wire_format::int4:
         return (count + 1) / 2;
@@ -194,7 +213,7 @@ struct segment_layout {
     return 0;
   }
   /// The segment's bytes, a multiple of 8 (each of several segments starts aligned).
-  [[nodiscard]] constexpr std::size_t bytes() const noexcept {
+  [[nodiscard]] RINGZERO_HD constexpr std::size_t bytes() const noexcept {
     return (scale_bytes() + code_bytes() + 7) / 8 * 8;
   }
 };
@@ -235,13 +254,33 @@ inline void put_scale(std::uint8_t* seg, std::size_t b, float s) noexcept {
 
 }  // namespace detail
 
-/// Writes `in` (L.count elements) as segment L at `out` (L.bytes() bytes, padding zeroed).
+/// Whether the host loops run on `path`'s vectors: AVX2 (AVX-512 machines take it too).
+[[nodiscard]] inline bool vector_path(reduction::simd path) noexcept {
+#if RINGZERO_X86_SIMD
+  return path != reduction::simd::scalar;
+#else
+  (void)path;
+  return false;
+#endif
+}
+
+/// Writes `in` (L.count elements) as segment L at `out` (L.bytes() bytes, padding zeroed), on
+/// `path` (every path writes the same bytes).
 template <class E>
-void encode(const segment_layout& L, const E* in, std::uint8_t* out) noexcept {
+void encode(const segment_layout& L, const E* in, std::uint8_t* out,
+            reduction::simd path = reduction::active_simd()) noexcept {
   std::memset(out + L.scale_bytes() + L.code_bytes(), 0,
               L.bytes() - L.scale_bytes() - L.code_bytes());
+  const bool vec = vector_path(path);
   if (L.format == wire_format::bf16) {
-    for (std::size_t i = 0; i < L.count; ++i) {
+    std::size_t done = 0;
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      done = L.count / 8 * 8;
+      detail::avx2::codes_bf16(in, done, out);
+    }
+#endif
+    for (std::size_t i = done; i < L.count; ++i) {
       const std::uint16_t b = bf16_code(in[i]);
       out[2 * i] = static_cast<std::uint8_t>(b);
       out[2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
@@ -254,35 +293,129 @@ void encode(const segment_layout& L, const E* in, std::uint8_t* out) noexcept {
   for (std::size_t b = 0; b < L.blocks(); ++b) {
     const std::size_t from = b * L.block, to = std::min(L.count, from + L.block);
     float absmax = 0.0f;
-    for (std::size_t i = from; i < to; ++i)
-      absmax = std::max(absmax, finite_magnitude(kernels::to_float(in[i])));
-    const float s = scale_of(absmax, q);
-    detail::put_scale(out, b, s);
-    for (std::size_t i = from; i < to; ++i) {
-      const int c = code_of(kernels::to_float(in[i]), s, q);
-      if (L.format == wire_format::int8)
-        codes[i] = static_cast<std::uint8_t>(c);
-      else
-        codes[i / 2] |=
-            static_cast<std::uint8_t>((static_cast<unsigned>(c) & 0xfu) << (4 * (i & 1)));
+    std::size_t i = from;
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      const std::size_t n = (to - from) / 8 * 8;
+      absmax = detail::avx2::absmax(in + from, n);
+      i += n;
     }
+#endif
+    for (; i < to; ++i) absmax = std::max(absmax, finite_magnitude(kernels::to_float(in[i])));
+    const float s = scale_of(absmax, q);
+    const double inv = inverse_of(s);
+    detail::put_scale(out, b, s);
+    i = from;
+    if (L.format == wire_format::int8) {
+#if RINGZERO_X86_SIMD
+      if (vec) {
+        const std::size_t n = (to - from) / 8 * 8;
+        detail::avx2::codes_int8(in + from, n, s, inv, q, codes + from);
+        i += n;
+      }
+#endif
+      for (; i < to; ++i)
+        codes[i] = static_cast<std::uint8_t>(code_of(kernels::to_float(in[i]), s, inv, q));
+      continue;
+    }
+    const auto put4 = [&](std::size_t k) {
+      codes[k / 2] |= static_cast<std::uint8_t>(
+          (static_cast<unsigned>(code_of(kernels::to_float(in[k]), s, inv, q)) & 0xfu)
+          << (4 * (k & 1)));
+    };
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      if (i % 2 == 1 && i < to) put4(i++);  // the vectors start on a whole byte
+      const std::size_t n = (to - i) / 16 * 16;
+      detail::avx2::codes_int4(in + i, n, s, inv, q, codes + i / 2);
+      i += n;
+    }
+#endif
+    for (; i < to; ++i) put4(i);
   }
+}
+
+/// Calls block(b, from, to, s) for each int8/int4 block of segment L meeting [0, limit), where
+/// [from, to) is the part of it below limit and s its scale.
+template <class F>
+void for_each_block(const segment_layout& L, const std::uint8_t* seg, std::size_t limit, F&& f) {
+  for (std::size_t b = 0; b * L.block < limit; ++b)
+    f(b * L.block, std::min(limit, (b + 1) * L.block), scale_at(seg, b));
 }
 
 /// out[i] = segment L's value of element i, rounded to E, for i < `limit` (<= L.count).
 template <class E>
-void decode(const segment_layout& L, const std::uint8_t* seg, E* out, std::size_t limit) noexcept {
-  for (std::size_t i = 0; i < limit; ++i) out[i] = kernels::from_float<E>(value_at(L, seg, i));
+void decode(const segment_layout& L, const std::uint8_t* seg, E* out, std::size_t limit,
+            reduction::simd path = reduction::active_simd()) noexcept {
+  const bool vec = vector_path(path);
+  if (L.format == wire_format::bf16) {
+    std::size_t done = 0;
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      done = limit / 8 * 8;
+      detail::avx2::decode_bf16(seg, done, out);
+    }
+#endif
+    for (std::size_t i = done; i < limit; ++i) out[i] = kernels::from_float<E>(value_at(L, seg, i));
+    return;
+  }
+  const int q = qmax(L.format);
+  const std::uint8_t* codes = seg + L.scale_bytes();
+  for_each_block(L, seg, limit, [&](std::size_t from, std::size_t to, float s) {
+    std::size_t i = from;
+    const auto one = [&](std::size_t k) {
+      out[k] = kernels::from_float<E>(value_of(code_at(codes, k, L.format), s, q));
+    };
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      if (L.format == wire_format::int4 && i % 2 == 1 && i < to) one(i++);
+      const std::size_t n = (to - i) / 8 * 8;
+      detail::avx2::decode_block(codes, i, n, s, L.format, out + i);
+      i += n;
+    }
+#endif
+    (void)vec;
+    for (; i < to; ++i) one(i);
+  });
 }
 
-/// acc[i] = (first) or += segment L's value of element i, in float, for every element.
-inline void accumulate(const segment_layout& L, const std::uint8_t* seg, float* acc,
-                       bool first) noexcept {
-  if (first) {
-    for (std::size_t i = 0; i < L.count; ++i) acc[i] = value_at(L, seg, i);
-  } else {
-    for (std::size_t i = 0; i < L.count; ++i) acc[i] = kernels::add(acc[i], value_at(L, seg, i));
+/// acc[i] = (first) or += segment L's value of element i, in float, for every element; the sum
+/// carries a NaN by kernels::combine's rule, so every path gives the same bits.
+inline void accumulate(const segment_layout& L, const std::uint8_t* seg, float* acc, bool first,
+                       reduction::simd path = reduction::active_simd()) noexcept {
+  const auto add = [&](std::size_t k, float v) {
+    acc[k] = first ? v : kernels::combine<op::sum>(acc[k], v);
+  };
+  const bool vec = vector_path(path);
+  if (L.format == wire_format::bf16) {
+    std::size_t done = 0;
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      done = L.count / 8 * 8;
+      detail::avx2::accumulate_bf16(seg, done, acc, first);
+    }
+#endif
+    for (std::size_t i = done; i < L.count; ++i) add(i, value_at(L, seg, i));
+    return;
   }
+  const int q = qmax(L.format);
+  const std::uint8_t* codes = seg + L.scale_bytes();
+  for_each_block(L, seg, L.count, [&](std::size_t from, std::size_t to, float s) {
+    std::size_t i = from;
+#if RINGZERO_X86_SIMD
+    if (vec) {
+      if (L.format == wire_format::int4 && i % 2 == 1 && i < to) {
+        add(i, value_of(code_at(codes, i, L.format), s, q));
+        ++i;
+      }
+      const std::size_t n = (to - i) / 8 * 8;
+      detail::avx2::accumulate_block(codes, i, n, s, L.format, acc + i, first);
+      i += n;
+    }
+#endif
+    (void)vec;
+    for (; i < to; ++i) add(i, value_of(code_at(codes, i, L.format), s, q));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
