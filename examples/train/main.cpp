@@ -388,22 +388,26 @@ void run(Comm& comm, const args& a) {
     if (!memory_shown) {
       memory_shown = true;
       const auto mem = shd.memory();
-      const std::uint64_t mine[5] = {mem.parameters, mem.gradients, mem.optimizer, mem.buffers,
-                                     mem.peak_buffers};
-      std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
+      const std::uint64_t mine[6] = {mem.parameters, mem.gradients,    mem.optimizer,
+                                     mem.buffers,    mem.peak_buffers, mem.secondary};
+      std::vector<std::uint64_t> all(6 * static_cast<std::size_t>(n));
       shd.run_collective([&](Comm& c) {
         ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                              cfg.collectives.all_gather);
       });
       if (lead) {
+        // hpZ's secondary copy of the parameters gets a column of its own where it is kept.
+        const bool hpz = mem.secondary > 0;
         fmt::print(
-            "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak)   "
-            "total\n");
+            "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak){}   "
+            "total\n",
+            hpz ? "  hpZ copy" : "");
         for (int q = 0; q < n; ++q) {
-          const auto* e = all.data() + 5 * static_cast<std::size_t>(q);
-          fmt::print("  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({})  {:>7}\n", q,
+          const auto* e = all.data() + 6 * static_cast<std::size_t>(q);
+          fmt::print("  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({}){}  {:>7}\n", q,
                      mib(e[0]), mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]),
-                     mib(e[0] + e[1] + e[2] + e[3]));
+                     hpz ? fmt::format("  {:>8}", mib(e[5])) : std::string(),
+                     mib(e[0] + e[1] + e[2] + e[3] + e[5]));
         }
         const double f = formula_bytes<P>(
             a.stage, static_cast<double>(plan.numel()), shards, a.optimizer,

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "conformance.hpp"
 #include "ringzero/reduce/quantize.hpp"
 
@@ -239,4 +240,68 @@ TEST_CASE("quantized collectives: the documented steps, bitwise, within the erro
   run_cases<bfloat16>(3, 0);
   run_cases<float16>(4, 2);
   run_cases<float16>(5, 0);
+}
+
+TEST_CASE("quantized collectives: bad input is refused before anything is sent") {
+  using test_support::error_of;
+  ringzero::loopback::world w(2, world_options_for());
+  std::vector<std::string> messages(8);
+  w.run([&](loopback::communicator& comm) {
+    std::vector<float> f(4, 1.0f), g(8);
+    std::vector<std::int32_t> i(4, 1);
+    const options int8{.wire = wire_format::int8};
+    const auto ok_after = [&] {  // the communicator stays usable after each refusal
+      all_gather(comm, std::span<const float>(f), std::span<float>(g), int8);
+      CHECK(std::abs(g[5] - 1.0f) <= 1.0f / 254);
+    };
+    std::vector<std::string> got;
+    got.push_back(error_of<ringzero::invalid_argument>(
+        [&] { all_reduce(comm, std::span<std::int32_t>(i), op::sum, int8); }));
+    ok_after();
+    got.push_back(error_of<ringzero::invalid_argument>(
+        [&] { broadcast(comm, std::span<float>(f), 0, int8); }));
+    got.push_back(error_of<ringzero::invalid_argument>(
+        [&] { all_reduce(comm, std::span<float>(f), op::max, int8); }));
+    got.push_back(error_of<ringzero::invalid_argument>([&] {
+      all_reduce(comm, std::span<float>(f), op::sum,
+                 options{.reproducible = true, .wire = wire_format::int4});
+    }));
+    got.push_back(error_of<ringzero::invalid_argument>([&] {
+      all_reduce(comm, std::span<float>(f), op::sum, options{.wire = static_cast<wire_format>(9)});
+    }));
+    got.push_back(error_of<ringzero::invalid_argument>([&] {
+      all_reduce(comm, std::span<float>(f), op::sum,
+                 options{.wire = wire_format::int8, .wire_block = max_wire_block + 1});
+    }));
+    ok_after();
+    if (comm.rank() == 0)
+      for (std::size_t k = 0; k < got.size(); ++k) messages[k] = got[k];
+  });
+  CHECK(messages[0] ==
+        "ringzero: all_reduce: options::wire int8 carries float, bfloat16 or float16, not int32");
+  CHECK(messages[1] ==
+        "ringzero: broadcast: options::wire applies to all_gather, reduce_scatter and all_reduce");
+  CHECK(messages[2] == "ringzero: all_reduce: options::wire int8 reduces with sum or avg, not max");
+  CHECK(
+      test_support::contains(messages[3], "options::reproducible and options::wire int4 exclude"));
+  CHECK(messages[4] == "ringzero: all_reduce: options::wire holds 9, which names no wire format");
+  CHECK(messages[5] == "ringzero: all_reduce: options::wire_block 16777217 (at most 16777216)");
+}
+
+TEST_CASE("quantized collectives: RINGZERO_CHECK=1 compares the wire format and block") {
+  test_support::scoped_env check("RINGZERO_CHECK", "1");
+  ringzero::loopback::world w(2, world_options_for());
+  std::vector<std::string> messages(2);
+  w.run([&](loopback::communicator& comm) {
+    std::vector<float> f(4, 1.0f);
+    const options mine = comm.rank() == 0 ? options{.wire = wire_format::int8}
+                                          : options{.wire = wire_format::int8, .wire_block = 64};
+    messages[static_cast<std::size_t>(comm.rank())] = test_support::error_of<mismatch_error>(
+        [&] { all_reduce(comm, std::span<float>(f), op::sum, mine); });
+  });
+  for (const auto& m : messages)
+    CHECK(m ==
+          "ringzero: RINGZERO_CHECK: rank 0 called all_reduce (count 4, type float, op sum, root "
+          "0, algorithm auto, wire int8 in blocks of 256) but rank 1 called all_reduce (count 4, "
+          "type float, op sum, root 0, algorithm auto, wire int8 in blocks of 64)");
 }
