@@ -242,6 +242,30 @@ TEST_CASE("quantized collectives: the documented steps, bitwise, within the erro
   run_cases<float16>(5, 0);
 }
 
+TEST_CASE("a large all_gather goes in pieces, with the whole block's values") {
+  // Two pieces of whole scale blocks (1000 elements), the last block short, encoded and decoded
+  // on a helper thread beside the transfer: every value as the unpieced segment gives it (a
+  // piece cut inside a scale block gets other scales and fails this).
+  const std::size_t count = 2 * ringzero::detail::gather_piece_elems + 777;
+  for (const wire_format f : {wire_format::int8, wire_format::int4, wire_format::bf16}) {
+    std::vector<std::vector<float>> in(3), out(3);
+    ringzero::loopback::world w(3, world_options_for());
+    w.run([&](loopback::communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      in[r].resize(count);
+      for (std::size_t i = 0; i < count; ++i) in[r][i] = term<float>(11, comm.rank(), i);
+      out[r].assign(3 * count, -1.0f);
+      all_gather(comm, std::span<const float>(in[r]), std::span<float>(out[r]),
+                 options{.wire = f, .wire_block = 1000});
+    });
+    for (std::size_t src = 0; src < 3; ++src) {
+      const auto want = through_wire(f, 1000, in[src].data(), count);
+      for (std::size_t r = 0; r < 3; ++r)
+        CHECK(std::memcmp(out[r].data() + src * count, want.data(), count * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("quantized collectives: bad input is refused before anything is sent") {
   using test_support::error_of;
   ringzero::loopback::world w(2, world_options_for());

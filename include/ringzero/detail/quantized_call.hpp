@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -127,27 +128,68 @@ template <class V>
   return o;
 }
 
-/// Every rank's `in`, encoded as L, decoded into out's blocks: block r holds `limit` elements
-/// starting at r * stride (the last ones of all_reduce's padding are dropped).
+/// Elements of a gathered block from which the encoding and decoding overlap the transfer: at
+/// least one piece of this many per pipeline stage, at most gather_pieces pieces.
+inline constexpr std::size_t gather_piece_elems = std::size_t{1} << 20;
+inline constexpr std::size_t gather_pieces = 8;
+
+/// Every rank's `in` (L.count elements), encoded as L, decoded into out's blocks: block r holds
+/// up to L.count elements starting at r * stride, cut at `total` (all_reduce's padding dropped).
+/// A large block goes in pieces, each starting on a scale block (so every value is the one the
+/// whole segment gives): while the calling thread all_gathers piece k and drives the transport,
+/// a helper thread encodes piece k + 1 and decodes piece k - 1, so the passes over the elements
+/// take their CPU time under the transfer's instead of after it.
 template <class C, class S, class E>
 void quantized_gather(C& comm, const quantize::segment_layout& L, const S* in, E* out,
                       std::size_t stride, std::size_t total, const options& opt) {
   auto& s = quantized_scratch::get();
   const auto n = static_cast<std::size_t>(comm.size());
-  const std::size_t bytes = L.bytes();
+  const std::size_t pieces =
+      std::clamp<std::size_t>(L.count / gather_piece_elems, 1, gather_pieces);
+  const std::size_t per =  // whole scale blocks
+      ((L.count + pieces - 1) / pieces + L.block - 1) / L.block * L.block;
+  struct piece {
+    quantize::segment_layout layout;
+    std::size_t first, at;  // first element; offset of its bytes in the send buffer
+  };
+  std::vector<piece> parts;
+  std::size_t bytes = 0;
+  for (std::size_t first = 0; first < L.count || parts.empty(); first += per) {
+    const quantize::segment_layout p{L.format, L.block, std::min(per, L.count - first)};
+    parts.push_back({p, first, bytes});
+    bytes += p.bytes();
+  }
   std::uint8_t* mine = sized(s.send, bytes);
   std::uint8_t* all = sized(s.recv, n * bytes);
-  quantize::encode(L, in, mine);
   options inner = inner_options(opt);
   if (algorithms::builtin::implements(collective::all_gather, opt.algorithm))
     inner.algorithm = opt.algorithm;
-  all_gather(comm, std::span<const std::uint8_t>(mine, bytes),
-             std::span<std::uint8_t>(all, n * bytes), inner);
-  for (std::size_t r = 0; r < n; ++r) {
-    const std::size_t from = r * stride;
-    if (from >= total) break;
-    quantize::decode(L, all + r * bytes, out + from, std::min(L.count, total - from));
+  const auto encode = [&](const piece& p) {
+    quantize::encode(p.layout, in + p.first, mine + p.at);
+  };
+  // Piece k of every rank lies at n * at (rank r's at n * at + r * its bytes).
+  const auto decode = [&](const piece& p) {
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::size_t from = r * stride + p.first;
+      if (from >= total) continue;
+      quantize::decode(p.layout, all + n * p.at + r * p.layout.bytes(), out + from,
+                       std::min(p.layout.count, total - from));
+    }
+  };
+  encode(parts.front());
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const piece& p = parts[k];
+    std::future<void> helper;  // joined before this iteration ends, however it ends
+    if (parts.size() > 1)
+      helper = std::async(std::launch::async, [&, k] {
+        if (k + 1 < parts.size()) encode(parts[k + 1]);
+        if (k > 0) decode(parts[k - 1]);
+      });
+    all_gather(comm, std::span<const std::uint8_t>(mine + p.at, p.layout.bytes()),
+               std::span<std::uint8_t>(all + n * p.at, n * p.layout.bytes()), inner);
+    if (helper.valid()) helper.get();
   }
+  decode(parts.back());
 }
 
 /// The float sum over every rank of block rank() of `in` (size() blocks of `count`), each term
