@@ -266,6 +266,63 @@ TEST_CASE("a large all_gather goes in pieces, with the whole block's values") {
   }
 }
 
+TEST_CASE("quantized collectives: inf and NaN as documented, the same bits on every rank") {
+  // 4 ranks in nodes of 2 (two hops). Element 5: +inf on rank 1, -inf on rank 3; element 9: +inf
+  // on rank 1 only; element 300: NaN on rank 2. Element 7 shares element 5's scale block.
+  constexpr std::size_t count = 600, block = 256;
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto input = [&](std::size_t r) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = term<float>(5, static_cast<int>(r), i);
+    if (r == 1) v[5] = v[9] = inf;
+    if (r == 3) v[5] = -inf;
+    if (r == 2) v[300] = std::nanf("");
+    return v;
+  };
+  for (const wire_format f : formats) {
+    INFO(std::string(wire_format_name(f)));
+    std::vector<std::vector<float>> gathered(4), sums(4);
+    ringzero::loopback::world w(4, world_options_for(2));
+    w.run([&](loopback::communicator& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
+      const std::vector<float> in = input(r);
+      const options opt{.wire = f, .wire_block = block};
+      gathered[r].assign(4 * count, 0.0f);
+      all_gather(comm, std::span<const float>(in), std::span<float>(gathered[r]), opt);
+      sums[r].assign(count, 0.0f);
+      all_reduce(comm, std::span<const float>(in), std::span<float>(sums[r]), op::sum, opt);
+    });
+    for (std::size_t r = 1; r < 4; ++r) {
+      CHECK(std::memcmp(gathered[r].data(), gathered[0].data(), 4 * count * sizeof(float)) == 0);
+      CHECK(std::memcmp(sums[r].data(), sums[0].data(), count * sizeof(float)) == 0);
+    }
+    const std::vector<float>& g = gathered[0];
+    const std::vector<float>& s = sums[0];
+    for (std::size_t src = 0; src < 4; ++src) {
+      const std::vector<float> in = input(src);
+      const auto want = through_wire(f, block, in.data(), count);
+      CHECK(std::memcmp(g.data() + src * count, want.data(), count * sizeof(float)) == 0);
+    }
+    if (f == wire_format::bf16) {  // carried as they are
+      CHECK(g[count + 5] == inf);
+      CHECK(g[3 * count + 5] == -inf);
+      CHECK(s[9] == inf);
+    } else {  // the reserved code: NaN, the block's other elements scaled by the finite ones
+      CHECK(std::isnan(g[count + 5]));
+      CHECK(std::isnan(g[3 * count + 5]));
+      CHECK(std::isnan(s[9]));
+      CHECK(std::isfinite(g[count + 7]));
+      CHECK(std::abs(g[count + 7] - input(1)[7]) <=
+            0.5 * max_term / (f == wire_format::int8 ? 127 : 7));
+    }
+    CHECK(std::isnan(s[5]));  // +inf + -inf, or a NaN code
+    CHECK(std::isnan(g[2 * count + 300]));
+    CHECK(std::isnan(s[300]));
+    CHECK(std::isfinite(s[7]));
+    CHECK(std::isfinite(s[301]));
+  }
+}
+
 TEST_CASE("quantized collectives: bad input is refused before anything is sent") {
   using test_support::error_of;
   ringzero::loopback::world w(2, world_options_for());
