@@ -620,16 +620,16 @@ TEST_CASE("--wire: parsed, refused where it cannot apply, checked within the err
   const result line = run("all_gather -t 2 --wire int8 -b 64 -e 64 -n 1 -w 0");
   CHECK(line.out.find("wire int8 in blocks of 256 (--wire: bandwidth counts the full-precision "
                       "bytes delivered)") != std::string::npos);
-  // 2 and 3 ranks, every format and collective, a block that leaves short blocks: clean.
+  // 3 ranks, every format, collective and element type, a block that leaves short blocks: clean
+  // (avg on float only; test_quantized_collectives covers the world sizes).
   for (const std::string f : {"bf16", "int8", "int4"})
     for (const std::string c : {"all_gather", "reduce_scatter", "all_reduce"})
       for (const std::string t : {"float", "half", "bfloat16"})
         for (const std::string o : {"sum", "avg"})
-          for (const int ranks : {2, 3})
-            if (c != "all_gather" || o == "sum")
-              check_clean(c + " -t " + std::to_string(ranks) + " --wire " + f +
-                              " --wire-block 100 -b 1K -e 64K -f 8 -n 1 -w 0 -d " + t + " -o " + o,
-                          3);
+          if (o == "sum" || (c != "all_gather" && t == "float"))
+            check_clean(c + " -t 3 --wire " + f +
+                            " --wire-block 100 -b 1K -e 64K -f 8 -n 1 -w 0 -d " + t + " -o " + o,
+                        3);
   // The allowance is the error bound, not a blanket pass: a flipped element still fails.
   const scoped_env corrupt("RINGZERO_PERF_CORRUPT", "1");
   const result r = run("all_reduce -t 3 --wire int8 -b 1K -e 1K -n 1 -w 0 -d float -o sum");
