@@ -9,9 +9,12 @@
 //   ringzero-gpt -n 3 --reproducible --batch 24           # the weights of -n 1, 2, 4, 6, bitwise
 //   ringzero-run -n 4 --elastic 2:4 ringzero-gpt --reproducible --batch 24
 //                                  # a rank may die: the rest go on, to the same weights
+//   bench/netbed --ranks-per-host 2 run -- ringzero-gpt --zero-quantized-weights
+//       --zero-quantized-gradients --zero-hpz-partition-size 2     # ZeRO++ between hosts
 #include <ringzero/bootstrap/environment.hpp>
 #include <ringzero/elastic.hpp>
 #include <ringzero/ringzero.hpp>
+#include <ringzero/transport/socket.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,7 +44,7 @@ struct args {
   std::string precision = "bf16";
   std::string text = RINGZERO_GPT_TEXT;
   std::optional<int> checkpoint_every;
-  std::string transport = "libfabric";  ///< under a launcher: libfabric or shm (native)
+  std::string transport = "auto";  ///< under a launcher: auto, socket, libfabric or shm
   gpt::train_options train;
   std::vector<std::string> command;  ///< argv, for the command that resumes a job
 };
@@ -70,16 +73,22 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --prompt S            text the sample starts from; default "Light"
   --no-comm-thread      run collectives on the training thread (no overlap)
   --shard-group G       hybrid sharding: shard within groups of G ranks, replicate across them
+  --zero-quantized-weights    ZeRO++ qwZ: stage 3 gathers parameters as int8 blocks
+  --zero-quantized-gradients  ZeRO++ qgZ: gradients reduced as int4 blocks, two hops over nodes
+  --zero-hpz-partition-size G ZeRO++ hpZ: a secondary parameter shard in groups of G ranks (a
+                        node's), which backward gathers from; 0 or 1: off
   --reproducible        one micro-batch per sequence, summed exactly: the same weights, bit for
                         bit, at every world size dividing --batch (and every stage, shard group)
-  --transport T         under a launcher: libfabric (default) or shm (the native shared-memory
-                        transport, one host)
+  --transport T         under a launcher: auto (default: ringzero's socket transport when the
+                        ranks span hosts and neither FI_PROVIDER nor an EFA NIC asks for
+                        libfabric, else libfabric), socket, libfabric or shm (the native
+                        shared-memory transport, one host)
   --checkpoint DIR      save a checkpoint to DIR every --checkpoint-every steps
   --checkpoint-every K  default 10 under ringzero-run --elastic, else 0 (never)
   --peer-copy K         under ringzero-run --elastic: every K steps keep the training state in a
                         ring peer's memory too (twice a rank's optimizer state), and recover
                         from it when it covers the ranks lost; default 0 (off)
-Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
+Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank (--transport).
 Under ringzero-run --elastic MIN:MAX a rank that dies does not end the job: the others form a
 new world (sizes that divide --batch), load the last checkpoint (--checkpoint, by default a
 directory under /tmp removed at the end) and go on; processes started with ringzero-run --join
@@ -136,6 +145,8 @@ args parse(int argc, char** argv) {
       {"--temperature", [](args& a, auto f, auto v) { a.train.temperature = number<float>(f, v); }},
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
+      {"--zero-hpz-partition-size",
+       [](args& a, auto f, auto v) { a.train.hpz_partition_size = number<int>(f, v); }},
       {"--checkpoint", [](args& a, auto, auto v) { a.train.checkpoint = v; }},
       {"--transport", [](args& a, auto, auto v) { a.transport = v; }},
       {"--peer-copy", [](args& a, auto f, auto v) { a.train.peer_copy_every = number<int>(f, v); }},
@@ -158,6 +169,14 @@ args parse(int argc, char** argv) {
       a.train.reproducible = true;
       continue;
     }
+    if (f == "--zero-quantized-weights") {
+      a.train.quantized_weights = true;
+      continue;
+    }
+    if (f == "--zero-quantized-gradients") {
+      a.train.quantized_gradients = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -165,13 +184,15 @@ args parse(int argc, char** argv) {
     o->set(a, f, argv[++i]);
   }
   const auto& t = a.train;
-  if (a.transport != "libfabric" && a.transport != "shm")
-    die("--transport must be libfabric or shm");
+  if (a.transport != "auto" && a.transport != "socket" && a.transport != "libfabric" &&
+      a.transport != "shm")
+    die("--transport must be auto, socket, libfabric or shm");
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
-      t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) ||
-      !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 || t.peer_copy_every < 0)
+      t.shard_group < 0 || t.hpz_partition_size < 0 || t.log_every < 1 || t.sample < 0 ||
+      !(t.temperature > 0) || !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 ||
+      t.peer_copy_every < 0)
     die("sizes, counts, the learning rate and the temperature must be positive");
   a.train.checkpoint_every = a.checkpoint_every.value_or(0);
   if (a.train.checkpoint_every > 0 && a.train.checkpoint.empty())
@@ -341,32 +362,59 @@ void run_elastic(const args& a, const gpt::corpus& text) {
 
 #endif
 
+[[nodiscard]] std::string transport_name(ringzero::socket::communicator& c) {
+  std::string rails;
+  for (int r = 0; r < c.transport().rails(); ++r)
+    rails += fmt::format("{}{}", r ? "," : "", c.transport().rail_name(r));
+  return fmt::format("socket, rails {}", rails);
+}
+
+/// The transport of a launched rank: --transport, or for auto ringzero's socket transport
+/// between hosts unless something asks for libfabric (bootstrap::prefer_socket_between_hosts),
+/// else libfabric where this build has it.
+[[nodiscard]] std::string launched_transport(const args& a) {
+  if (a.transport != "auto") return a.transport;
+  bool efa = false;
+#if RINGZERO_GPT_HAVE_LIBFABRIC
+  efa = ringzero::libfabric::detail::provider_available("efa");
+  if (!ringzero::bootstrap::prefer_socket_between_hosts(ringzero::bootstrap::detect_launch(), efa))
+    return "libfabric";
+#endif
+  (void)efa;
+  return "socket";
+}
+
+/// Trains over a communicator a launcher's environment describes.
+template <class P, class Comm>
+void train_launched(const args& a, const gpt::corpus& text) {
+  auto comm = Comm::from_env();
+  auto o = a.train;
+  o.transport = "processes, " + transport_name(comm);
+  gpt::train<Comm, P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
+}
+
 template <class P>
 void launch(const args& a, const gpt::corpus& text) {
+  const std::string t = launched() ? launched_transport(a) : a.transport;
 #if RINGZERO_GPT_HAVE_LIBFABRIC
-  const bool native = a.transport == "shm";
-  if (ringzero::elastic::session::enabled())
-    return native ? run_elastic<P, ringzero::shm::communicator>(a, text)
-                  : run_elastic<P, ringzero::libfabric::communicator>(a, text);
-  if (launched() && native) {
-    auto comm = ringzero::shm::communicator::from_env();
-    auto o = a.train;
-    o.transport = "processes, " + transport_name(comm);
-    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
-    return;
+  if (ringzero::elastic::session::enabled()) {
+    if (t == "socket")
+      throw ringzero::unsupported(
+          "elastic jobs run over libfabric or shm (--transport libfabric or shm)");
+    return t == "shm" ? run_elastic<P, ringzero::shm::communicator>(a, text)
+                      : run_elastic<P, ringzero::libfabric::communicator>(a, text);
   }
-  if (launched()) {
-    auto comm = ringzero::libfabric::communicator::from_env();
-    auto o = a.train;
-    o.transport = "processes, " + transport_name(comm);
-    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
-    return;
-  }
+  if (launched() && t == "shm") return train_launched<P, ringzero::shm::communicator>(a, text);
+  if (launched() && t == "libfabric")
+    return train_launched<P, ringzero::libfabric::communicator>(a, text);
 #endif
+  if (launched() && t == "socket")
+    return train_launched<P, ringzero::socket::communicator>(a, text);
   if (launched())
-    throw ringzero::unsupported(
-        "started by a launcher, but this build has no libfabric transport; run it without the "
-        "launcher and use -n for threads");
+    throw ringzero::unsupported(fmt::format(
+        "--transport {}: this build has no libfabric transport; use --transport socket, or run "
+        "it without the launcher and use -n for threads",
+        t));
   ringzero::loopback::world world(a.ranks);
   world.run([&](ringzero::loopback::communicator& comm) {
     gpt::train<ringzero::loopback::communicator, P>(comm, a.train, text,

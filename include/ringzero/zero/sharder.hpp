@@ -103,6 +103,7 @@
 #include "ringzero/zero/stage.hpp"
 #include "ringzero/zero/state_checkpoint.hpp"
 #include "ringzero/zero/step.hpp"
+#include "ringzero/zero/zeropp.hpp"
 
 namespace ringzero::zero {
 
@@ -362,6 +363,7 @@ class sharder {
     m.optimizer = state_.optimizer().bytes();
     m.buffers = meter_.now;
     m.peak_buffers = meter_.peak;
+    m.secondary = cache_.secondary_bytes();
     return m;
   }
 
@@ -455,8 +457,8 @@ class sharder {
         state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer, space_),
         steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
         reducer_(make_reducer()),
-        cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
-               cfg_.max_gathered_bytes, worker_, meter_, space_) {
+        cache_(groups_.shard(), plan_, state_.parameters(), weight_gather_options(cfg_),
+               cfg_.max_gathered_bytes, worker_, meter_, space_, cfg_.zero_hpz_partition_size) {
     log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
               plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
   }
@@ -466,16 +468,18 @@ class sharder {
       std::variant<gradient_reducer<Comm, P, Space>, gradient_reducer<Comm, float, Space>>;
 
   [[nodiscard]] reducer_type make_reducer() {
+    const config g = gradient_config(cfg_);  // qgZ's wire format on the buckets' collectives
     if (cfg_.reduce_dtype == dtype::float32)
-      return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, cfg_, worker_,
+      return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, g, worker_,
                           meter_, groups_.replicate(), space_);
-    return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, cfg_, worker_,
-                        meter_, groups_.replicate(), space_);
+    return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, g, worker_, meter_,
+                        groups_.replicate(), space_);
   }
 
   /// cfg with the collectives left automatic (collective_options) resolved to the shard
   /// communicator's fixed-order algorithm; one the caller named is kept.
   [[nodiscard]] static config with_collectives_resolved(config cfg, const Comm& shard) {
+    check_zeropp_placement(cfg, device, shard.size());
     const std::pair<collective, ringzero::options*> kinds[] = {
         {collective::all_reduce, &cfg.collectives.all_reduce},
         {collective::reduce_scatter, &cfg.collectives.reduce_scatter},
