@@ -395,15 +395,20 @@ void train_launched(const args& a, const gpt::corpus& text) {
 
 template <class P>
 void launch(const args& a, const gpt::corpus& text) {
-  const std::string t = launched() ? launched_transport(a) : a.transport;
 #if RINGZERO_GPT_HAVE_LIBFABRIC
+  // Before the launcher's variables are read: an elastic member's rank comes from the job's
+  // rendezvous (a member started without a launcher has WORLD_SIZE but no RANK), and auto is
+  // libfabric there.
   if (ringzero::elastic::session::enabled()) {
-    if (t == "socket")
+    if (a.transport == "socket")
       throw ringzero::unsupported(
           "elastic jobs run over libfabric or shm (--transport libfabric or shm)");
-    return t == "shm" ? run_elastic<P, ringzero::shm::communicator>(a, text)
-                      : run_elastic<P, ringzero::libfabric::communicator>(a, text);
+    return a.transport == "shm" ? run_elastic<P, ringzero::shm::communicator>(a, text)
+                                : run_elastic<P, ringzero::libfabric::communicator>(a, text);
   }
+#endif
+  const std::string t = launched() ? launched_transport(a) : a.transport;
+#if RINGZERO_GPT_HAVE_LIBFABRIC
   if (launched() && t == "shm") return train_launched<P, ringzero::shm::communicator>(a, text);
   if (launched() && t == "libfabric")
     return train_launched<P, ringzero::libfabric::communicator>(a, text);
