@@ -721,8 +721,10 @@ TEST_CASE("bad input: malformed environment variables name the variable and the 
     }
   });
   // RINGZERO_RAILS: read by the socket and libfabric transports before they open anything.
-  for (const auto& [bad, item] :
-       {std::pair{"lo,,lo", 2}, std::pair{"lo,", 2}, std::pair{",lo", 1}}) {
+  for (const auto& rails : {std::pair{"lo,,lo", 2}, std::pair{"lo,", 2}, std::pair{",lo", 1}}) {
+    // Named copies, not a structured binding: CAPTURE's lambda may not refer to one (Clang 14).
+    const char* const bad = rails.first;
+    const int item = rails.second;
     CAPTURE(bad);
     scoped_env env("RINGZERO_RAILS", bad);
     expect_error<invalid_argument>(
