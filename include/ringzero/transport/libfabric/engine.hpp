@@ -1519,7 +1519,8 @@ class engine {
         queue.pop_front();
         c->state = op_context::status::failed;
         c->peer_loss = true;
-        c->error = fmt::format("rank {}'s process is gone: a send to it was not posted", c->peer);
+        c->error =
+            fmt::format("a send to rank {} failed: its process is gone (not posted)", c->peer);
         if (c->kind != role::message) {
           recycle(c);
           continue;
