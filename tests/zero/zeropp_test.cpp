@@ -144,8 +144,12 @@ TEST_CASE("qwZ: every gathered weight within half its block's scale, the same bi
 
 TEST_CASE("qgZ: one SGD step moves every weight by lr times a gradient within the stated bound") {
   const auto layout = make_layout<float>(layers);
-  for (const auto& [world, per_node, stage] :
+  for (const auto& run :
        {std::tuple{4, 2, 3}, std::tuple{4, 2, 2}, std::tuple{3, 0, 2}, std::tuple{6, 3, 0}}) {
+    // Named copies, not a structured binding: INFO's lambda may not refer to one (Clang 14).
+    const int world = std::get<0>(run);
+    const int per_node = std::get<1>(run);
+    const int stage = std::get<2>(run);
     INFO("world ", world, ", ", per_node, " per node, stage ", stage);
     run_options o;
     o.world = world;
