@@ -269,6 +269,7 @@ inline void put_scale(std::uint8_t* seg, std::size_t b, float s) noexcept {
 template <class E>
 void encode(const segment_layout& L, const E* in, std::uint8_t* out,
             reduction::simd path = reduction::active_simd()) noexcept {
+  if (L.bytes() == 0) return;  // an empty segment may come with a null buffer (memset's UB)
   std::memset(out + L.scale_bytes() + L.code_bytes(), 0,
               L.bytes() - L.scale_bytes() - L.code_bytes());
   const bool vec = vector_path(path);

@@ -716,9 +716,11 @@ class compact_accumulator {
       (void)split(x[i], mant, exp);
       const auto sign = std::uint64_t{0} -
                         (static_cast<std::uint64_t>(bits_of(x[i])) >> (F::exp_bits + frac_bits));
-      // exp - lo is at least -(trailing zeros) for a nonzero term: exact either way.
+      // exp - lo is at least -(trailing zeros) for a nonzero term: exact either way. A zero
+      // term's exponent lies outside the plan, so its shift could reach past 63 (undefined).
       const int s = exp - p.lo;
-      const std::uint64_t v = (std::uint64_t{mant} >> std::max(0, -s)) << std::max(0, s);
+      const std::uint64_t v =
+          mant == 0 ? 0 : (std::uint64_t{mant} >> std::max(0, -s)) << std::max(0, s);
       out[i] += static_cast<std::int64_t>((v ^ sign) - sign);
     }
     return true;
