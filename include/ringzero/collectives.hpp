@@ -46,6 +46,7 @@
 #include "ringzero/detail/device_executor.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange.hpp"
+#include "ringzero/detail/quantized_call.hpp"
 #include "ringzero/detail/reproducible_call.hpp"
 #include "ringzero/detail/reproducible_device.hpp"
 #include "ringzero/detail/trace_scope.hpp"
@@ -129,6 +130,8 @@ struct call_signature {
   std::uint8_t reduction = 0;
   std::uint8_t algo = 0;
   std::int32_t root = 0;
+  std::uint32_t wire = 0;        ///< options::wire
+  std::uint32_t wire_block = 0;  ///< options::wire_block, where wire is not full
   std::uint64_t count = 0;
 };
 
@@ -155,11 +158,15 @@ void check_agreement(communicator<T>& comm, const call_signature& mine, const op
         options{.timeout = opt.timeout});
   }
   const auto describe = [](const call_signature& s) {
-    return fmt::format("{} (count {}, type {}, op {}, root {}, algorithm {})",
-                       collective_name(static_cast<collective>(s.kind)), s.count,
-                       dtype_name(static_cast<dtype>(s.type)),
-                       op_name(static_cast<op>(s.reduction)), s.root,
-                       algorithm_name(static_cast<algorithm>(s.algo)));
+    return fmt::format(
+        "{} (count {}, type {}, op {}, root {}, algorithm {}{})",
+        collective_name(static_cast<collective>(s.kind)), s.count,
+        dtype_name(static_cast<dtype>(s.type)), op_name(static_cast<op>(s.reduction)), s.root,
+        algorithm_name(static_cast<algorithm>(s.algo)),
+        s.wire == 0
+            ? std::string()
+            : fmt::format(", wire {} in blocks of {}",
+                          wire_format_name(static_cast<wire_format>(s.wire)), s.wire_block));
   };
   for (int r = 1; r < n; ++r)
     if (std::memcmp(&all[static_cast<std::size_t>(r)], &all[0], sizeof mine) != 0)
@@ -178,6 +185,10 @@ void maybe_check(communicator<T>& comm, collective c, std::size_t count, op o, i
   s.reduction = static_cast<std::uint8_t>(o);
   s.algo = static_cast<std::uint8_t>(opt.algorithm);
   s.root = root;
+  if (opt.wire != wire_format::full) {
+    s.wire = static_cast<std::uint32_t>(opt.wire);
+    s.wire_block = static_cast<std::uint32_t>(wire_block_of(opt));
+  }
   s.count = count;
   check_agreement(comm, s, opt);
 }
@@ -495,6 +506,35 @@ template <class Table, class T>
   }
 }
 
+/// A validated call with options::wire set (detail/quantized_call.hpp): host buffers over a
+/// messaging transport; a backend that runs its own collectives and device buffers are refused.
+template <class T, element E>
+void run_wire(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
+  const collective_descriptor& d = algorithms::describe(c);
+  if constexpr (native_collectives<T>) {
+    throw unsupported(fmt::format(
+        "{}: options::wire {}: this backend runs its own collectives, on the elements as they are",
+        d.name, wire_format_name(opt.wire)));
+  } else {
+    if (opt.async)
+      throw invalid_argument(
+          fmt::format("{}: options::async needs a stream-ordered backend (NCCL); this transport "
+                      "completes every call before returning",
+                      d.name));
+    if constexpr (device_memory_transport<T>) {
+      if (device_of_call(c, comm.rank()) >= 0)
+        throw unsupported(
+            fmt::format("{}: options::wire {} runs on host buffers; these are device memory",
+                        d.name, wire_format_name(opt.wire)));
+    }
+    const call_size<E> sz = size_of(c, comm.size());
+    maybe_check<T, E>(comm, c.kind, sz.count, c.reduction, c.root, opt);
+    // takes_quantized_path() refused the other element types.
+    if constexpr (quantize::supported_v<std::remove_cv_t<E>>)
+      if (!sz.empty) run_quantized(comm, d, c.in, c.out, c.reduction, opt);
+  }
+}
+
 /// Runs a validated call: the transport's own collective, or the chosen algorithm from Table.
 template <class Table = algorithms::builtin, class T, element E>
 void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {
@@ -502,6 +542,7 @@ void run(communicator<T>& comm, const algorithms::call<E>& c, const options& opt
   const std::string_view what = d.name;
   comm.check_usable(what);
   check_options(what, opt);
+  if (takes_quantized_path<E>(d, c.reduction, opt)) return run_wire(comm, c, opt);
   if constexpr (reproducible::supported_v<std::remove_cv_t<E>>) {
     if (takes_reproducible_path(c, opt)) {
       // The device the passes run on: the transport's where it has one (NCCL), else the

@@ -62,6 +62,7 @@
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 #include "ringzero/transport/detail/rail_engine.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
@@ -76,6 +77,40 @@ namespace ringzero::socket {
 namespace detail {
 /// The kit's rail engine over socket rails.
 using engine = ringzero::detail::rail_engine<rail>;
+
+/// Who failed first, as a socket rank sees it: the first rank suspected or reported (a broken
+/// connection, a peer's goodbye), and the processes of this host probed, so that a rank that is
+/// stopped (SIGSTOP, a debugger) is named as stopped rather than as failed: it keeps its
+/// connections open, so only a wait that gives up finds it.
+class process_failure final : public ringzero::detail::first_failure {
+ public:
+  process_failure(int self, std::vector<ringzero::detail::process_id> procs)
+      : first_failure(self), self_(self), procs_(std::move(procs)) {}
+
+  [[nodiscard]] std::vector<int> stopped_ranks() const override {
+    const auto self = ringzero::detail::self_process();
+    std::vector<int> stopped;
+    for (std::size_t r = 0; r < procs_.size(); ++r)
+      if (static_cast<int>(r) != self_ &&
+          ringzero::detail::probe(procs_[r], self) == ringzero::detail::process_state::stopped)
+        stopped.push_back(static_cast<int>(r));
+    return stopped;
+  }
+  /// A goodbye naming a rank of this host that is stopped says so, as libfabric's watchdog does.
+  void report(int rank, std::string why) override {
+    if (rank >= 0 && static_cast<std::size_t>(rank) < procs_.size() && rank != self_ &&
+        ringzero::detail::probe(procs_[static_cast<std::size_t>(rank)],
+                                ringzero::detail::self_process()) ==
+            ringzero::detail::process_state::stopped &&
+        why.find("is stopped") == std::string::npos)
+      why = fmt::format("rank {} is stopped (SIGSTOP or a debugger), as {}", rank, why);
+    first_failure::report(rank, std::move(why));
+  }
+
+ private:
+  int self_;
+  std::vector<ringzero::detail::process_id> procs_;  ///< by rank, as each published itself
+};
 }  // namespace detail
 
 struct options {
@@ -215,6 +250,19 @@ class transport {
   /// The rank this one saw fail first (a broken connection, or a peer's word), or -1.
   [[nodiscard]] int failed_rank() const { return eng_->failed_rank(); }
 
+  /// The ranks on this host whose process is stopped (SIGSTOP, a debugger): alive, so nothing
+  /// failed, but a wait on them can only time out (communicator::stopped_rank()). A wait that
+  /// gives up asks; the first one found is then the failure this rank names, and its goodbye
+  /// says so, so that peers that only waited for this rank blame the stopped one, as on
+  /// libfabric.
+  [[nodiscard]] std::vector<int> stopped_ranks() const {
+    std::vector<int> stopped = watch_->stopped_ranks();
+    if (!stopped.empty())
+      watch_->report(stopped.front(),
+                     fmt::format("rank {} is stopped (SIGSTOP or a debugger)", stopped.front()));
+    return stopped;
+  }
+
   /// Fails every wait on this transport, and so on every communicator over it, with
   /// peer_error carrying `why`: now, including waits in another thread, and every call after.
   void abort(const std::string& why) { eng_->abort(why); }
@@ -287,9 +335,16 @@ class transport {
       return fmt::format("ringzero-socket/{}/{}/{}", generation, what, r);
     };
     store.set_string(key("host", rank_), log::detail::host_name());
+    store.set_string(key("process", rank_), ringzero::detail::self_process().text());
     hosts_.resize(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r)
+    std::vector<ringzero::detail::process_id> procs(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
       hosts_[static_cast<std::size_t>(r)] = store.get_string(key("host", r));
+      // Unparsable (another build?): that rank is simply not probed.
+      if (auto p = ringzero::detail::process_id::parse(store.get_string(key("process", r))))
+        procs[static_cast<std::size_t>(r)] = std::move(*p);
+    }
+    watch_ = std::make_shared<d::process_failure>(rank_, std::move(procs));
     const bool one_host =
         std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h == hosts_[0]; });
 
@@ -434,6 +489,7 @@ class transport {
             .stripe_bytes = ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
             .acknowledge = true,
             .weigh_by_rate = opt.weigh_rails && weigh_rails_from_env(),
+            .watch = watch_,
             .close_grace = std::chrono::seconds(2)},
         std::move(socket_rails));
     std::string rail_text;
@@ -449,6 +505,7 @@ class transport {
 
   std::shared_ptr<detail::engine> eng_;
   std::vector<std::string> hosts_;
+  std::shared_ptr<detail::process_failure> watch_;  ///< the engine's peer_watch
   int rank_ = 0;
   ringzero::tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};

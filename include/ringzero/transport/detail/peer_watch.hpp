@@ -31,6 +31,11 @@ class peer_watch {
   [[nodiscard]] virtual std::int64_t failure_age_ms() const noexcept = 0;
   /// World ranks that are alive but stopped (SIGSTOP, a debugger): why a wait may stall.
   [[nodiscard]] virtual std::vector<int> stopped_ranks() const { return {}; }
+  /// `rank`'s process is known to be gone (where the watch can tell): nothing is sent to it any
+  /// more, since a send into a dead process's shared memory may wait on a lock it died holding.
+  [[nodiscard]] virtual bool is_gone(int /*rank*/) const { return false; }
+  /// A rank whose process is gone or stopped may hold a lock in memory this one shares with it.
+  [[nodiscard]] virtual bool any_lost() const { return false; }
   /// `rank` looks dead to this rank (its connection failed): records the failure every rank is
   /// to name, which need not be this one.
   virtual void suspect(int rank, const std::string& why) = 0;

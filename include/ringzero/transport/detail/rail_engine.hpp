@@ -91,6 +91,9 @@ struct rail_engine_config {
   std::shared_ptr<peer_watch> watch{};
   /// With acknowledgements, how long closing waits for its last messages to be acknowledged.
   std::chrono::nanoseconds close_grace{std::chrono::seconds(10)};
+  /// Leave the rails open at destruction once the watch lost a rank (peer_watch::any_lost):
+  /// where closing may wait on a lock in a dead or stopped rank's memory (libfabric's shm).
+  bool leave_open_after_loss = false;
 };
 
 template <rail_kind Rail>
@@ -116,7 +119,7 @@ class rail_engine : private rail_events<typename Rail::op> {
     Rail& r = *rails_[ri];
     // Injecting past queued sends could reorder two messages with one tag.
     if (data.size() <= traits_[ri].inject_size && lanes_[ri].sends.empty() &&
-        host_readable(r, data.data(), data.size())) {
+        host_readable(r, data.data(), data.size()) && !gone(world_peer)) {
       if constexpr (requires { r.inject(rail_message{}); }) {
         const long rc = r.inject({.peer = world_peer, .bytes = data, .tag = tag});
         if (rc == 0) {
@@ -177,6 +180,10 @@ class rail_engine : private rail_events<typename Rail::op> {
   /// World ranks alive but stopped (SIGSTOP, a debugger), where the watch can tell.
   [[nodiscard]] std::vector<int> stopped_ranks() const { return watch_->stopped_ranks(); }
   [[nodiscard]] const peer_watch& watch() const noexcept { return *watch_; }
+  /// `world_peer`'s process is known gone: nothing is posted to it any more.
+  [[nodiscard]] bool gone(int world_peer) const {
+    return world_peer >= 0 && watch_->is_gone(world_peer);
+  }
 
   /// The rails, in the order the transport opened them.
   [[nodiscard]] std::size_t rails() const noexcept { return rails_.size(); }
@@ -404,6 +411,7 @@ class rail_engine : private rail_events<typename Rail::op> {
   std::string fabric_;
   std::chrono::nanoseconds timeout_;
   std::chrono::nanoseconds close_grace_;
+  bool leave_open_after_loss_;
   std::size_t stripe_bytes_;
   bool weigh_by_rate_;
   bool reliable_;  ///< every message numbered and acknowledged (rail_failover.hpp)
@@ -439,5 +447,6 @@ class rail_engine : private rail_events<typename Rail::op> {
 
 }  // namespace ringzero::detail
 
+#include "ringzero/transport/detail/rail_departures.hpp"
 #include "ringzero/transport/detail/rail_failover.hpp"
 #include "ringzero/transport/detail/rail_operations.hpp"

@@ -24,6 +24,7 @@ rail_engine<Rail>::rail_engine(config cfg, std::vector<std::unique_ptr<Rail>> ra
       fabric_(std::move(cfg.fabric)),
       timeout_(cfg.timeout),
       close_grace_(cfg.close_grace),
+      leave_open_after_loss_(cfg.leave_open_after_loss),
       stripe_bytes_(cfg.stripe_bytes),
       weigh_by_rate_(cfg.weigh_by_rate),
       reliable_(cfg.acknowledge || rails.size() > 1),
@@ -66,17 +67,31 @@ rail_engine<Rail>::rail_engine(config cfg, std::vector<std::unique_ptr<Rail>> ra
 template <rail_kind Rail>
 rail_engine<Rail>::~rail_engine() {
   deliver_before_close();
-  if (held_ > 0) {
+  // After a rank died or stopped, closing may wait on a lock in its memory for good (libfabric's
+  // shm), and an elastic job's survivors close in the middle of forming the next generation:
+  // libfabric's watchdog would end them. Left open, the rails cost their memory until exit.
+  const bool lock_risk = leave_open_after_loss_ && watch_->any_lost();
+  // A rail that cannot be left open (sockets: nothing of it outlives its connections) closes as
+  // always, goodbyes first, so that its peers learn which rank failed first rather than blaming
+  // this one; what it held was promised its buffers until the communicator is destroyed.
+  constexpr bool leaves_open = requires(Rail & r) {
+    r.leave_open();
+  };
+  if (leaves_open && (held_ > 0 || lock_risk)) {
     // Operations a rail never gave back (abandoned after a failure) still point into buffers
     // the caller has likely freed, and at a peer that may never answer: closing the rail then
     // makes its provider finish them, and ofi_rxm, tearing down a rendezvous with a stopped
     // peer, read a context of its own it had already freed (SIGSEGV in fi_close). Nothing here
     // drives progress any more, so the rails keep what they hold and the operations stay where
     // they are: an engine that failed is not closed, and its process is usually about to exit.
-    log::info("{}: {} operation{} still held by the rails: they are left open", name_, held_,
-              held_ == 1 ? "" : "s");
+    if (held_ > 0)
+      log::info("{}: {} operation{} still held by the rails: they are left open", name_, held_,
+                held_ == 1 ? "" : "s");
+    else
+      log::info("{}: a rank of this host died or is stopped: the {} endpoints are left open", name_,
+                fabric_);
     for (auto& r : rails_)
-      if constexpr (requires { r->leave_open(); }) r->leave_open();
+      if constexpr (leaves_open) r->leave_open();
     {
       std::lock_guard lock(pools_left_open_mutex());
       // A deque moves its blocks: the operations keep their addresses.
@@ -519,6 +534,19 @@ void rail_engine<Rail>::drain(std::size_t ri, bool sends) {
   const std::size_t own = sends ? 0 : l.statement_recvs;
   while (!queue.empty() && posted - own < cap) {
     op* c = queue.front();
+    if (c->is_send && gone(c->world_peer)) {
+      // Into a dead process's shared memory a send may wait on the lock it died holding.
+      queue.pop_front();
+      c->state = status::failed;
+      c->peer_loss = true;
+      c->error = fmt::format("a send to rank {} failed: its process is gone (not posted)", c->peer);
+      if (c->kind != role::message) {
+        recycle(c);
+        continue;
+      }
+      settle(c);
+      continue;
+    }
     const long rc = rails_[ri]->post(*c);
     if (rc == -EAGAIN) return;
     queue.pop_front();

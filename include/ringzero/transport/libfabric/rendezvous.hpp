@@ -389,7 +389,8 @@ template <class Key>
                                            .timeout = cfg.timeout,
                                            .stripe_bytes = cfg.stripe_bytes,
                                            .shares = std::move(shares),
-                                           .watch = std::move(dog)},
+                                           .watch = std::move(dog),
+                                           .leave_open_after_loss = provider == "shm"},
       std::move(rails), std::move(facts));
 
   keys::set_text(s, key("ready", rank), "1");
