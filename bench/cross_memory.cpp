@@ -21,7 +21,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ringzero/transport/shm/detail/collectives.hpp"
+#include "ringzero/transport/shm/detail/cross_memory.hpp"
 
 namespace {
 

@@ -6,7 +6,9 @@
 // this CPU runs; "-" where it runs none). Rounding is timed twice: as a call runs
 // it under the default rounding mode (the hardware's int64 conversion where the result is a
 // normal number) and under FE_UPWARD, where that conversion is refused and every element takes
-// the integer path.
+// the integer path. Then the compact accumulator of reproducible training's owners (one
+// micro-batch's terms added to reproducible::compact_accumulator on each path, and its rounding),
+// and the gathered float sums of the large float calls.
 //
 // The inputs are ringzero-perf --reproducible's kind: random signs and significands over 16
 // binades, so each block takes one digit; the digits rounded are two such ranks' sums. Each
@@ -34,6 +36,7 @@
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
 #include "ringzero/reduce/reproducible_accumulator.hpp"
+#include "ringzero/reduce/reproducible_compact.hpp"
 #include "ringzero/types.hpp"
 
 namespace {
@@ -182,6 +185,49 @@ void gathered(std::size_t n, int rounds) {
 
 }  // namespace
 
+/// reproducible::compact_accumulator<T>: one micro-batch's terms added (after a first one, so
+/// the blocks hold words), on each path, and the rounding of every element once; the rounded
+/// sums of every path against the scalar one's (#differ). ns per element.
+template <class T>
+void compact(const char* name, std::size_t n, int rounds) {
+  using ringzero::reduction::simd;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const auto timed = [](double& best, auto&& f) {
+    const double t0 = thread_seconds();
+    f();
+    best = std::min(best, thread_seconds() - t0);
+  };
+  std::vector<T> a, b;
+  for (const float x : inputs<float>(n, 11)) a.push_back(T(x));
+  for (const float x : inputs<float>(n, 12)) b.push_back(T(x));
+  std::string cols;
+  std::vector<T> out(n), first;
+  double t_round = inf;
+  std::size_t differ = 0;
+  for (const simd path : ringzero::reduction::all_simd) {
+    if (!ringzero::reduction::simd_supported(path)) {
+      cols += fmt::format(" {:>9}", "-");
+      continue;
+    }
+    double t = inf;
+    for (int r = 0; r < rounds; ++r) {
+      ringzero::reproducible::compact_accumulator<T> acc(n);
+      acc.add(path, std::span<const T>(a));
+      timed(t, [&] { acc.add(path, std::span<const T>(b)); });
+      timed(t_round, [&] { acc.round(0, std::span<T>(out)); });
+    }
+    cols += fmt::format(" {:>9.2f}", t * 1e9 / static_cast<double>(n));
+    if (first.empty())
+      first = out;
+    else
+      for (std::size_t i = 0; i < n; ++i)
+        differ +=
+            ringzero::reproducible::bits_of(out[i]) != ringzero::reproducible::bits_of(first[i]);
+  }
+  fmt::print("{:<7} {:>9}{} {:>9.2f} {:>8}\n", name, n, cols,
+             t_round * 1e9 / static_cast<double>(n), differ);
+}
+
 int main(int argc, char** argv) {
   const auto n = static_cast<std::size_t>(argc > 1 ? std::atoll(argv[1]) : 4194304);
   const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 7;
@@ -191,5 +237,12 @@ int main(int argc, char** argv) {
              "acc:scal", "acc:avx2", "acc:avx512", "#differ");
   run<float>("float", n, rounds);
   run<double>("double", n, rounds);
+  fmt::print(
+      "\n# the compact accumulator: ns of thread CPU time per element, minimum of {} rounds\n",
+      rounds);
+  fmt::print("{:<7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}\n", "type", "elements", "add:scal",
+             "add:avx2", "add:avx512", "round", "#differ");
+  compact<float>("float", n, rounds);
+  compact<ringzero::bfloat16>("bf16", n, rounds);
   gathered(n, rounds);
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates every table and the plot in docs/scaling.md from the fabric files:
+# Regenerates every table and the plot in docs/scaling.md, and docs/zero.md's ZeRO++ table,
+# from the fabric files:
 #   bash scripts/scaling.sh [BUILD_DIR]      (default build/model)
 # Builds ringzero-model only; the plot needs matplotlib (Debian python3-matplotlib).
 set -euo pipefail
@@ -28,3 +29,5 @@ if [[ -z "$python" ]]; then
 fi
 "$python" tools/model/plot.py "$csv" docs/scaling.png
 "$build/tools/model/ringzero-model" --check docs/scaling.md "${fabrics[@]}"
+# docs/zero.md's ZeRO++ table adds a 100 Gbit/s Ethernet cluster to them.
+"$build/tools/model/ringzero-model" --write docs/zero.md "${fabrics[@]}" tools/model/fabrics/eth100.fabric

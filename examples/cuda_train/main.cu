@@ -168,16 +168,21 @@ int first_sample(const args& a, int m, int rank, int world, int per) {
   return (a.reproducible ? rank * a.micro_batches + m : m * world + rank) * per;
 }
 
-/// Prints the budget line the GPU check reads, and whether every warm step kept to it.
+/// Prints the budget line the GPU check reads, and whether every warm step kept to it: one host
+/// wait and one statistics launch a step; with --reproducible five host waits (the exact norm's
+/// bins read, two words agreed through device memory) and no statistics launch
+/// (test_zero_reproducible holds the emulated device to the same).
 bool report_budget(int rank, const args& a, const step_budget& b) {
+  const std::uint64_t waits = a.reproducible ? 5 : 1, statistics = a.reproducible ? 0 : 1;
   bool ok = true;
   double total_ms = 0;
   std::size_t warm_steps = 0;
   zero::device_counters worst{};
   for (std::size_t s = step_budget::warm; s < b.per_step.size(); ++s) {
     const auto& c = b.per_step[s];
-    ok = ok && c.host_syncs == 1 && c.statistics_launches == 1 && c.events_created == 0 &&
-         c.driver_allocations == 0 && b.reserved[s] == b.reserved[step_budget::warm - 1];
+    ok = ok && c.host_syncs == waits && c.statistics_launches == statistics &&
+         c.events_created == 0 && c.driver_allocations == 0 &&
+         b.reserved[s] == b.reserved[step_budget::warm - 1];
     worst.launches = std::max(worst.launches, c.launches);
     worst.statistics_launches = std::max(worst.statistics_launches, c.statistics_launches);
     worst.host_syncs = std::max(worst.host_syncs, c.host_syncs);
@@ -193,10 +198,7 @@ bool report_budget(int rank, const args& a, const step_budget& b) {
         "{} B -> {} B: {}\n",
         a.stage, warm_steps, total_ms / static_cast<double>(warm_steps), worst.launches,
         worst.statistics_launches, worst.host_syncs, worst.events_created, worst.driver_allocations,
-        b.reserved[step_budget::warm - 1], b.reserved.back(),
-        ok               ? "ok"
-        : a.reproducible ? "over, as --reproducible is (a host wait per gradient handed over)"
-                         : "OVER BUDGET");
+        b.reserved[step_budget::warm - 1], b.reserved.back(), ok ? "ok" : "OVER BUDGET");
   return ok;
 }
 
@@ -338,8 +340,7 @@ int train(ringzero::nccl::communicator& comm, const args& a, bool resume,
   shd.synchronize();
   for (float* g : grads) static_cast<void>(cudaFree(g));
   static_cast<void>(cudaFree(loss));
-  // Reproducible mode reads every gradient back to the host: not the device path's budget.
-  const bool in_budget = report_budget(rank, a, budget) || a.reproducible;
+  const bool in_budget = report_budget(rank, a, budget);
   return learned && in_budget ? 0 : 1;
 }
 
@@ -411,6 +412,9 @@ int run(const args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     const args a = parse(argc, argv);
     int devices = 0;

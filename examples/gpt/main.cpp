@@ -9,9 +9,12 @@
 //   ringzero-gpt -n 3 --reproducible --batch 24           # the weights of -n 1, 2, 4, 6, bitwise
 //   ringzero-run -n 4 --elastic 2:4 ringzero-gpt --reproducible --batch 24
 //                                  # a rank may die: the rest go on, to the same weights
+//   bench/netbed --ranks-per-host 2 run -- ringzero-gpt --zero-quantized-weights
+//       --zero-quantized-gradients --zero-hpz-partition-size 2     # ZeRO++ between hosts
 #include <ringzero/bootstrap/environment.hpp>
 #include <ringzero/elastic.hpp>
 #include <ringzero/ringzero.hpp>
+#include <ringzero/transport/socket.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,8 +44,9 @@ struct args {
   std::string precision = "bf16";
   std::string text = RINGZERO_GPT_TEXT;
   std::optional<int> checkpoint_every;
-  std::string transport = "libfabric";  ///< under a launcher: libfabric or shm (native)
+  std::string transport = "auto";  ///< under a launcher: auto, socket, libfabric or shm
   gpt::train_options train;
+  std::vector<std::string> command;  ///< argv, for the command that resumes a job
 };
 
 constexpr const char* usage = R"(usage: ringzero-gpt [options]
@@ -69,16 +73,22 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --prompt S            text the sample starts from; default "Light"
   --no-comm-thread      run collectives on the training thread (no overlap)
   --shard-group G       hybrid sharding: shard within groups of G ranks, replicate across them
+  --zero-quantized-weights    ZeRO++ qwZ: stage 3 gathers parameters as int8 blocks
+  --zero-quantized-gradients  ZeRO++ qgZ: gradients reduced as int4 blocks, two hops over nodes
+  --zero-hpz-partition-size G ZeRO++ hpZ: a secondary parameter shard in groups of G ranks (a
+                        node's), which backward gathers from; 0 or 1: off
   --reproducible        one micro-batch per sequence, summed exactly: the same weights, bit for
                         bit, at every world size dividing --batch (and every stage, shard group)
-  --transport T         under a launcher: libfabric (default) or shm (the native shared-memory
-                        transport, one host)
+  --transport T         under a launcher: auto (default: ringzero's socket transport when the
+                        ranks span hosts and neither FI_PROVIDER nor an EFA NIC asks for
+                        libfabric, else libfabric), socket, libfabric or shm (the native
+                        shared-memory transport, one host)
   --checkpoint DIR      save a checkpoint to DIR every --checkpoint-every steps
   --checkpoint-every K  default 10 under ringzero-run --elastic, else 0 (never)
   --peer-copy K         under ringzero-run --elastic: every K steps keep the training state in a
                         ring peer's memory too (twice a rank's optimizer state), and recover
                         from it when it covers the ranks lost; default 0 (off)
-Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank, over libfabric.
+Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank (--transport).
 Under ringzero-run --elastic MIN:MAX a rank that dies does not end the job: the others form a
 new world (sizes that divide --batch), load the last checkpoint (--checkpoint, by default a
 directory under /tmp removed at the end) and go on; processes started with ringzero-run --join
@@ -135,6 +145,8 @@ args parse(int argc, char** argv) {
       {"--temperature", [](args& a, auto f, auto v) { a.train.temperature = number<float>(f, v); }},
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
+      {"--zero-hpz-partition-size",
+       [](args& a, auto f, auto v) { a.train.hpz_partition_size = number<int>(f, v); }},
       {"--checkpoint", [](args& a, auto, auto v) { a.train.checkpoint = v; }},
       {"--transport", [](args& a, auto, auto v) { a.transport = v; }},
       {"--peer-copy", [](args& a, auto f, auto v) { a.train.peer_copy_every = number<int>(f, v); }},
@@ -142,6 +154,7 @@ args parse(int argc, char** argv) {
        [](args& a, auto f, auto v) { a.checkpoint_every = number<int>(f, v); }},
   };
   args a;
+  a.command.assign(argv, argv + argc);
   for (int i = 1; i < argc; ++i) {
     const std::string_view f = argv[i];
     if (f == "-h" || f == "--help") {
@@ -156,6 +169,14 @@ args parse(int argc, char** argv) {
       a.train.reproducible = true;
       continue;
     }
+    if (f == "--zero-quantized-weights") {
+      a.train.quantized_weights = true;
+      continue;
+    }
+    if (f == "--zero-quantized-gradients") {
+      a.train.quantized_gradients = true;
+      continue;
+    }
     const auto* o = std::find_if(std::begin(options), std::end(options),
                                  [&](const option& x) { return x.flag == f; });
     if (o == std::end(options)) die(fmt::format("unknown option '{}'", f));
@@ -163,13 +184,15 @@ args parse(int argc, char** argv) {
     o->set(a, f, argv[++i]);
   }
   const auto& t = a.train;
-  if (a.transport != "libfabric" && a.transport != "shm")
-    die("--transport must be libfabric or shm");
+  if (a.transport != "auto" && a.transport != "socket" && a.transport != "libfabric" &&
+      a.transport != "shm")
+    die("--transport must be auto, socket, libfabric or shm");
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "fp16")
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
-      t.shard_group < 0 || t.log_every < 1 || t.sample < 0 || !(t.temperature > 0) ||
-      !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 || t.peer_copy_every < 0)
+      t.shard_group < 0 || t.hpz_partition_size < 0 || t.log_every < 1 || t.sample < 0 ||
+      !(t.temperature > 0) || !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 ||
+      t.peer_copy_every < 0)
     die("sizes, counts, the learning rate and the temperature must be positive");
   a.train.checkpoint_every = a.checkpoint_every.value_or(0);
   if (a.train.checkpoint_every > 0 && a.train.checkpoint.empty())
@@ -189,28 +212,40 @@ bool launched() {
   return "native shm";
 }
 
-// An elastic job: each generation of the job trains from the last checkpoint until it finishes,
-// a rank dies (the survivors form the next generation and go on) or processes arrive (every
-// rank saves, and the next generation takes them in).
+// A job that cannot go on keeps its last checkpoint: one rank says where, and how to resume.
+void tell_kept_checkpoint(const args& a, ringzero::elastic::session& s, const std::string& dir) {
+  using keys = ringzero::elastic::session::keys;
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "manifest.txt")) return;
+  try {
+    auto& st = s.job_store();
+    if (st.add_within(keys::finished(), 0, std::chrono::seconds(1)) > 0 ||
+        st.add_within("ringzero-gpt/kept-told", 1, std::chrono::seconds(1)) != 1)
+      return;
+  } catch (const ringzero::error&) {
+    // The store does not answer: every rank says it, rather than none.
+  }
+  std::string command;
+  for (std::size_t i = 0; i < a.command.size(); ++i) {
+    if (a.command[i] == "--resume" && i + 1 < a.command.size()) {
+      ++i;
+      continue;
+    }
+    command += (command.empty() ? "" : " ") + a.command[i];
+  }
+  const auto& lim = s.bounds();
+  fmt::print(stderr,
+             "ringzero-gpt: the job's last checkpoint is kept in {}; resume with:\n  ringzero-run "
+             "-n {} --elastic {}:{} -- {} --resume {}\n",
+             dir, lim.max == INT_MAX ? s.current().size() : lim.max, lim.min,
+             lim.max == INT_MAX ? std::string() : std::to_string(lim.max), command, dir);
+  std::fflush(stderr);
+}
+
+// The generations of an elastic job, until it finishes or cannot go on.
 template <class P, class Comm>
-void run_elastic(const args& a, const gpt::corpus& text) {
+void elastic_generations(const args& a, const gpt::corpus& text, ringzero::elastic::session& s,
+                         const gpt::train_options& o, bool own_dir) {
   using clock = std::chrono::steady_clock;
-  const int batch = a.train.batch, group = a.train.shard_group;
-  // Sizes the batch splits over, in whole shard groups.
-  auto s = ringzero::elastic::session::from_env(
-      [batch, group](int n) { return batch % n == 0 && (group == 0 || n % group == 0); });
-  s.join();
-  auto o = a.train;
-  // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after
-  // the job's token so that every rank, arrivals included, finds the same one.
-  const bool own_dir = o.checkpoint.empty();
-  if (own_dir)
-    o.checkpoint = (std::filesystem::temp_directory_path() /
-                    fmt::format("ringzero-gpt-elastic-{:016x}",
-                                ringzero::bootstrap::detail::fnv1a(
-                                    ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
-                       .string();
-  if (o.checkpoint_every == 0 && !a.checkpoint_every) o.checkpoint_every = 10;
   const auto manifest = std::filesystem::path(o.checkpoint) / "manifest.txt";
   std::optional<clock::time_point> failed_at;
   std::string failure;
@@ -290,34 +325,101 @@ void run_elastic(const args& a, const gpt::corpus& text) {
     }
   }
 }
+// An elastic job: each generation of the job trains from the last checkpoint until it finishes,
+// a rank dies (the survivors form the next generation and go on) or processes arrive (every
+// rank saves, and the next generation takes them in).
+template <class P, class Comm>
+void run_elastic(const args& a, const gpt::corpus& text) {
+  const int batch = a.train.batch, group = a.train.shard_group;
+  // Sizes the batch splits over, in whole shard groups.
+  auto s = ringzero::elastic::session::from_env(
+      [batch, group](int n) { return batch % n == 0 && (group == 0 || n % group == 0); });
+  s.join();
+  auto o = a.train;
+  // Without --checkpoint the job keeps its checkpoints in a directory of its own, named after
+  // the job's token so that every rank, arrivals included, finds the same one.
+  const bool own_dir = o.checkpoint.empty();
+  if (own_dir)
+    o.checkpoint = (std::filesystem::temp_directory_path() /
+                    fmt::format("ringzero-gpt-elastic-{:016x}",
+                                ringzero::bootstrap::detail::fnv1a(
+                                    ringzero::detail::getenv_str("RINGZERO_TOKEN").value_or(""))))
+                       .string();
+  if (o.checkpoint_every == 0 && !a.checkpoint_every) o.checkpoint_every = 10;
+  try {
+    elastic_generations<P, Comm>(a, text, s, o, own_dir);
+  } catch (...) {
+    if (s.launcher_gone()) {
+      // The job ends with its launcher: nothing of it stays behind (the endpoints' shared
+      // memory goes as the exception unwinds, the job's own checkpoints here).
+      if (own_dir) std::filesystem::remove_all(o.checkpoint);
+      throw;
+    }
+    tell_kept_checkpoint(a, s, o.checkpoint);
+    throw;
+  }
+}
+
 #endif
+
+[[nodiscard]] std::string transport_name(ringzero::socket::communicator& c) {
+  std::string rails;
+  for (int r = 0; r < c.transport().rails(); ++r)
+    rails += fmt::format("{}{}", r ? "," : "", c.transport().rail_name(r));
+  return fmt::format("socket, rails {}", rails);
+}
+
+/// The transport of a launched rank: --transport, or for auto ringzero's socket transport
+/// between hosts unless something asks for libfabric (bootstrap::prefer_socket_between_hosts),
+/// else libfabric where this build has it.
+[[nodiscard]] std::string launched_transport(const args& a) {
+  if (a.transport != "auto") return a.transport;
+  bool efa = false;
+#if RINGZERO_GPT_HAVE_LIBFABRIC
+  efa = ringzero::libfabric::detail::provider_available("efa");
+  if (!ringzero::bootstrap::prefer_socket_between_hosts(ringzero::bootstrap::detect_launch(), efa))
+    return "libfabric";
+#endif
+  (void)efa;
+  return "socket";
+}
+
+/// Trains over a communicator a launcher's environment describes.
+template <class P, class Comm>
+void train_launched(const args& a, const gpt::corpus& text) {
+  auto comm = Comm::from_env();
+  auto o = a.train;
+  o.transport = "processes, " + transport_name(comm);
+  gpt::train<Comm, P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
+}
 
 template <class P>
 void launch(const args& a, const gpt::corpus& text) {
 #if RINGZERO_GPT_HAVE_LIBFABRIC
-  const bool native = a.transport == "shm";
-  if (ringzero::elastic::session::enabled())
-    return native ? run_elastic<P, ringzero::shm::communicator>(a, text)
-                  : run_elastic<P, ringzero::libfabric::communicator>(a, text);
-  if (launched() && native) {
-    auto comm = ringzero::shm::communicator::from_env();
-    auto o = a.train;
-    o.transport = "processes, " + transport_name(comm);
-    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
-    return;
-  }
-  if (launched()) {
-    auto comm = ringzero::libfabric::communicator::from_env();
-    auto o = a.train;
-    o.transport = "processes, " + transport_name(comm);
-    gpt::train<decltype(comm), P>(comm, o, text, comm.rank() == 0 ? stdout : nullptr);
-    return;
+  // Before the launcher's variables are read: an elastic member's rank comes from the job's
+  // rendezvous (a member started without a launcher has WORLD_SIZE but no RANK), and auto is
+  // libfabric there.
+  if (ringzero::elastic::session::enabled()) {
+    if (a.transport == "socket")
+      throw ringzero::unsupported(
+          "elastic jobs run over libfabric or shm (--transport libfabric or shm)");
+    return a.transport == "shm" ? run_elastic<P, ringzero::shm::communicator>(a, text)
+                                : run_elastic<P, ringzero::libfabric::communicator>(a, text);
   }
 #endif
+  const std::string t = launched() ? launched_transport(a) : a.transport;
+#if RINGZERO_GPT_HAVE_LIBFABRIC
+  if (launched() && t == "shm") return train_launched<P, ringzero::shm::communicator>(a, text);
+  if (launched() && t == "libfabric")
+    return train_launched<P, ringzero::libfabric::communicator>(a, text);
+#endif
+  if (launched() && t == "socket")
+    return train_launched<P, ringzero::socket::communicator>(a, text);
   if (launched())
-    throw ringzero::unsupported(
-        "started by a launcher, but this build has no libfabric transport; run it without the "
-        "launcher and use -n for threads");
+    throw ringzero::unsupported(fmt::format(
+        "--transport {}: this build has no libfabric transport; use --transport socket, or run "
+        "it without the launcher and use -n for threads",
+        t));
   ringzero::loopback::world world(a.ranks);
   world.run([&](ringzero::loopback::communicator& comm) {
     gpt::train<ringzero::loopback::communicator, P>(comm, a.train, text,
@@ -328,6 +430,9 @@ void launch(const args& a, const gpt::corpus& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const args a = parse(argc, argv);
   try {
     const auto text = gpt::corpus::from_file(a.text);

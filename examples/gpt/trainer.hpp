@@ -56,6 +56,9 @@ struct train_options {
   bool comm_thread = true;
   bool reproducible = false;                   ///< one micro-batch per sequence, reduced exactly
   int shard_group = 0;                         ///< hybrid sharding: ranks per shard group (0: all)
+  bool quantized_weights = false;              ///< ZeRO++ qwZ (zero_quantized_weights)
+  bool quantized_gradients = false;            ///< ZeRO++ qgZ (zero_quantized_gradients)
+  int hpz_partition_size = 0;                  ///< ZeRO++ hpZ (zero_hpz_partition_size)
   std::string transport = "loopback threads";  ///< for the header line
   /// Save a checkpoint to `checkpoint` every this many steps (0: never): what an elastic job
   /// resumes from when a rank dies.
@@ -168,6 +171,16 @@ class sharder_source {
   return layout;
 }
 
+/// The header line's note of the ZeRO++ options a config turns on, "" for none.
+[[nodiscard]] inline std::string zeropp_line(const ringzero::zero::config& cfg) {
+  std::string s;
+  if (cfg.zero_quantized_weights) s += ", qwZ (int8 weight gathers)";
+  if (cfg.zero_quantized_gradients) s += ", qgZ (int4 gradient reduction)";
+  if (cfg.zero_hpz_partition_size > 1)
+    s += fmt::format(", hpZ (secondary shard in groups of {})", cfg.zero_hpz_partition_size);
+  return s;
+}
+
 /// ZeRO's bytes per rank for this configuration: parameters in P, gradients of `g` bytes each
 /// (fp32 by default: config::reduce_dtype), fp32 master weights (16-bit P) and AdamW's two fp32
 /// moments, each sharded or not as the stage says.
@@ -264,6 +277,9 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   cfg.bucket_bytes = o.bucket_kib * 1024;
   cfg.comm_thread = o.comm_thread;
   cfg.shard_group_size = o.shard_group;
+  cfg.zero_quantized_weights = o.quantized_weights;
+  cfg.zero_quantized_gradients = o.quantized_gradients;
+  cfg.zero_hpz_partition_size = o.hpz_partition_size;
   if (o.reproducible) {
     cfg.reproducible = true;
     cfg.accumulation_steps = per_rank;  // this rank's run of the batch's sequences
@@ -277,14 +293,14 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
 
   say(log,
       "gpt: {} ranks ({}), ZeRO stage {}, {} parameters{}, AdamW (weight decay {:g} on matrices), "
-      "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens{}{}\n",
+      "lr {:g} (warmup {}, cosine to {:g} at step {}), global batch {} x {} tokens{}{}{}\n",
       n, o.transport, o.stage, ringzero::dtype_name(ringzero::dtype_of<P>()),
       std::is_same_v<P, float> ? "" : " + fp32 master", o.weight_decay, o.lr, o.warmup,
       o.lr * o.min_lr_ratio, o.steps, o.batch, c.context,
       shd.shard_group_size() == n
           ? ""
           : fmt::format(", sharded in groups of {}", shd.shard_group_size()),
-      o.reproducible ? ", reproducible (one micro-batch per sequence)" : "");
+      o.reproducible ? ", reproducible (one micro-batch per sequence)" : "", zeropp_line(cfg));
   say(log,
       "model: vocab {} (bytes of the text, {} KB), context {}, {} layers, {} heads, dim {}: {} "
       "parameters in {} buckets\n",
@@ -406,9 +422,9 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
     if (!memory_shown) {
       memory_shown = true;
       const auto mem = shd.memory();
-      const std::uint64_t mine[5] = {mem.parameters, mem.gradients, mem.optimizer, mem.buffers,
-                                     mem.peak_buffers};
-      std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
+      const std::uint64_t mine[6] = {mem.parameters, mem.gradients,    mem.optimizer,
+                                     mem.buffers,    mem.peak_buffers, mem.secondary};
+      std::vector<std::uint64_t> all(6 * static_cast<std::size_t>(n));
       shd.run_collective([&](Comm& cm) {
         ringzero::all_gather(cm, std::span<const std::uint64_t>(mine),
                              std::span<std::uint64_t>(all), cfg.collectives.all_gather);
@@ -416,11 +432,16 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
       const auto mib = [](std::uint64_t b) {
         return fmt::format("{:.3f}", static_cast<double>(b) / (1024.0 * 1024.0));
       };
-      say(log, "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak)   total\n");
+      const bool hpz = mem.secondary > 0;
+      say(log,
+          "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak){}   total\n",
+          hpz ? "  hpZ copy" : "");
       for (int q = 0; q < n; ++q) {
-        const auto* e = all.data() + 5 * static_cast<std::size_t>(q);
-        say(log, "  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({})  {:>7}\n", q, mib(e[0]),
-            mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]), mib(e[0] + e[1] + e[2] + e[3]));
+        const auto* e = all.data() + 6 * static_cast<std::size_t>(q);
+        say(log, "  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({}){}  {:>7}\n", q,
+            mib(e[0]), mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]),
+            hpz ? fmt::format("  {:>8}", mib(e[5])) : std::string(),
+            mib(e[0] + e[1] + e[2] + e[3] + e[5]));
       }
       const double f = zero_formula_bytes<P>(
           o.stage, static_cast<double>(plan.numel()), n,
@@ -432,6 +453,12 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
           o.stage, plan.numel(), n, mib(static_cast<std::uint64_t>(f)),
           mib(static_cast<std::uint64_t>(measured)), 100.0 * (measured - f) / f,
           o.reproducible ? " and the exact gradient accumulator" : "");
+      if (o.reproducible)
+        say(log,
+            "  of the gradients, the exact accumulator of this rank's shard: {} MiB, {:.2f} bytes "
+            "per element of the shard\n",
+            mib(mem.accumulator),
+            static_cast<double>(mem.accumulator) / static_cast<double>(plan.shard_size()));
     }
   }
   const double seconds =

@@ -51,6 +51,9 @@ struct args {
   int micro_batches = 1;
   bool micro_batches_given = false;
   bool reproducible = false;
+  bool quantized_weights = false;    ///< ZeRO++ qwZ
+  bool quantized_gradients = false;  ///< ZeRO++ qgZ
+  int hpz_partition_size = 0;        ///< ZeRO++ hpZ
   std::string precision = "bf16";
   bool reduce_16bit = false;
   zero::optimizer_kind optimizer = zero::optimizer_kind::adamw;
@@ -101,6 +104,10 @@ constexpr const char* usage = R"(usage: ringzero-train [options]
   --reproducible        the global batch is --micro-batches micro-batches, each rank takes a
                         contiguous run, and their gradients are summed exactly: the same weights,
                         bit for bit, at every world size dividing them (and every stage, group)
+  --zero-quantized-weights    ZeRO++ qwZ: stage 3 gathers parameters as int8 blocks
+  --zero-quantized-gradients  ZeRO++ qgZ: gradients reduced as int4 blocks, two hops over nodes
+  --zero-hpz-partition-size G ZeRO++ hpZ: a secondary parameter shard in groups of G ranks,
+                        which backward gathers from; 0 or 1: off
 Under a launcher (ringzero-run, torchrun, srun, mpirun) every process is one rank.
 )";
 
@@ -127,6 +134,8 @@ args parse(int argc, char** argv) {
   static constexpr option options[] = {
       {"-n", [](args& a, auto f, auto v) { a.ranks = number<int>(f, v); }},
       {"--ranks", [](args& a, auto f, auto v) { a.ranks = number<int>(f, v); }},
+      {"--zero-hpz-partition-size",
+       [](args& a, auto f, auto v) { a.hpz_partition_size = number<int>(f, v); }},
       {"--stage", [](args& a, auto f, auto v) { a.stage = number<int>(f, v); }},
       {"--shard-group",
        [](args& a, auto f, auto v) {
@@ -187,6 +196,14 @@ args parse(int argc, char** argv) {
     }
     if (f == "--reproducible") {
       a.reproducible = true;
+      continue;
+    }
+    if (f == "--zero-quantized-weights") {
+      a.quantized_weights = true;
+      continue;
+    }
+    if (f == "--zero-quantized-gradients") {
+      a.quantized_gradients = true;
       continue;
     }
     const auto* o = std::find_if(std::begin(options), std::end(options),
@@ -272,6 +289,9 @@ void run(Comm& comm, const args& a) {
   // groups; 0 shards over every rank, zero::shard_group_per_node groups by node.
   cfg.shard_group_size = a.shard_group;
   // docs-end: hybrid
+  cfg.zero_quantized_weights = a.quantized_weights;
+  cfg.zero_quantized_gradients = a.quantized_gradients;
+  cfg.zero_hpz_partition_size = a.hpz_partition_size;
   if (a.warmup > 0) {
     // docs-begin: schedule
     cfg.schedule = zero::warmup_cosine(static_cast<std::uint64_t>(a.warmup),
@@ -367,22 +387,26 @@ void run(Comm& comm, const args& a) {
     if (!memory_shown) {
       memory_shown = true;
       const auto mem = shd.memory();
-      const std::uint64_t mine[5] = {mem.parameters, mem.gradients, mem.optimizer, mem.buffers,
-                                     mem.peak_buffers};
-      std::vector<std::uint64_t> all(5 * static_cast<std::size_t>(n));
+      const std::uint64_t mine[6] = {mem.parameters, mem.gradients,    mem.optimizer,
+                                     mem.buffers,    mem.peak_buffers, mem.secondary};
+      std::vector<std::uint64_t> all(6 * static_cast<std::size_t>(n));
       shd.run_collective([&](Comm& c) {
         ringzero::all_gather(c, std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all),
                              cfg.collectives.all_gather);
       });
       if (lead) {
+        // hpZ's secondary copy of the parameters gets a column of its own where it is kept.
+        const bool hpz = mem.secondary > 0;
         fmt::print(
-            "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak)   "
-            "total\n");
+            "memory per rank (MiB)   parameters  gradients  optimizer  buffers(peak){}   "
+            "total\n",
+            hpz ? "  hpZ copy" : "");
         for (int q = 0; q < n; ++q) {
-          const auto* e = all.data() + 5 * static_cast<std::size_t>(q);
-          fmt::print("  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({})  {:>7}\n", q,
+          const auto* e = all.data() + 6 * static_cast<std::size_t>(q);
+          fmt::print("  rank {:<3}             {:>10}  {:>9}  {:>9}  {:>7}({}){}  {:>7}\n", q,
                      mib(e[0]), mib(e[1]), mib(e[2]), mib(e[3]), mib(e[4]),
-                     mib(e[0] + e[1] + e[2] + e[3]));
+                     hpz ? fmt::format("  {:>8}", mib(e[5])) : std::string(),
+                     mib(e[0] + e[1] + e[2] + e[3] + e[5]));
         }
         const double f = formula_bytes<P>(
             a.stage, static_cast<double>(plan.numel()), shards, a.optimizer,
@@ -447,6 +471,9 @@ void launch(const args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const args a = parse(argc, argv);
   try {
     if (a.precision == "fp32")

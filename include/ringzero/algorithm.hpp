@@ -13,6 +13,7 @@
 
 #include "ringzero/collective_table.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/wire.hpp"
 
 // CUDA's stream type (cudaStream_t is CUstream_st*), named without including a CUDA header.
 struct CUstream_st;
@@ -53,6 +54,15 @@ struct options {
   /// collective and eight bytes per element on the wire (docs/api.md). Ignored by collectives
   /// that add nothing and by integer types (exact already); refused with prod.
   bool reproducible = false;
+  /// all_gather, reduce_scatter and all_reduce of float, bfloat16 and float16: what goes on the
+  /// wire (wire.hpp). A quantized format sends about a quarter (int8) or an eighth (int4) of a
+  /// float's bytes, and the result differs from the exact one by at most the bound
+  /// reduce/quantize.hpp states; every rank still gets the same bits. Reductions take sum or avg
+  /// and add in float. Host buffers over messaging transports (docs/api.md, "Quantized
+  /// collectives").
+  wire_format wire = wire_format::full;
+  /// Elements per scale of the int8 and int4 formats; 0: default_wire_block (256).
+  std::size_t wire_block = 0;
 };
 
 }  // namespace ringzero

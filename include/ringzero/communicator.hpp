@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -329,6 +330,11 @@ class communicator {
   [[nodiscard]] int size() const noexcept { return static_cast<int>(members_.size()); }
   /// The tuning policy the cost model and the algorithms' flow control use.
   [[nodiscard]] const tuning::policy& tuning() const noexcept { return tuning_; }
+  /// tuning()'s name until 0.3.
+  [[deprecated("0.3 renamed it tuning(); cost() goes in 0.5")]] [[nodiscard]] const tuning::policy&
+  cost() const noexcept {
+    return tuning_;
+  }
   /// Replaces the tuning policy, as a RINGZERO_TUNING file does when the communicator is made
   /// (`ringzero-perf --tune` tries settings this way). Every rank must pass the same policy
   /// before its next collective: ranks that price differently pick different algorithms. Throws
@@ -509,6 +515,21 @@ class communicator {
       if (hierarchy_ && hierarchy_->node) hierarchy_->node->abort(why);
   }
 
+  /// abort(), as a function that holds the transport weakly: for a watcher on another thread
+  /// (elastic::session's heartbeat) that may outlive this communicator, after which calling it
+  /// does nothing. It aborts the transport, and so every communicator sharing it; not the node
+  /// level of hierarchical collectives, which abort() reaches too.
+  [[nodiscard]] std::function<void(const std::string&)> abort_handle() const requires
+      requires(T& x) {
+    x.abort(std::string());
+  }
+  {
+    check_moved("abort_handle()");
+    return [t = std::weak_ptr<T>(transport_)](const std::string& why) {
+      if (const auto p = t.lock()) p->abort(why);
+    };
+  }
+
   /// The levels the hierarchical collectives run on: this node's ranks (split by node), one rank
   /// per node (split by local rank) and, where the transport advertises one for the ranks of a
   /// host (`node_transport`: shm under libfabric and sockets), this node's ranks again over it,
@@ -523,6 +544,13 @@ class communicator {
 
   /// The levels nodes() built, or null before its first call.
   [[nodiscard]] node_communicators<communicator>* hierarchy() noexcept { return hierarchy_.get(); }
+  /// Installs levels built elsewhere, as 0.2's hierarchical algorithm did.
+  [[deprecated(
+      "0.3 builds the levels in nodes(); set_hierarchy() goes in 0.5")]] node_communicators<communicator>&
+  set_hierarchy(node_communicators<communicator> h) {
+    hierarchy_ = std::make_unique<node_communicators<communicator>>(std::move(h));
+    return *hierarchy_;
+  }
 
  private:
   // nodes()'s first call. Its exchanges are the communicator's own (detail::exchange_records),

@@ -26,6 +26,15 @@
 //     saying so, or, if it is an arrival, waits for the next generation.
 // Communicators of generation g talk through the store under the prefix "g<g>/", so nothing a
 // former generation left there satisfies a wait of the next.
+//
+// While it trains, every member beats a counter in the store (a thread of the session's) and
+// watches the beat of the member after it in rank order: one silent for `settle` (a process
+// stopped by SIGSTOP or a debugger, or one hung) is declared lost, as the launcher declares a
+// rank it reaped, and every member's current communicator is aborted, so that the collectives
+// waiting on it fail at once and the survivors form the next generation; a silent member is
+// found within `settle` plus a beat. Under ringzero-run every member also watches its launcher:
+// when it dies (SIGKILL), the current communicator is aborted and the session's calls fail
+// saying so, so that the ranks end cleanly instead of dying of SIGPIPE on their next line.
 #pragma once
 
 #include <fmt/format.h>
@@ -56,6 +65,7 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::elastic {
 
@@ -115,6 +125,8 @@ class session {
     static std::string admitted() { return "elastic/admitted"; }  ///< arrivals taken in
     static std::string finished() { return "elastic/finished"; }
     static std::string dead(std::int64_t id) { return fmt::format("elastic/dead/{}", id); }
+    /// Members declared lost so far, by anyone: what the watchers poll instead of every mark.
+    static std::string deaths() { return "elastic/deaths"; }
     static std::string beat(std::int64_t id) { return fmt::format("elastic/beat/{}", id); }
     static std::string slots(std::uint64_t g) { return fmt::format("elastic/{}/slots", g); }
     static std::string slot(std::uint64_t g, std::int64_t i) {
@@ -123,6 +135,8 @@ class session {
     static std::string closer(std::uint64_t g) { return fmt::format("elastic/{}/closer", g); }
     static std::string members(std::uint64_t g) { return fmt::format("elastic/{}/members", g); }
     static std::string event(std::uint64_t g) { return fmt::format("elastic/{}/event", g); }
+    /// 1 once event(g) is written: read without waiting, unlike the event itself.
+    static std::string recorded(std::uint64_t g) { return fmt::format("elastic/{}/recorded", g); }
   };
 
   /// `store`: one that outlives every rank. `id`: this process's member id, unique in the job.
@@ -205,8 +219,25 @@ class session {
       info.rank = static_cast<int>(*id);
       st = bootstrap::detail::open_store(info, timeout);
     }
-    return session(std::move(st), *id, static_cast<int>(*initial), std::move(lim),
-                   std::chrono::seconds(settle_s));
+    session s(std::move(st), *id, static_cast<int>(*initial), std::move(lim),
+              std::chrono::seconds(settle_s));
+    if (const auto pid = int_var("RINGZERO_LAUNCHER_PID"); pid && *pid > 0) s.watch_launcher(*pid);
+    return s;
+  }
+
+  /// Watches the launcher with process id `pid` (on this host): when it is gone, the current
+  /// communicator is aborted and the session's calls fail saying so. from_env() does this under
+  /// ringzero-run (RINGZERO_LAUNCHER_PID). Call before join().
+  void watch_launcher(std::int64_t pid) {
+    if (const auto st = ringzero::detail::read_process_stat(pid); st && !st->ended())
+      launcher_ = {pid, st->start};
+  }
+
+  /// Whether the launcher watch_launcher() named is gone (asked of /proc now).
+  [[nodiscard]] bool launcher_gone() const noexcept {
+    if (launcher_.pid <= 0) return false;
+    const auto st = ringzero::detail::read_process_stat(launcher_.pid);
+    return !st || st->ended() || st->start != launcher_.start;
   }
 
   /// The world size the store's greeting carries in an elastic job (the server and every
@@ -219,7 +250,7 @@ class session {
   /// arrival, the next one the job forms (waiting, up to `wait_limit`, until the job makes room
   /// at a step boundary; fails if the job finishes first).
   const membership& join(std::chrono::nanoseconds wait_limit = std::chrono::hours(24)) {
-    if (!heart_) heart_ = std::make_shared<heart>(store_, id_, beat_period());
+    if (!heart_) heart_ = std::make_shared<heart>(store_, id_, beat_period(), settle_, launcher_);
     if (initial_ > 0) {
       form(0, {}, initial_, false);
       return current_;
@@ -228,6 +259,7 @@ class session {
     const auto deadline = clock::now() + wait_limit;
     for (;;) {
       const auto g = static_cast<std::uint64_t>(store_->add(keys::formed(), 0));
+      tell_why_waiting(g);
       if (form(g, {}, 0, true)) return current_;
       if (clock::now() >= deadline)
         throw timeout_error(
@@ -247,17 +279,21 @@ class session {
       const std::int64_t who = current_.members[static_cast<std::size_t>(failed_rank)];
       if (who != id_) {
         suspects.push_back(who);
-        store_->add(keys::dead(who), 1);
+        if (store_->add(keys::dead(who), 1) == 1) store_->add(keys::deaths(), 1);
       }
     }
     form(current_.generation + 1, suspects, 0, false);
     return current_;
   }
 
-  /// Arrivals waiting to be taken in (ask at step boundaries; every rank must act on the same
-  /// answer, so ask on one rank and broadcast it).
+  /// Arrivals the next grow() would take in: those waiting, as many as the size limit and an
+  /// allowed size leave room for; 0 when none can be (the job at its maximum), so that a job
+  /// that cannot grow is not asked to regroup at every step (ask at step boundaries; every rank
+  /// must act on the same answer, so ask on one rank and broadcast it).
   [[nodiscard]] int waiting() {
-    return static_cast<int>(store_->add(keys::waiting(), 0) - store_->add(keys::admitted(), 0));
+    const int now = current_.size();
+    const int n = largest_allowed(now + arrivals_waiting());
+    return n > now ? n - now : 0;
   }
 
   /// Forms the next generation with every arrival waiting (call on every rank, at the same step).
@@ -298,11 +334,17 @@ class session {
     Options o = opt;
     if constexpr (requires { o.dead_rank = dead_rank_probe(); })
       if (!o.dead_rank) o.dead_rank = dead_rank_probe();
-    if constexpr (std::is_constructible_v<T, std::shared_ptr<bootstrap::store>, int, int,
-                                          const Options&>)
-      return Comm(T(st, current_.rank, current_.size(), o));
-    else
-      return Comm(T(*st, current_.rank, current_.size(), o));
+    auto c = [&] {
+      if constexpr (std::is_constructible_v<T, std::shared_ptr<bootstrap::store>, int, int,
+                                            const Options&>)
+        return Comm(T(st, current_.rank, current_.size(), o));
+      else
+        return Comm(T(*st, current_.rank, current_.size(), o));
+    }();
+    // The heartbeat's watcher aborts it when a member is declared lost or the launcher dies.
+    if constexpr (requires { c.abort_handle(); })
+      if (heart_) heart_->watch(current_, c.abort_handle());
+    return c;
   }
 
   /// The rank in the current generation of a member marked dead in the job's store or whose
@@ -327,6 +369,7 @@ class session {
       store_->set_within(keys::event(current_.generation),
                          std::as_bytes(std::span<const char>(what.data(), what.size())),
                          std::chrono::seconds(2));
+      store_->add_within(keys::recorded(current_.generation), 1, std::chrono::seconds(2));
     } catch (...) {
     }
   }
@@ -363,14 +406,15 @@ class session {
         if (r == m_.rank) continue;
         const std::int64_t id = m_.members[static_cast<std::size_t>(r)];
         if (job_->add_within(keys::dead(id), 0, std::chrono::seconds(2)) > 0)
-          return death{r, id, "died"};
+          return death{r, id, "was declared lost (it died, or its heartbeat stopped)"};
         auto& [last, moved] = beats_[static_cast<std::size_t>(r)];
         const std::int64_t beat = job_->add_within(keys::beat(id), 0, std::chrono::seconds(2));
         if (beat != last) {
           last = beat;
           moved = now;
         } else if (now - moved >= silence_) {
-          job_->add_within(keys::dead(id), 1, std::chrono::seconds(2));
+          if (job_->add_within(keys::dead(id), 1, std::chrono::seconds(2)) == 1)
+            job_->add_within(keys::deaths(), 1, std::chrono::seconds(2));
           return death{r, id,
                        fmt::format("stopped its heartbeat {:.1f} s ago",
                                    std::chrono::duration<double>(now - moved).count())};
@@ -440,23 +484,27 @@ class session {
     member_watch watch_;
   };
 
-  // Beats this member's counter in the job's store every `period` while the session lives.
+  // The launcher a member watches: its pid and start time (0: none).
+  struct launcher_id {
+    std::int64_t pid = 0;
+    std::uint64_t start = 0;
+  };
+
+  // The session's thread, while the session lives: beats this member's counter in the job's
+  // store every `period`; watches the beat of the next member of the current generation and
+  // declares it lost after `silence` without one; aborts the current communicator once a member
+  // of its generation is declared lost (by anyone: the job's count of deaths moved) or the
+  // launcher is gone (checked every 100 ms).
   class heart {
    public:
-    heart(std::shared_ptr<bootstrap::store> st, std::int64_t id, std::chrono::milliseconds period)
-        : thread_([this, st = std::move(st), id, period] {
-            std::unique_lock lock(mutex_);
-            while (!stop_) {
-              lock.unlock();
-              try {
-                st->add_within(keys::beat(id), 1, std::chrono::seconds(2));
-              } catch (const std::exception&) {
-                // A store that does not answer now may answer at the next beat.
-              }
-              lock.lock();
-              cv_.wait_for(lock, period, [this] { return stop_; });
-            }
-          }) {}
+    heart(std::shared_ptr<bootstrap::store> st, std::int64_t id, std::chrono::milliseconds period,
+          std::chrono::nanoseconds silence, launcher_id launcher)
+        : st_(std::move(st)),
+          id_(id),
+          period_(period),
+          silence_(silence),
+          launcher_(launcher),
+          thread_([this] { run(); }) {}
     heart(const heart&) = delete;
     heart& operator=(const heart&) = delete;
     ~heart() {
@@ -468,11 +516,143 @@ class session {
       thread_.join();
     }
 
+    /// The generation now trained in, and how to abort its communicator.
+    void watch(const membership& m, std::function<void(const std::string&)> abort) {
+      std::lock_guard lock(mutex_);
+      if (m.generation != current_.generation || current_.members.empty()) {
+        current_ = m;
+        next_beat_ = -1;
+        // Deaths counted while the previous generation was watched may be of this one's members.
+        deaths_seen_ = -1;
+        aborted_ = false;
+        why_ = launcher_why_;  // a loss in the generation before is no reason to abort this one
+      }
+      abort_ = std::move(abort);
+      if (!why_.empty() && !aborted_) fire_locked();
+    }
+
+    /// Why the launcher is gone, or empty.
+    [[nodiscard]] std::string launcher_gone() const {
+      std::lock_guard lock(mutex_);
+      return launcher_why_;
+    }
+
    private:
-    std::mutex mutex_;
+    using clock = std::chrono::steady_clock;
+
+    void run() {
+      const auto tick =
+          std::min<std::chrono::milliseconds>(period_, std::chrono::milliseconds(100));
+      auto next_beat = clock::now();
+      std::unique_lock lock(mutex_);
+      while (!stop_) {
+        lock.unlock();
+        check_launcher();
+        if (clock::now() >= next_beat) {
+          next_beat = clock::now() + period_;
+          try {
+            st_->add_within(keys::beat(id_), 1, std::chrono::seconds(2));
+            check_members();
+          } catch (const std::exception&) {
+            // A store that does not answer now may answer at the next beat.
+          }
+        }
+        lock.lock();
+        cv_.wait_for(lock, tick, [this] { return stop_; });
+      }
+    }
+
+    void check_launcher() {
+      if (launcher_.pid <= 0) return;
+      const auto st = ringzero::detail::read_process_stat(launcher_.pid);
+      if (st && !st->ended() && st->start == launcher_.start) return;
+      std::lock_guard lock(mutex_);
+      if (!launcher_why_.empty()) return;
+      launcher_why_ =
+          fmt::format("the job's launcher (pid {}), which serves its store, is gone: the job ends",
+                      launcher_.pid);
+      launcher_.pid = 0;
+      why_ = launcher_why_;
+      fire_locked();
+    }
+
+    // The next member's beat, and the job's count of deaths.
+    void check_members() {
+      membership m;
+      {
+        std::lock_guard lock(mutex_);
+        if (current_.members.size() < 2 || aborted_) return;
+        m = current_;
+      }
+      const auto next = m.members[static_cast<std::size_t>((m.rank + 1) % m.size())];
+      const std::int64_t beat = st_->add_within(keys::beat(next), 0, std::chrono::seconds(2));
+      const auto now = clock::now();
+      double silent = 0;
+      {
+        std::lock_guard lock(mutex_);
+        if (beat != next_beat_) {
+          next_beat_ = beat;
+          next_moved_ = now;
+        } else if (now - next_moved_ >= silence_ && m.generation == current_.generation) {
+          silent = std::chrono::duration<double>(now - next_moved_).count();
+          next_moved_ = now;  // once per silence, while the others catch up
+        }
+      }
+      if (silent > 0) {
+        // The store calls outside the lock: watch() is not held up by a slow store.
+        log::warn(
+            "elastic: member {} (rank {} of generation {}) has not beaten for {:.1f} s: "
+            "declaring it lost",
+            next, (m.rank + 1) % m.size(), m.generation, silent);
+        if (st_->add_within(keys::dead(next), 1, std::chrono::seconds(2)) == 1)
+          st_->add_within(keys::deaths(), 1, std::chrono::seconds(2));
+      }
+      const std::int64_t deaths = st_->add_within(keys::deaths(), 0, std::chrono::seconds(2));
+      {
+        std::lock_guard lock(mutex_);
+        if (deaths == deaths_seen_ || m.generation != current_.generation) return;
+        deaths_seen_ = deaths;
+      }
+      for (int r = 0; r < m.size(); ++r) {
+        const std::int64_t who = m.members[static_cast<std::size_t>(r)];
+        if (r == m.rank || st_->add_within(keys::dead(who), 0, std::chrono::seconds(2)) == 0)
+          continue;
+        std::lock_guard lock(mutex_);
+        if (m.generation != current_.generation || aborted_) return;
+        why_ = fmt::format("elastic: rank {} (member {}) of generation {} was declared lost", r,
+                           who, m.generation);
+        fire_locked();
+        return;
+      }
+    }
+
+    void fire_locked() {
+      if (!abort_) return;
+      aborted_ = true;
+      try {
+        abort_(why_);
+      } catch (...) {
+        // The communicator may be closing: it fails its waits by itself then.
+      }
+    }
+
+    std::shared_ptr<bootstrap::store> st_;
+    std::int64_t id_;
+    std::chrono::milliseconds period_;
+    std::chrono::nanoseconds silence_;
+    launcher_id launcher_;
+    mutable std::mutex mutex_;
     std::condition_variable cv_;
     bool stop_ = false;
-    std::thread thread_;  // last: starts once the members above exist
+    membership current_;
+    std::function<void(const std::string&)> abort_;
+    bool aborted_ = false;
+    std::string why_;           ///< what the next abort says: a loss, or the launcher gone
+    std::string launcher_why_;  ///< set once the launcher is gone
+    std::int64_t next_beat_ = -1;
+    clock::time_point next_moved_{};
+    std::int64_t deaths_seen_ = -1;  ///< the job's count of deaths last read; -1: read again
+    std::thread thread_;             // last: starts once the members above exist
   };
 
   // A fifth of the settle time, within [100 ms, 1 s].
@@ -482,6 +662,41 @@ class session {
   }
 
   [[nodiscard]] bool is_dead(std::int64_t m) { return store_->add(keys::dead(m), 0) > 0; }
+
+  // Arrivals that asked to join and were not taken in yet.
+  [[nodiscard]] int arrivals_waiting() {
+    return static_cast<int>(store_->add(keys::waiting(), 0) - store_->add(keys::admitted(), 0));
+  }
+
+  // The largest size a generation of up to `present` members may take (the limit and the
+  // allowed sizes), or less than `min` when none.
+  [[nodiscard]] int largest_allowed(int present) const {
+    int n = std::min(present, lim_.max);
+    while (n >= lim_.min && !lim_.allowed(n)) --n;
+    return n;
+  }
+
+  // An arrival that the job cannot take in (at its maximum, or no allowed size with it) says so,
+  // once: it waits, without making the job regroup, until a member leaves or the job ends.
+  void tell_why_waiting(std::uint64_t g) {
+    if (told_ || g == 0) return;
+    const std::string list = store_->get_string(keys::members(g - 1));
+    const int size = 1 + static_cast<int>(std::count(list.begin(), list.end(), ','));
+    if (largest_allowed(size + arrivals_waiting()) > size) return;
+    told_ = true;
+    log::warn(
+        "elastic: member {} waits to be taken in: the job has {} members and cannot grow (its "
+        "maximum is {}{}); it is taken in when a member leaves, and told if the job ends first",
+        id_, size, lim_.max == INT_MAX ? std::string("unbounded") : std::to_string(lim_.max),
+        size < lim_.max ? ", and no larger size is allowed" : "");
+  }
+
+  // Throws when the launcher is gone: nothing can form the job's next generation.
+  void check_launcher() const {
+    if (!heart_) return;
+    if (std::string why = heart_->launcher_gone(); !why.empty())
+      throw bootstrap_error("elastic: " + why);
+  }
 
   // Takes a slot in generation g and waits for its member list. `initial` > 0: generation 0,
   // closed at that many. Returns false if g closed without this process and it is an arrival
@@ -495,6 +710,7 @@ class session {
         start + std::max<std::chrono::nanoseconds>(settle_ * 3, ringzero::detail::env_timeout());
     auto pause = std::chrono::milliseconds(1);
     for (;;) {
+      check_launcher();
       if (store_->add(keys::closer(g), 0) > 0) {
         // Closed: the list is written right after the claim.
         const std::string list = store_->get_string(keys::members(g));
@@ -508,7 +724,7 @@ class session {
           for (const std::int64_t m : current_.members)
             if (std::find(suspects.begin(), suspects.end(), m) == suspects.end() && !is_dead(m))
               ++expected;
-          expected += waiting();
+          expected += arrivals_waiting();
         }
         const bool all_came = present >= expected;
         const bool settled = clock::now() >= settle_at;
@@ -517,15 +733,23 @@ class session {
           if (outcome == close_outcome::closed) continue;
           // Too few to go on: once every member that can come came, or at the deadline, every
           // survivor fails alike, naming who was lost; the last good checkpoint is untouched.
-          if (all_came || clock::now() >= deadline)
+          if (all_came || clock::now() >= deadline) {
+            if (present >= lim_.min)
+              throw bootstrap_error(fmt::format(
+                  "elastic: {} members for generation {}, and the job allows no size from {} to "
+                  "{} (its `allowed` sizes: a trainer's batch must split evenly over the ranks); "
+                  "the job cannot go on",
+                  present, g, lim_.min, std::min<std::int64_t>(present, lim_.max)));
             throw bootstrap_error(fmt::format(
                 "elastic: only {} members remain for generation {} (lost: {}), below the "
-                "minimum of {} or no allowed size; the job cannot go on",
+                "minimum of {}; the job cannot go on",
                 present, g, fmt::join(lost_members(g, present), ", "), lim_.min));
+          }
         }
       } else if (store_->add(keys::finished(), 0) > 0) {
         throw bootstrap_error(
-            fmt::format("elastic: the job finished before member {} was taken in", id_));
+            fmt::format("elastic: the job finished before member {} was taken in{}", id_,
+                        told_ ? " (it was at its maximum size all along)" : ""));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -564,8 +788,7 @@ class session {
     // Members first, then arrivals in the order they came, up to the largest allowed size.
     std::vector<std::int64_t> in = old;
     in.insert(in.end(), fresh.begin(), fresh.end());
-    int n = std::min<int>(static_cast<int>(in.size()), lim_.max);
-    while (n >= lim_.min && !lim_.allowed(n)) --n;
+    const int n = largest_allowed(static_cast<int>(in.size()));
     if (n < lim_.min) return close_outcome::too_few;
     if (store_->add(keys::closer(g), 1) != 1) return close_outcome::closed;  // someone else did
     in.resize(static_cast<std::size_t>(n));
@@ -611,6 +834,7 @@ class session {
       throw bootstrap_error(fmt::format(
           "elastic: generation {} has {} members, below the minimum {}", g, next.size(), lim_.min));
     current_ = std::move(next);
+    if (heart_) heart_->watch(current_, {});
     return true;
   }
 
@@ -620,6 +844,8 @@ class session {
   limits lim_;
   std::chrono::nanoseconds settle_;
   membership current_;
+  launcher_id launcher_;
+  bool told_ = false;  ///< an arrival said why it waits
   std::shared_ptr<heart> heart_;
 };
 

@@ -2,7 +2,10 @@
 // in each generation, what rank each gets, who is lost or arrived, and the clear failures
 // (below the minimum, left out).
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -176,6 +179,24 @@ TEST_CASE("elastic: below the minimum every survivor fails, naming the lost memb
   }
 }
 
+TEST_CASE("elastic: members enough but no size allowed says so, not that too few remain") {
+  // ringzero-gpt -n 3 --elastic 3:3 --batch 4: three members, and 4 sequences do not split over 3.
+  temp_dir d;
+  auto st = open(d);
+  const auto splits_4 = [](int n) { return 4 % n == 0; };
+  const auto out = run_all({0, 1, 2}, [&](std::int64_t id) {
+    re::session s(st, id, 3, bounds(3, 3, splits_4), 20s);
+    return s.join();
+  });
+  for (const std::int64_t id : {0, 1, 2}) {
+    const auto& o = out.at(id);
+    CHECK_FALSE(o.m);
+    CHECK(o.error.find("3 members for generation 0, and the job allows no size from 3 to 3") !=
+          std::string::npos);
+    CHECK(o.error.find("below the minimum") == std::string::npos);
+  }
+}
+
 TEST_CASE("elastic: the size is the largest allowed one, and a member left out is told") {
   temp_dir d;
   auto st = open(d);
@@ -291,7 +312,7 @@ TEST_CASE("elastic: a wait in a generation's store ends when a member is marked 
     FAIL("the wait did not end");
   } catch (const ringzero::peer_error& e) {
     CHECK(e.peer() == 1);
-    CHECK(std::string(e.what()).find("rank 1 (member 1) of generation 0 died") !=
+    CHECK(std::string(e.what()).find("rank 1 (member 1) of generation 0 was declared lost") !=
           std::string::npos);
   }
   marker.join();
@@ -317,10 +338,95 @@ TEST_CASE("elastic: without a launcher, a member whose heartbeat stops is found 
     FAIL("the wait did not end");
   } catch (const ringzero::peer_error& e) {
     CHECK(e.peer() == 1);
-    CHECK(std::string(e.what()).find("stopped its heartbeat") != std::string::npos);
+    // Found by the wait itself, or by member 0's heartbeat watch (member 1 is next to it).
+    const std::string what = e.what();
+    CHECK((what.find("stopped its heartbeat") != std::string::npos ||
+           what.find("heartbeat stopped") != std::string::npos));
   }
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
   // It is marked dead for the others, and the survivor forms the next generation alone.
   CHECK(st->add(re::session::keys::dead(1), 0) == 1);
   CHECK(s[0]->shrink(1).members == std::vector<std::int64_t>{0});
+}
+
+TEST_CASE(
+    "elastic: at its maximum the job is not asked to grow; the arrival waits until a member "
+    "leaves") {
+  // Before, waiting() counted the arrival, and a trainer regrouped at every step for nothing.
+  temp_dir d;
+  auto st = open(d);
+  std::vector<std::unique_ptr<re::session>> s(3);
+  run_all({0, 1}, [&](std::int64_t id) {
+    s[static_cast<std::size_t>(id)] = std::make_unique<re::session>(st, id, 2, bounds(1, 2), 20s);
+    return s[static_cast<std::size_t>(id)]->join();
+  });
+  outcome arrival;
+  std::thread a([&] {
+    try {
+      s[2] = std::make_unique<re::session>(st, 2, 0, bounds(1, 2), 20s);
+      arrival.m = s[2]->join();
+    } catch (const ringzero::error& e) {
+      arrival.error = e.what();
+    }
+  });
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (st->add(re::session::keys::waiting(), 0) == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(5ms);
+  REQUIRE(st->add(re::session::keys::waiting(), 0) == 1);
+  CHECK(s[0]->waiting() == 0);
+  CHECK(s[1]->waiting() == 0);
+  // Member 1 leaves: the next generation takes the arrival in its place.
+  st->add(re::session::keys::dead(1), 1);
+  const auto out =
+      run_all({0}, [&](std::int64_t id) { return s[static_cast<std::size_t>(id)]->shrink(-1); });
+  a.join();
+  REQUIRE_MESSAGE(arrival.m, arrival.error);
+  CHECK(out.at(0).m->members == std::vector<std::int64_t>{0, 2});
+  CHECK(arrival.m->members == std::vector<std::int64_t>{0, 2});
+}
+
+TEST_CASE("elastic: a member whose heartbeat stops while the others train is declared lost") {
+  // settle 1 s: beats every 200 ms, silence after 1 s. Member 1's session goes away (its beats
+  // stop, as a stopped process's would); its predecessor, member 0, declares it lost.
+  temp_dir d;
+  auto st = open(d);
+  std::vector<std::unique_ptr<re::session>> s(3);
+  run_all({0, 1, 2}, [&](std::int64_t id) {
+    s[static_cast<std::size_t>(id)] = std::make_unique<re::session>(st, id, 3, bounds(2, 3), 1s);
+    return s[static_cast<std::size_t>(id)]->join();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  s[1].reset();
+  while (st->add(re::session::keys::dead(1), 0) == 0 && std::chrono::steady_clock::now() < t0 + 20s)
+    std::this_thread::sleep_for(10ms);
+  const double found = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("declared lost after ", found, " s");
+  CHECK(st->add(re::session::keys::dead(1), 0) == 1);
+  CHECK(st->add(re::session::keys::deaths(), 0) >= 1);
+  CHECK(found < 5);  // settle (1 s) and a beat, with room for a loaded machine
+  const auto out =
+      run_all({0, 2}, [&](std::int64_t id) { return s[static_cast<std::size_t>(id)]->shrink(-1); });
+  CHECK(out.at(0).m->members == std::vector<std::int64_t>{0, 2});
+  CHECK(out.at(2).m->lost == std::vector<std::int64_t>{1});
+}
+
+TEST_CASE("elastic: when the launcher dies, the session says so instead of forming generations") {
+  temp_dir d;
+  auto st = open(d);
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  re::session s(st, 0, 1, bounds(1, 2), 5s);
+  s.watch_launcher(launcher);
+  s.join();
+  CHECK_FALSE(s.launcher_gone());
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  CHECK(s.launcher_gone());
+  std::this_thread::sleep_for(300ms);  // the heart looks every 100 ms
+  CHECK_THROWS_WITH_AS(static_cast<void>(s.grow()), doctest::Contains("launcher (pid"),
+                       ringzero::bootstrap_error);
 }

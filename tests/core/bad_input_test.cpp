@@ -720,6 +720,24 @@ TEST_CASE("bad input: malformed environment variables name the variable and the 
                                      {"RINGZERO_ALGO='butterfly': unknown algorithm 'butterfly'"});
     }
   });
+  // RINGZERO_RAILS: read by the socket and libfabric transports before they open anything.
+  for (const auto& rails : {std::pair{"lo,,lo", 2}, std::pair{"lo,", 2}, std::pair{",lo", 1}}) {
+    // Named copies, not a structured binding: CAPTURE's lambda may not refer to one (Clang 14).
+    const char* const bad = rails.first;
+    const int item = rails.second;
+    CAPTURE(bad);
+    scoped_env env("RINGZERO_RAILS", bad);
+    expect_error<invalid_argument>(
+        [] { (void)detail::getenv_list("RINGZERO_RAILS"); },
+        {fmt::format(
+            "RINGZERO_RAILS='{}': item {} is empty (a doubled, leading or trailing comma?)", bad,
+            item)});
+  }
+  {
+    // The same NIC twice is two rails on it, as documented (docs/environment.md).
+    scoped_env env("RINGZERO_RAILS", "lo,lo");
+    CHECK(detail::getenv_list("RINGZERO_RAILS") == std::vector<std::string>{"lo", "lo"});
+  }
   // RINGZERO_DEBUG: read at the first log line, so its parser is tried directly.
   expect_error<invalid_argument>(
       [] { (void)log::detail::parse_level("loud"); },

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -18,8 +19,10 @@
 
 #include "kernel_cases.hpp"
 #include "ringzero/kernels/cuda/optimizer.cuh"
+#include "ringzero/kernels/cuda/quantize.cuh"
 #include "ringzero/kernels/cuda/reduce.cuh"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/reduce/quantize.hpp"
 #include "ringzero/zero/optimizer_table.hpp"
 
 using namespace kernel_cases;
@@ -445,4 +448,59 @@ TEST_CASE("an optimizer rule added in one place runs on the device, bitwise as o
   CHECK(count_different(m, dm.download()) == 0);
   CHECK(dw.tail_intact());
   CHECK(dm.tail_intact());
+}
+
+TEST_CASE(
+    "options::wire's encode, decode and accumulate on the device: the host's bytes and sums") {
+  if (!have_device()) return;
+  namespace qz = ringzero::quantize;
+  using ringzero::wire_format;
+  std::mt19937_64 rng(57);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const wire_format f : {wire_format::bf16, wire_format::int8, wire_format::int4})
+    for (const std::size_t block : {std::size_t{1}, std::size_t{7}, std::size_t{256}})
+      for (const std::size_t n : sizes) {
+        if (n > 65536 + 13) continue;
+        INFO(ringzero::wire_format_name(f), " block ", block, " n ", n);
+        std::vector<float> x(n), y(n);
+        std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+        for (std::size_t i = 0; i < n; ++i) {
+          x[i] = i % 211 == 5 ? inf : (i % 223 == 9 ? std::nanf("") : u(rng));
+          y[i] = i % 211 == 5 ? -inf : u(rng) * 0.01f;
+        }
+        const qz::segment_layout L{f, block, n};
+        std::vector<std::uint8_t> hx(L.bytes()), hy(L.bytes());
+        qz::encode(L, x.data(), hx.data());
+        qz::encode(L, y.data(), hy.data());
+        dev<float> dx(x), dy(y);
+        dev<std::uint8_t> bx(L.bytes()), by(L.bytes());
+        kc::encode(L, dx.get(), bx.get());
+        kc::encode(L, dy.get(), by.get());
+        ok(cudaDeviceSynchronize());
+        CHECK(bx.download() == hx);
+        CHECK(by.download() == hy);
+        CHECK(bx.tail_intact());
+        // bfloat16 elements, encoded from and decoded to.
+        std::vector<ringzero::bfloat16> xb(x.begin(), x.end()), back(n);
+        std::vector<std::uint8_t> hb(L.bytes());
+        qz::encode(L, xb.data(), hb.data());
+        dev<ringzero::bfloat16> dxb(xb), dback(n);
+        kc::encode(L, dxb.get(), bx.get());
+        kc::decode(L, bx.get(), dback.get(), n);
+        ok(cudaDeviceSynchronize());
+        CHECK(bx.download() == hb);
+        qz::decode(L, hb.data(), back.data(), n);
+        CHECK(count_different_nan_equal(back, dback.download()) == 0);
+        // Sums of the two segments in float.
+        std::vector<float> acc(n);
+        qz::accumulate(L, hx.data(), acc.data(), true);
+        qz::accumulate(L, hy.data(), acc.data(), false);
+        dev<float> dacc(n);
+        kc::encode(L, dx.get(), bx.get());  // x's bytes again (bx held xb's); by still y's
+        kc::accumulate(L, bx.get(), dacc.get(), true);
+        kc::accumulate(L, by.get(), dacc.get(), false);
+        ok(cudaDeviceSynchronize());
+        CHECK(count_different_nan_equal(acc, dacc.download()) == 0);
+        CHECK(dacc.tail_intact());
+      }
 }

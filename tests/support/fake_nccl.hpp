@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -88,6 +89,7 @@ class nccl_transport {
     const ringzero::collective_descriptor& d = *ringzero::builtin_collectives::find(c.kind);
     usable(d.name);
     if (c.kind == collective::barrier) return ringzero::barrier(*world_);
+    if (c.kind == collective::send_recv) return send_recv(c, opt);
     if (c.kind != collective::all_reduce && c.kind != collective::reduce_scatter &&
         c.kind != collective::all_gather && c.kind != collective::broadcast &&
         c.kind != collective::reduce)
@@ -131,6 +133,23 @@ class nccl_transport {
   }
 
  private:
+  /// As nccl::transport's (reproducible training's exchange uses it): the send and the receive
+  /// together, in stream order, on this device's memory.
+  void send_recv(const ringzero::native_call& c, const ringzero::options& opt) {
+    const std::size_t es = ringzero::dtype_size(c.type);
+    const std::size_t send_bytes = c.peer >= 0 ? c.count * es : 0;
+    const std::size_t recv_bytes = c.from >= 0 ? c.recv_count * es : 0;
+    check("send_recv", "send buffer", c.in, send_bytes);
+    check("send_recv", "receive buffer", c.out, recv_bytes);
+    drain(opt.stream != nullptr ? opt.stream : stream(), {});
+    std::vector<std::uint8_t> sent(send_bytes), got(recv_bytes);
+    if (send_bytes > 0) std::memcpy(sent.data(), c.in, send_bytes);
+    ringzero::detail::dispatch_p2p(*world_, "send_recv", std::span<const std::uint8_t>(sent),
+                                   c.peer, std::span<std::uint8_t>(got), c.from,
+                                   {.timeout = opt.timeout});
+    if (recv_bytes > 0) std::memcpy(c.out, got.data(), recv_bytes);
+  }
+
   struct stream_delete {
     void operator()(fake_device::stream* s) const noexcept {
       destroy_stream(reinterpret_cast<CUstream_st*>(s));

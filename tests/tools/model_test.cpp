@@ -95,7 +95,7 @@ TEST_CASE("fabric file: mistakes name the line and the key") {
 }
 
 TEST_CASE("fabric file: the shipped descriptions parse") {
-  for (const char* name : {"p4d", "p5"}) {
+  for (const char* name : {"p4d", "p5", "eth100"}) {
     const auto file = model::load_fabric(std::string(RINGZERO_FABRICS) + "/" + name + ".fabric");
     CHECK(file.fabric.gpus_per_node == 8);
     CHECK(file.fabric.efficiency <= 1);
@@ -156,6 +156,39 @@ TEST_CASE("model: ZeRO traffic per step") {
             .epsilon(0.01));
   CHECK(model::zero_step(f, sharding::stage1, psi, nodes).seconds >
         3 * model::zero_step(f, sharding::stage0, psi, nodes).seconds);
+}
+
+TEST_CASE("model: quantized wire formats and ZeRO++'s step") {
+  const auto f = model::load_fabric(std::string(RINGZERO_FABRICS) + "/eth100.fabric").fabric;
+  const double s = 64.0 * (1 << 20);
+  // The wire ratio per element: bf16 halves a float, int8 with a float per 256 elements...
+  CHECK(tuning::wire_ratio(wire_format::bf16, 0, 4) == doctest::Approx(0.5));
+  CHECK(tuning::wire_ratio(wire_format::int8, 0, 2) == doctest::Approx((1 + 4.0 / 256) / 2));
+  CHECK(tuning::wire_ratio(wire_format::int4, 64, 4) == doctest::Approx((0.5 + 4.0 / 64) / 4));
+  // full is the two-level pick; a quantized all_gather between nodes moves its share of the
+  // bytes, and adds the passes over the elements.
+  for (const collective c :
+       {collective::all_gather, collective::reduce_scatter, collective::all_reduce})
+    CHECK(tuning::predict_wire(f, c, wire_format::full, 0, 4, s, 4) ==
+          tuning::predict(f, c, tuning::select(f, c, s, 4), s, 4));
+  const double plain =
+      tuning::predict_wire(f, collective::all_gather, wire_format::full, 0, 2, s, 4);
+  const double int8 =
+      tuning::predict_wire(f, collective::all_gather, wire_format::int8, 0, 2, s, 4);
+  CHECK(int8 < 0.55 * plain);
+  CHECK(int8 > 0.5 * plain);
+  // ZeRO++ with no option is stage 3; all three move a quarter of the bytes between nodes.
+  using model::sharding;
+  const double psi = 7e9;
+  const auto none = model::zeropp_step(f, psi, 4, {});
+  const auto stage3 = model::zero_step(f, sharding::stage3, psi, 4);
+  CHECK(none.seconds == doctest::Approx(stage3.seconds));
+  CHECK(none.inter_bytes == doctest::Approx(stage3.inter_bytes));
+  const auto all = model::zeropp_step(f, psi, 4, {true, true, true});
+  CHECK(all.inter_bytes < 0.25 * none.inter_bytes);
+  CHECK(all.seconds < none.seconds / 4);
+  CHECK(contains(model::zeropp_section({model::fabric_file{f, {}}}),
+                 "| eth100-a100 | 7B | 4 (32) |"));
 }
 
 TEST_CASE("model: architectures") {

@@ -614,3 +614,37 @@ TEST_CASE("--reproducible: a wrong sum is counted and fails the run") {
   REQUIRE(rows.size() == 1);
   CHECK(wrong_columns(rows[0]) == std::pair<std::string, std::string>{"1", "1"});
 }
+
+TEST_CASE("--wire: parsed, refused where it cannot apply, checked within the error bound") {
+  const std::vector<std::string_view> args = {"all_gather", "--wire", "int4", "--wire-block", "64"};
+  const perf::options o = perf::parse_args(args);
+  CHECK(o.wire == ringzero::wire_format::int4);
+  CHECK(o.wire_block == 64);
+  for (const char* bad :
+       {"broadcast --wire int8", "all_reduce --wire int8 -d int32", "all_reduce --wire int8 -o max",
+        "all_reduce --wire int9", "all_reduce --wire int8 --reproducible",
+        "all_gather --wire-block 0", "all_reduce --wire int8 --memory device -T libfabric"}) {
+    INFO(bad);
+    CHECK(run(bad).status == 2);
+  }
+  const result line = run("all_gather -t 2 --wire int8 -b 64 -e 64 -n 1 -w 0");
+  CHECK(line.out.find("wire int8 in blocks of 256 (--wire: bandwidth counts the full-precision "
+                      "bytes delivered)") != std::string::npos);
+  // 3 ranks, every format, collective and element type, a block that leaves short blocks: clean
+  // (avg on float only; test_quantized_collectives covers the world sizes).
+  for (const std::string f : {"bf16", "int8", "int4"})
+    for (const std::string c : {"all_gather", "reduce_scatter", "all_reduce"})
+      for (const std::string t : {"float", "half", "bfloat16"})
+        for (const std::string o : {"sum", "avg"})
+          if (o == "sum" || (c != "all_gather" && t == "float"))
+            check_clean(c + " -t 3 --wire " + f +
+                            " --wire-block 100 -b 1K -e 64K -f 8 -n 1 -w 0 -d " + t + " -o " + o,
+                        3);
+  // The allowance is the error bound, not a blanket pass: a flipped element still fails.
+  const scoped_env corrupt("RINGZERO_PERF_CORRUPT", "1");
+  const result r = run("all_reduce -t 3 --wire int8 -b 1K -e 1K -n 1 -w 0 -d float -o sum");
+  CHECK(r.status == 1);
+  const auto rows = rows_of(r.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(wrong_columns(rows[0]) == std::pair<std::string, std::string>{"1", "1"});
+}

@@ -9,6 +9,10 @@
 //   store          rendezvous through the store detect_launch() and make_store() find
 //   elastic V      join the elastic job; member V kills itself with SIGKILL, the others form the
 //                  next generation without it and print what they see
+//   silent V       join the elastic job; member V stops itself (SIGSTOP); the others wait until
+//                  the job declares it lost (the heartbeat), then form the next generation
+//   stop R F       rank R stops itself (SIGSTOP); rank F exits 1 a moment later, as a rank whose
+//                  wait gave up on R would; the others wait to be stopped
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +28,7 @@
 #include "ringzero/bootstrap/environment.hpp"
 #include "ringzero/bootstrap/rendezvous.hpp"
 #include "ringzero/elastic.hpp"
+#include "ringzero/error.hpp"
 
 namespace {
 
@@ -129,6 +134,42 @@ int main(int argc, char** argv) {
       put(2, fmt::format("member failed: {}\n", e.what()));
       return 3;
     }
+  }
+  if (mode == "silent" && argc > 2) {
+    try {
+      using keys = ringzero::elastic::session::keys;
+      auto s = ringzero::elastic::session::from_env();
+      s.join();
+      const std::int64_t victim = std::atoi(argv[2]);
+      if (s.id() == victim) ::raise(SIGSTOP);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (s.job_store().add(keys::dead(victim), 0) == 0) {
+        if (std::chrono::steady_clock::now() > until)
+          throw ringzero::timeout_error("not declared lost", -1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const auto& m = s.shrink(-1);
+      put(1, fmt::format("member {} gen {} size {} lost {}\n", s.id(), m.generation, m.size(),
+                         m.lost.empty() ? -1 : m.lost[0]));
+      return 0;
+    } catch (const std::exception& e) {
+      put(2, fmt::format("member failed: {}\n", e.what()));
+      return 3;
+    }
+  }
+  if (mode == "stop" && argc > 3) {
+    if (rank == std::atoi(argv[2])) {
+      put(1, fmt::format("rank {} stopping\n", rank));
+      ::raise(SIGSTOP);
+      put(1, fmt::format("rank {} continued\n", rank));
+      wait_forever();
+    }
+    if (rank == std::atoi(argv[3])) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      put(1, fmt::format("rank {} gives up\n", rank));
+      return 1;
+    }
+    wait_forever();
   }
   if (mode == "store") {
     // Several stores one after another, as a trainer building several communicators would.

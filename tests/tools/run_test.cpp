@@ -375,14 +375,70 @@ TEST_CASE("--elastic: a rank that dies does not stop the others, and the summary
     CHECK(contains(l.out(), "member 2 gen 1 rank 1 size 2 lost 1\n"));
   }
   {
-    // Below the minimum: the survivor fails naming the lost member, and so does the job.
+    // Below the minimum: the survivor fails naming the lost member, and the job exits with the
+    // launcher's own status for an elastic job that did not finish (before: 137, the killed
+    // rank's).
     launch l({"-n", "2", "--elastic", "2:2", RUN_HELPER_EXE, "elastic", "0"});
     const int status = l.finish();
     INFO("stderr:\n", l.err());
-    CHECK(exit_code(status) != 0);
+    CHECK(exit_code(status) == 3);
     CHECK(contains(l.err(), "below the minimum of 2"));
     CHECK(contains(l.err(), "lost: 0"));
+    CHECK(contains(l.err(), "the elastic job ended without finishing (exit status 3)"));
   }
+}
+
+TEST_CASE("--elastic: a stopped member is declared lost by the job's heartbeat and ended") {
+  // Member 1 stops itself (SIGSTOP). Before, nothing found it (the heartbeat acted only while
+  // the ranks met) and the launcher waited for it forever.
+  const auto t0 = clock_type::now();
+  ::setenv("RINGZERO_ELASTIC_SETTLE", "1", 1);
+  launch l({"-n", "3", "--elastic", "2:3", RUN_HELPER_EXE, "silent", "1"});
+  const int status = l.finish();
+  ::unsetenv("RINGZERO_ELASTIC_SETTLE");
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO("stdout:\n", l.out(), "stderr:\n", l.err(), "took ", took, " s");
+  CHECK(exit_code(status) == 0);
+  CHECK(contains(l.err(), "has not beaten for"));
+  CHECK(contains(l.err(), "rank 1 (pid "));
+  CHECK(contains(l.err(), "was declared lost by the job (it is stopped"));
+  CHECK(contains(l.out(), "member 0 gen 1 size 2 lost 1\n"));
+  CHECK(contains(l.out(), "member 2 gen 1 size 2 lost 1\n"));
+  CHECK(took < 30);
+}
+
+TEST_CASE("a stopped rank is named as the culprit, and continued so that it ends") {
+  // Rank 1 stops itself; rank 2 gives up on it. Before, the launcher named rank 2 and waited out
+  // the grace period (20 s here) on the stopped rank before killing it.
+  const auto t0 = clock_type::now();
+  launch l({"-n", "3", "--grace", "20", RUN_HELPER_EXE, "stop", "1", "2"});
+  REQUIRE(l.wait_for("rank 1 stopping", 1));
+  const int status = l.finish();
+  const double took = std::chrono::duration<double>(clock_type::now() - t0).count();
+  INFO("stdout:\n", l.out(), "stderr:\n", l.err(), "took ", took, " s");
+  CHECK(exit_code(status) == 1);
+  CHECK(contains(l.err(), "rank 1 (pid "));
+  CHECK(contains(l.err(), "is stopped (SIGSTOP or a debugger); rank 2 (pid "));
+  CHECK(took < 10);
+}
+
+TEST_CASE("--redirect DIR: the ranks' lines go to DIR/rank<R>.log only") {
+  char tmpl[] = "/tmp/ringzero-run-redirect-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  {
+    launch l({"-n", "2", "--redirect", tmpl, RUN_HELPER_EXE, "lines", "2"});
+    REQUIRE(exit_code(l.finish()) == 0);
+    CHECK(l.out().empty());
+    CHECK_FALSE(contains(l.err(), "line"));
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(std::filesystem::path(tmpl) / fmt::format("rank{}.log", r));
+    std::stringstream text;
+    text << in.rdbuf();
+    CHECK(lines(text.str()).size() == 4);  // two lines on each of stdout and stderr
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
 }
 
 TEST_CASE("usage") {
@@ -400,6 +456,12 @@ TEST_CASE("usage") {
     launch l({"-n", "5", "--elastic", "2:4", RUN_HELPER_EXE});
     CHECK(exit_code(l.finish()) == 2);
     CHECK(contains(l.err(), "above the --elastic maximum"));
+  }
+  {
+    // Before: accepted, and the ranks failed with "only 2 members remain ... (lost: )".
+    launch l({"-n", "2", "--elastic", "4:8", RUN_HELPER_EXE});
+    CHECK(exit_code(l.finish()) == 2);
+    CHECK(contains(l.err(), "-n 2 is below the --elastic minimum 4"));
   }
   {
     launch l({"-n", "1", "--join", "/nonexistent/job", RUN_HELPER_EXE});

@@ -23,7 +23,7 @@ endif()
 # include/).
 set(floors base leaves kit transports communicator facades algorithms dispatcher api zero)
 set(floor_base
-    "^ringzero/(base|error|types|op|collective_table|algorithm|version|executor|log)\\.hpp$"
+    "^ringzero/(base|error|types|op|collective_table|algorithm|version|executor|log|wire)\\.hpp$"
     "^ringzero/detail/(env|backoff|tick_clock|agreement|shm_names|hmac|cuda_runtime)\\.hpp$")
 set(floor_leaves
     "^ringzero/(reduce|kernels|bootstrap)/"
@@ -43,7 +43,7 @@ set(floor_algorithms
     "^ringzero/algorithms/"
     "^ringzero/detail/(dispatch_fwd|validate)\\.hpp$")
 set(floor_dispatcher
-    "^ringzero/detail/(dispatch|call_route|reproducible_call|reproducible_device|trace_scope)\\.hpp$"
+    "^ringzero/detail/(dispatch|call_route|reproducible_call|reproducible_device|quantized_call|trace_scope)\\.hpp$"
     "^ringzero/detail/paths/"
     "^ringzero/model/")
 set(floor_api

@@ -22,6 +22,8 @@
 #include "fabric_file.hpp"
 #include "report.hpp"
 #include "ringzero/error.hpp"
+#include "ringzero/types.hpp"
+#include "ringzero/wire.hpp"
 
 namespace {
 
@@ -36,12 +38,16 @@ for comparison a ring striped over every NIC of a node, as NCCL runs it. `pick` 
 two-level model's choice, `auto-today` the one-level choice of algorithm::automatic.
 
   -c, --collective NAME  all_reduce (default), reduce_scatter or all_gather
+  -w, --wire FORMAT      full (default), bf16, int8 or int4: price the collective with that
+                         wire format (options::wire); busbw counts the elements' bytes
+  --wire-block N         elements per scale of int8 and int4 (default 256)
+  -d, --datatype TYPE    the elements, for --wire: float (default), half or bfloat16
   -N, --nodes LIST       comma-separated node counts (default 1,2,4,...,4096)
   -b, --minbytes SIZE    smallest size (default 8); K, M, G suffixes are powers of 1024
   -e, --maxbytes SIZE    largest size (default 8G)
   -f, --stepfactor F     size multiplier (default 2)
   --section NAME         print one markdown table: fabrics, published, all_reduce,
-                         scatter_gather, crossover, zero or architectures
+                         scatter_gather, crossover, zero, zeropp or architectures
   --write FILE.md        rewrite the tables between <!-- ringzero-model: ... --> markers
   --check FILE.md        exit 1 if those tables differ from what the model gives now
   --csv FILE             all_reduce bus bandwidth at 8 GiB per fabric, algorithm and node
@@ -51,6 +57,9 @@ two-level model's choice, `auto-today` the one-level choice of algorithm::automa
 
 struct config {
   collective coll = collective::all_reduce;
+  wire_format wire = wire_format::full;
+  std::size_t wire_block = 0;
+  double element_bytes = 4;
   std::vector<int> nodes = model::node_counts();
   double min_bytes = 8, max_bytes = 8 * model::gib, factor = 2;
   std::string section, write, check, csv;
@@ -96,6 +105,16 @@ config parse(int argc, char** argv) {
       else
         throw invalid_argument(
             fmt::format("--collective: '{}' is not all_reduce, reduce_scatter or all_gather", v));
+    } else if (a == "-w" || a == "--wire") {
+      c.wire = parse_wire_format(value());
+    } else if (a == "--wire-block") {
+      const double b = parse_size(value(), "--wire-block");
+      if (b != std::floor(b) || b > static_cast<double>(max_wire_block))
+        throw invalid_argument(
+            fmt::format("--wire-block: {} elements (1 to {})", b, max_wire_block));
+      c.wire_block = static_cast<std::size_t>(b);
+    } else if (a == "-d" || a == "--datatype") {
+      c.element_bytes = static_cast<double>(dtype_size(parse_dtype(value())));
     } else if (a == "-N" || a == "--nodes") {
       c.nodes.clear();
       std::istringstream list{std::string(value())};
@@ -145,6 +164,7 @@ std::string section(const std::vector<fabric_file>& files, std::string_view name
                     std::string_view arg) {
   if (name == "fabrics") return model::fabrics_section(files);
   if (name == "zero") return model::zero_section(files);
+  if (name == "zeropp") return model::zeropp_section(files);
   if (name == "architectures") return model::architectures_section(files);
   const auto per_fabric = [&](auto fn) {
     if (!arg.empty()) return fn(by_name(files, arg));
@@ -158,7 +178,7 @@ std::string section(const std::vector<fabric_file>& files, std::string_view name
   if (name == "crossover") return per_fabric(model::crossover_section);
   throw invalid_argument(
       fmt::format("unknown section '{}' (expected fabrics, published, all_reduce, scatter_gather, "
-                  "crossover, zero or architectures)",
+                  "crossover, zero, zeropp or architectures)",
                   name));
 }
 
@@ -231,7 +251,30 @@ std::string csv(const std::vector<fabric_file>& files) {
   return s;
 }
 
+/// --wire: the quantized collective's prediction per size, in columns the one-format table's
+/// readers (bench/netbed) parse as a table of one algorithm named after the format.
+void wire_table(const config& cfg, const fabric_file& file) {
+  const tuning::fabric& f = file.fabric;
+  const std::string name(wire_format_name(cfg.wire));
+  for (int nodes : cfg.nodes) {
+    const int n = nodes * f.gpus_per_node;
+    fmt::print(
+        "# {} {} with wire {}: {} node(s), {} GPUs; time in us, busbw in GB/s of the "
+        "elements' bytes\n",
+        f.name, collective_name(cfg.coll), name, nodes, n);
+    fmt::print("#{:>12} {:>12} {:>8} {:>6}\n", "size", name + " time", "busbw", "pick");
+    for (double x = cfg.min_bytes; x <= cfg.max_bytes * (1 + 1e-9); x *= cfg.factor) {
+      const double bytes = std::round(x);
+      const double t = tuning::predict_wire(f, cfg.coll, cfg.wire, cfg.wire_block,
+                                            cfg.element_bytes, bytes, nodes);
+      fmt::print(" {:>12.0f} {:>12.2f} {:>8.2f} {:>6}\n", bytes, t * 1e6,
+                 tuning::bus_bandwidth(cfg.coll, bytes, n, t) / 1e9, name);
+    }
+  }
+}
+
 void table(const config& cfg, const fabric_file& file) {
+  if (cfg.wire != wire_format::full) return wire_table(cfg, file);
   const tuning::fabric& f = file.fabric;
   const std::vector<algorithm> algos = tuning::candidates(cfg.coll, true);
   for (int nodes : cfg.nodes) {

@@ -292,6 +292,30 @@ inline constexpr int zero_nodes[] = {4, 32};
   return s;
 }
 
+/// Stage 3 with ZeRO++'s options, one at a time and together, for 7B and 70B parameters on 4
+/// and 32 nodes of each fabric: the step's communication time and the bytes each GPU sends to
+/// other nodes.
+[[nodiscard]] inline std::string zeropp_section(const std::vector<fabric_file>& files) {
+  std::string s =
+      "| fabric | model | nodes (GPUs) | stage 3 | qwZ | hpZ | qgZ | all three | speedup | "
+      "across nodes per GPU, stage 3 → all three (GB) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const fabric_file& file : files)
+    for (const model_size& m : zero_models)
+      for (int nodes : zero_nodes) {
+        const tuning::fabric& f = file.fabric;
+        const auto step = [&](zeropp o) { return zeropp_step(f, m.psi, nodes, o); };
+        const step_cost plain = step({}), all = step({true, true, true});
+        s += fmt::format(
+            "| {} | {} | {} ({}) | {} | {} | {} | {} | {} | {:.2f}x | {} → {} |\n", f.name, m.name,
+            nodes, nodes * f.gpus_per_node, format_time(plain.seconds),
+            format_time(step({.weights = true}).seconds), format_time(step({.hpz = true}).seconds),
+            format_time(step({.gradients = true}).seconds), format_time(all.seconds),
+            plain.seconds / all.seconds, format_gb(plain.inter_bytes), format_gb(all.inter_bytes));
+      }
+  return s;
+}
+
 inline constexpr double horovod_fusion_bytes = 64 * mib;
 inline constexpr int architecture_nodes = 16;
 

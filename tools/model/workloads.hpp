@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ringzero/model/fabric.hpp"
+#include "ringzero/wire.hpp"
 
 namespace ringzero::model {
 
@@ -120,6 +121,59 @@ namespace detail {
       break;
     }
   }
+  return out;
+}
+
+/// ZeRO++'s options on stage 3 (zero/zeropp.hpp), as ringzero's sharder runs them.
+struct zeropp {
+  bool weights = false;    ///< qwZ: parameter all_gathers as int8 blocks
+  bool hpz = false;        ///< hpZ: the backward all_gather inside the node
+  bool gradients = false;  ///< qgZ: the gradients' reduce_scatter as int4 blocks, two hops
+};
+
+/// Stage 3's step with ZeRO++'s options: the forward all_gather (int8 with qwZ), the backward
+/// one (from the node's secondary shard with hpZ, else as the forward's), the gradients'
+/// reduce_scatter (int4 through two hops with qgZ); parameters and gradients in bf16, 256
+/// elements per scale. Bytes sent per GPU: a ring's hops leave the node one in g as
+/// zero_step counts them; two hops send (g-1)/g of the encoded gradients inside the node and
+/// (N-1)/N of a node's 1/g across.
+[[nodiscard]] inline step_cost zeropp_step(const tuning::fabric& f, double psi, int nodes,
+                                           zeropp o) {
+  const int g = f.gpus_per_node, n = nodes * g;
+  const double bytes = grad_bytes_per_param * psi;
+  const double frac = static_cast<double>(n - 1) / n;
+  const double leaves = nodes > 1 ? 1.0 / g : 0.0;
+  const double qw = tuning::wire_ratio(wire_format::int8, 0, grad_bytes_per_param);
+  const double qg = tuning::wire_ratio(wire_format::int4, 0, grad_bytes_per_param);
+  step_cost out;
+  const auto ring = [&](double sent) {
+    out.intra_bytes += sent * (1 - leaves);
+    out.inter_bytes += sent * leaves;
+  };
+  const auto gather = [&] {
+    return o.weights ? tuning::predict_wire(f, collective::all_gather, wire_format::int8, 0,
+                                            grad_bytes_per_param, bytes, nodes)
+                     : detail::best(f, collective::all_gather, bytes, nodes);
+  };
+  ring(frac * bytes * (o.weights ? qw : 1.0));
+  out.seconds += gather();
+  if (o.hpz) {
+    out.intra_bytes += static_cast<double>(g - 1) / g * bytes;
+    out.seconds += detail::best(f, collective::all_gather, bytes, 1);
+  } else {
+    ring(frac * bytes * (o.weights ? qw : 1.0));
+    out.seconds += gather();
+  }
+  if (o.gradients && nodes > 1 && g > 1) {
+    out.intra_bytes += static_cast<double>(g - 1) / g * bytes * qg;
+    out.inter_bytes += static_cast<double>(nodes - 1) / nodes * bytes / g * qg;
+  } else {
+    ring(frac * bytes * (o.gradients ? qg : 1.0));
+  }
+  out.seconds += o.gradients
+                     ? tuning::predict_wire(f, collective::reduce_scatter, wire_format::int4, 0,
+                                            grad_bytes_per_param, bytes, nodes)
+                     : detail::best(f, collective::reduce_scatter, bytes, nodes);
   return out;
 }
 

@@ -130,11 +130,14 @@ class host_backend {
       : comm_(comm), description_(std::move(device_description)) {
     opt_.algorithm = o.algo;
     opt_.reproducible = o.reproducible;
+    opt_.wire = o.wire;
+    opt_.wire_block = o.wire_block;
     if (o.timeout_s > 0)
       opt_.timeout = std::chrono::nanoseconds(static_cast<long long>(o.timeout_s * 1e9));
     meta_ = opt_;
     meta_.algorithm = algorithm::ring;
     meta_.reproducible = false;
+    meta_.wire = wire_format::full;
   }
 
   [[nodiscard]] int rank() const { return comm_.rank(); }
@@ -358,7 +361,7 @@ class engine {
 
     if (o_.check > 0) {
       c.wrong = 0;
-      check_spec spec{o_.coll, sh, n, b_.rank(), root, x, 0, o_.reproducible};
+      check_spec spec{o_.coll, sh, n, b_.rank(), root, x, 0, o_.reproducible, o_.wire};
       const bool corrupt_here =
           corrupt_ && b_.rank() == (describe(o_.coll).out.root_only ? root : n - 1);
       for (int k = 0; k < o_.check; ++k) {

@@ -130,6 +130,8 @@ struct options {
   double timeout_s = 0;        ///< --timeout; 0 = RINGZERO_TIMEOUT
   std::string tune_file;       ///< --tune: measure the cost model's constants into this file
   bool reproducible = false;   ///< --reproducible: options::reproducible on the measured calls
+  wire_format wire = wire_format::full;  ///< --wire: options::wire on the measured calls
+  std::size_t wire_block = 0;            ///< --wire-block: options::wire_block
   bool help = false;
   std::vector<std::string> argv;  ///< program name and arguments as given, for the JSON report
 };
@@ -252,6 +254,12 @@ ringzero flags:
                             reduce_scatter, reduce; sum, avg, min, max): floating sums are
                             exact, rounded once; inputs get random exponents and signs, and
                             -c compares every sum bitwise with the serial exact sum
+     --wire <f>             options::wire on the measured calls: full (default), bf16, int8
+                            or int4 (all_reduce, reduce_scatter, all_gather; float, half,
+                            bfloat16; sum, avg). Bandwidth still counts the element type's
+                            bytes: what the collective delivers at full precision, not what
+                            crossed the wire. -c allows quantize::error_bound's difference
+     --wire-block <n>       elements per scale of int8 and int4 (default 256)
   -h,--help
 )";
 
@@ -299,7 +307,8 @@ ringzero flags:
       {'a', "average"},        {'C', "report_cputime"}, {'J', "output_file"},
       {'R', "local_register"}, {'A', "algorithm"},      {'T', "transport"},
       {'p', "provider"},       {'\0', "timeout"},       {'\0', "tune"},
-      {'\0', "memory"},        {'\0', "reproducible"}};
+      {'\0', "memory"},        {'\0', "reproducible"},  {'\0', "wire"},
+      {'\0', "wire-block"}};
 
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -449,6 +458,15 @@ ringzero flags:
             throw invalid_argument(fmt::format("--memory: '{}' is neither host nor device", v));
           break;
         }
+        if (name == "wire") {
+          o.wire = parse_wire_format(v);
+          break;
+        }
+        if (name == "wire-block") {
+          o.wire_block = static_cast<std::size_t>(
+              detail::parse_int_in("--wire-block", v, 1, static_cast<long long>(max_wire_block)));
+          break;
+        }
         if (name == "tune") {
           if (v.empty()) throw invalid_argument("--tune: needs the file to write");
           o.tune_file = std::string(v);
@@ -475,6 +493,23 @@ ringzero flags:
                                        o.min_bytes, o.max_bytes));
   if (o.step_factor <= 1 && o.step_bytes == 0 && o.min_bytes != o.max_bytes)
     throw invalid_argument("-i 0 without -f would never reach -e");
+  if (o.wire != wire_format::full) {
+    if (o.coll != collective::all_reduce && o.coll != collective::reduce_scatter &&
+        o.coll != collective::all_gather)
+      throw invalid_argument(fmt::format(
+          "--wire: {} has no wire format; it applies to all_reduce, reduce_scatter and all_gather",
+          coll_name(o.coll)));
+    for (const dtype t : o.types)
+      if (t != dtype::float32 && t != dtype::float16 && t != dtype::bfloat16)
+        throw invalid_argument(fmt::format(
+            "--wire: {} is not carried quantized (-d float, half or bfloat16)", dtype_name(t)));
+    if (has_op(o.coll))
+      for (const op x : o.ops)
+        if (x != op::sum && x != op::avg)
+          throw invalid_argument(fmt::format("--wire: {} reductions add (-o sum or avg, not {})",
+                                             coll_name(o.coll), op_name(x)));
+    if (o.reproducible) throw invalid_argument("--wire and --reproducible exclude each other");
+  }
   if (o.reproducible) {
     if (!has_op(o.coll))
       throw invalid_argument(fmt::format(

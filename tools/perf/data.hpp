@@ -25,6 +25,7 @@
 #include "cli.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/cpu.hpp"
+#include "ringzero/reduce/quantize.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/types.hpp"
 
@@ -208,7 +209,28 @@ struct check_spec {
   op reduction = op::sum;
   std::uint32_t seed = 0;
   bool reproducible = false;  ///< --reproducible: exact_sum_row decides what that means here
+  wire_format wire = wire_format::full;  ///< --wire: outputs within wire_tolerance
 };
+
+/// The difference from the exact result a --wire row allows: quantize::error_bound for inputs of
+/// the pattern's magnitude (11), the largest over the ways the ranks may be split into equal
+/// nodes (one hop or two, which this check does not know), the output's rounding included.
+template <element E>
+[[nodiscard]] double wire_tolerance(const check_spec& s) {
+  if constexpr (!quantize::supported_v<E>) {
+    return 0.0;
+  } else {
+    const auto shape = s.coll == collective::all_gather       ? quantize::call_shape::gather
+                       : s.coll == collective::reduce_scatter ? quantize::call_shape::reduce_blocks
+                                                              : quantize::call_shape::reduce_whole;
+    double bound = 0;
+    for (int per_node = 0; per_node <= s.ranks; ++per_node)
+      if (per_node == 0 || s.ranks % per_node == 0)
+        bound = std::max(bound, quantize::error_bound<E>(s.wire, shape, s.ranks, per_node, 11.0,
+                                                         s.reduction == op::avg));
+    return bound;
+  }
+}
 
 /// Whether this rank's output is defined (reduce and gather leave non-root outputs alone).
 [[nodiscard]] inline bool has_output(const check_spec& s) {
@@ -225,15 +247,19 @@ template <element E>
   std::int64_t wrong = 0;
   E first_want{};
   const bool exact = exact_sum_row<E>(s.reproducible, s.reduction);
-  auto same = [exact](E got, E want) {
-    return exact ? std::memcmp(&got, &want, sizeof(E)) == 0 : matches(got, want);
+  const bool wired = s.wire != wire_format::full;
+  const double allowed = wired ? wire_tolerance<E>(s) : 0.0;
+  auto same = [&](E got, E want) {
+    if (exact) return std::memcmp(&got, &want, sizeof(E)) == 0;
+    if (wired) return std::abs(to_double(got) - to_double(want)) <= allowed;
+    return matches(got, want);
   };
   // Compares out[begin, begin+len) with `want` read from position `phase` of its period.
   auto compare = [&](const pattern<E>& want, std::size_t begin, std::size_t len,
                      std::size_t phase) {
     if (begin == 0 && len > 0) first_want = want[phase % pattern_period];
     for (std::size_t j = 0, k = phase % pattern_period; j < len; ++j) {
-      if (!matches(out[begin + j], want[k])) ++wrong;
+      if (!same(out[begin + j], want[k])) ++wrong;
       if (++k == pattern_period) k = 0;
     }
   };

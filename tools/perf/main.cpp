@@ -1,5 +1,6 @@
 // ringzero-perf: nccl-tests' all_reduce_perf & co. for ringzero's transports. Usage and output:
 // docs/performance.md; `ringzero-perf --help`.
+#include <cstdio>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +31,9 @@
 extern char** environ;
 
 int main(int argc, char** argv) {
+  // A line at a time even into a pipe or a file (a launcher's, Slurm's, `> log`): progress is
+  // read while the job runs, not when it exits.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::vector<std::string_view> args(argv + 1, argv + argc);
   ringzero::perf::transports extra;
 #if RINGZERO_PERF_WITH_LIBFABRIC

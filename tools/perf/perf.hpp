@@ -64,6 +64,10 @@ struct transports {
     line = "auto (the cost model picks per call)";
   if (o.reproducible)
     line += "; reproducible sums (--reproducible: exact, rounded once, over int32/int64 calls)";
+  if (o.wire != wire_format::full)
+    line += fmt::format(
+        "; wire {} in blocks of {} (--wire: bandwidth counts the full-precision bytes delivered)",
+        wire_format_name(o.wire), o.wire_block == 0 ? default_wire_block : o.wire_block);
   return line;
 }
 
@@ -186,11 +190,12 @@ outcome run_rank(Backend& b, const options& o, printer* p, run_info info) {
   if (o.threads != 1) return transport_kind::loopback;
   const bootstrap::launch_info info = bootstrap::detect_launch();
   if (info.world_size <= 1) return transport_kind::loopback;
-  const bool spans_hosts = info.local_size < info.world_size;
-  const bool libfabric_asked = !o.provider.empty() || o.device_memory ||
-                               ringzero::detail::getenv_str("FI_PROVIDER").has_value() ||
-                               (extra.efa_present && extra.efa_present());
-  if (extra.socket && (spans_hosts || !extra.libfabric) && !libfabric_asked)
+  const bool libfabric_asked =
+      !o.provider.empty() || o.device_memory || (extra.efa_present && extra.efa_present());
+  const bool without_libfabric = !extra.libfabric && !libfabric_asked &&
+                                 !ringzero::detail::getenv_str("FI_PROVIDER").has_value();
+  if (extra.socket &&
+      (bootstrap::prefer_socket_between_hosts(info, libfabric_asked) || without_libfabric))
     return transport_kind::socket;
   return extra.libfabric ? transport_kind::libfabric : transport_kind::loopback;
 }
@@ -220,6 +225,8 @@ inline int main(std::span<const std::string_view> args, std::string_view program
     // Read inside the try: a malformed launcher environment is a clear error, not a crash.
     if (t == transport_kind::automatic) t = automatic_transport(o, extra);
     o.transport = t;
+    if (o.wire != wire_format::full && (o.device_memory || t == transport_kind::nccl))
+      throw invalid_argument("--wire: quantized collectives run on host buffers, not on a GPU's");
     switch (t) {
       case transport_kind::libfabric:
         if (!extra.libfabric)

@@ -40,6 +40,7 @@
 #include "ringzero/bootstrap/tcp_store.hpp"
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/elastic.hpp"
+#include "ringzero/transport/detail/process_watch.hpp"
 #include "ringzero/version.hpp"
 
 extern char** environ;
@@ -64,6 +65,9 @@ constexpr const char* usage_text =
     "  --tag-output       always prefix lines with \"[RANK] \" (as mpirun --tag-output)\n"
     "  --no-tag-output    never prefix lines\n"
     "  --output DIR       also write each rank's stdout and stderr, untagged, to DIR/rank<R>.log\n"
+    "                     (torchrun's --tee 3 --log-dir DIR)\n"
+    "  --redirect DIR     write each rank's stdout and stderr only to DIR/rank<R>.log; this\n"
+    "                     process's own lines still come here (torchrun's --redirects 3)\n"
     "  --port P           MASTER_PORT to use instead of a free one\n"
     "  --timeout S        stop the job after S seconds (exit status 124)\n"
     "  --grace S          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
@@ -80,10 +84,23 @@ constexpr const char* usage_text =
     "  --version          show the version\n"
     "\n"
     "SIGINT and SIGTERM are forwarded to every rank; a second one kills them. When a rank exits\n"
-    "with a non-zero status or is killed by a signal, the other ranks are stopped and\n"
-    "ringzero-run exits with that rank's status (128+N for signal N). With --elastic, the job\n"
-    "goes on while MIN ranks remain; it exits 0 if the ranks that finished it exited 0, and a\n"
-    "summary says who died when and the world size over time.\n";
+    "with a non-zero status or is killed by a signal, the other ranks are stopped (a stopped\n"
+    "rank, SIGSTOP or a debugger, is named as the culprit and continued so that it ends). With\n"
+    "--elastic, the job goes on while MIN ranks remain; a rank the job declares lost (its\n"
+    "heartbeat silent for RINGZERO_ELASTIC_SETTLE seconds) is ended; a summary says who died\n"
+    "when and the world size over time. Its ranks get RINGZERO_LAUNCHER_PID, and SIGPIPE\n"
+    "ignored: they end cleanly when this process dies.\n"
+    "\n"
+    "exit status:\n"
+    "  0      every rank exited 0 (elastic: the ranks that finished the job did)\n"
+    "  1      the job could not be set up (--output, --job-file, --join, the store)\n"
+    "  2      usage error\n"
+    "  3      an elastic job that ended without finishing (too few ranks left, or they failed)\n"
+    "  4      --join: the job finished before these ranks were taken in\n"
+    "  124    --timeout passed\n"
+    "  127    a rank could not be started\n"
+    "  128+N  this process got signal N (SIGINT, SIGTERM, SIGHUP) and stopped the ranks\n"
+    "  other  the status of the rank that failed first (128+N if signal N ended it)\n";
 
 constexpr std::size_t max_line_bytes = 64 * 1024;
 
@@ -93,6 +110,7 @@ struct options {
   int nproc = 0;
   tagging tag = tagging::automatic;
   std::string output_dir;
+  bool console = true;  ///< ranks' lines also go to this process's stdout and stderr
   int port = 0;
   double timeout_s = 0;
   double grace_s = 5;
@@ -180,6 +198,10 @@ options parse_args(int argc, char** argv) {
     else if (auto v6 = value(a, "--output")) {
       if (v6->empty()) usage_error("--output needs a directory");
       o.output_dir = *v6;
+    } else if (auto v10 = value(a, "--redirect")) {
+      if (v10->empty()) usage_error("--redirect needs a directory");
+      o.output_dir = *v10;
+      o.console = false;
     } else if (a.starts_with("-") && a.size() > 1)
       usage_error(fmt::format("unknown option '{}'", a));
     else
@@ -190,8 +212,15 @@ options parse_args(int argc, char** argv) {
   if (!o.job_file.empty() && o.elastic.empty()) usage_error("--job-file needs --elastic");
   if (!o.join.empty() && (!o.elastic.empty() || o.port != 0))
     usage_error("--join takes the job's limits and port from its job file");
-  if (!o.elastic.empty() && o.nproc > ringzero::elastic::parse_limits(o.elastic).max)
-    usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
+  if (!o.elastic.empty()) {
+    const auto lim = ringzero::elastic::parse_limits(o.elastic);
+    if (o.nproc > lim.max)
+      usage_error(fmt::format("-n {} is above the --elastic maximum", o.nproc));
+    if (o.nproc < lim.min)
+      usage_error(fmt::format(
+          "-n {} is below the --elastic minimum {}: the job could not form its first generation",
+          o.nproc, lim.min));
+  }
   if (o.command.empty()) usage_error("no program to run");
   return o;
 }
@@ -265,6 +294,7 @@ std::vector<std::string> rank_environment(const options& o, int rank, int local,
                                               "MASTER_PORT=",
                                               "RINGZERO_TOKEN=",
                                               "RINGZERO_LAUNCHER=",
+                                              "RINGZERO_LAUNCHER_PID=",
                                               "RINGZERO_ELASTIC=",
                                               "RINGZERO_ELASTIC_ID=",
                                               "RINGZERO_ELASTIC_ARRIVAL="};
@@ -289,6 +319,8 @@ std::vector<std::string> rank_environment(const options& o, int rank, int local,
   env.push_back(fmt::format("MASTER_PORT={}", j.port));
   env.push_back("RINGZERO_TOKEN=" + j.token);
   env.push_back("RINGZERO_LAUNCHER=ringzero-run");
+  // Ranks of an elastic job watch this process: when it dies, they end cleanly (elastic.hpp).
+  env.push_back(fmt::format("RINGZERO_LAUNCHER_PID={}", ::getpid()));
   if (!j.elastic.empty()) {
     env.push_back("RINGZERO_ELASTIC=" + j.elastic);
     env.push_back(fmt::format("RINGZERO_ELASTIC_ID={}", j.first_id + rank));
@@ -384,7 +416,7 @@ void write_all(int fd, std::string_view s) {
 
 struct stream {
   int fd = -1;       ///< our end of the rank's pipe; -1 once closed
-  int out_fd = -1;   ///< where its lines go (1 or 2)
+  int out_fd = -1;   ///< where its lines go (1 or 2; -1: only to the log file)
   int file_fd = -1;  ///< the rank's --output log, shared by its stdout and stderr; or -1
   std::string prefix;
   std::string partial;
@@ -409,7 +441,7 @@ struct stream {
       line(partial + '\n');
       partial.clear();
     }
-    if (!batch.empty()) write_all(out_fd, batch);
+    if (!batch.empty() && out_fd >= 0) write_all(out_fd, batch);
     if (!raw.empty()) write_all(file_fd, raw);
   }
 
@@ -440,6 +472,7 @@ struct rank_process {
   pid_t pid = -1;
   int local = 0;  ///< its LOCAL_RANK
   bool running = false;
+  bool declared_lost = false;  ///< the job declared it lost, and it was ended
   int status = 0;
   int log_fd = -1;
   stream out, err;
@@ -467,6 +500,21 @@ std::string describe(int status) {
 void remove_shm_regions(pid_t pid) {
   ringzero::detail::remove_shm_names(fmt::format("{}:", pid));
 }
+
+// A rank's process group, or the process alone where the group is gone.
+void signal_rank(pid_t pid, int sig) {
+  if (::kill(-pid, sig) != 0) ::kill(pid, sig);
+}
+
+// Whether the process is stopped (SIGSTOP, a debugger): alive, holding up whoever waits on it.
+bool is_stopped(pid_t pid) {
+  const auto st = ringzero::detail::read_process_stat(pid);
+  return st && st->stopped();
+}
+
+// The launcher's own exit statuses (its usage text lists them with the others).
+constexpr int exit_unfinished = 3;    ///< an elastic job that ended without finishing
+constexpr int exit_not_taken_in = 4;  ///< --join: the job finished before its ranks were taken in
 
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -509,6 +557,18 @@ class job {
     if (store_) finish_elastic();
     if (spawn_failed_) return 127;
     if (store_ && !stopping_ && finished_ok_) return 0;
+    if (store_ && !stopping_) {
+      if (env_.arrival && !taken_in_) {
+        fmt::print(stderr,
+                   "ringzero-run: the job finished before these ranks were taken in (exit "
+                   "status {})\n",
+                   exit_not_taken_in);
+        return exit_not_taken_in;
+      }
+      fmt::print(stderr, "ringzero-run: the elastic job ended without finishing (exit status {})\n",
+                 exit_unfinished);
+      return exit_unfinished;
+    }
     if (first_failure_ >= 0)
       return exit_code_of(ranks_[static_cast<std::size_t>(first_failure_)].status);
     if (interrupted_by_ != 0) return 128 + interrupted_by_;
@@ -574,10 +634,11 @@ class job {
     return std::chrono::duration<double>(clock_type::now() - started_).count();
   }
 
-  // Prints each generation as the ranks form it (an elastic job's world size over time).
+  // Prints each generation as the ranks form it (an elastic job's world size over time); an
+  // arrival's launcher notes instead whether one took its ranks in.
   void watch_generations() {
     using keys = ringzero::elastic::session::keys;
-    if (!store_ || env_.arrival) return;
+    if (!store_) return;
     try {
       const auto formed = static_cast<std::uint64_t>(
           store_->add_within(keys::formed(), 0, std::chrono::seconds(1)));
@@ -587,6 +648,17 @@ class job {
         generations_.push_back(
             {elapsed_s(), std::string(reinterpret_cast<const char*>(v.data()), v.size())});
         const auto& list = generations_.back().members;
+        if (env_.arrival) {
+          for (std::string_view rest = list; !rest.empty();) {
+            const auto comma = rest.find(',');
+            std::int64_t id = -1;
+            std::from_chars(rest.data(), rest.data() + std::min(comma, rest.size()), id);
+            if (id >= env_.first_id && id < env_.first_id + opt_.nproc) taken_in_ = true;
+            if (comma == std::string_view::npos) break;
+            rest.remove_prefix(comma + 1);
+          }
+          continue;
+        }
         const auto n = 1 + std::count(list.begin(), list.end(), ',');
         fmt::print(stderr,
                    "ringzero-run: generation {} formed at {:.1f} s: {} ranks (members {})\n", g,
@@ -598,15 +670,43 @@ class job {
     }
   }
 
+  // The ranks the job declared lost (a member found one silent: stopped, or hung) are ended
+  // here, where they would otherwise be waited for forever.
+  void watch_losses() {
+    using keys = ringzero::elastic::session::keys;
+    if (!store_ || env_.arrival) return;
+    try {
+      const auto deaths = store_->add_within(keys::deaths(), 0, std::chrono::seconds(1));
+      if (deaths == deaths_seen_) return;
+      deaths_seen_ = deaths;
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {
+        auto& rp = ranks_[r];
+        const std::int64_t id = env_.first_id + static_cast<std::int64_t>(r);
+        if (!rp.running || rp.declared_lost ||
+            store_->add_within(keys::dead(id), 0, std::chrono::seconds(1)) == 0)
+          continue;
+        rp.declared_lost = true;
+        fmt::print(stderr,
+                   "ringzero-run: rank {} (pid {}) was declared lost by the job{}; ending it\n", id,
+                   rp.pid, is_stopped(rp.pid) ? " (it is stopped: SIGSTOP or a debugger)" : "");
+        std::fflush(stderr);
+        signal_rank(rp.pid, SIGKILL);
+      }
+    } catch (const ringzero::error&) {
+      // The store is served here; a slow answer only delays the check.
+    }
+  }
+
   // The elastic job's summary: deaths and generations, with what the ranks recorded.
   void finish_elastic() {
     using keys = ringzero::elastic::session::keys;
     watch_generations();
+    // Only the job's own launcher ends it: an arrival's ending tells the others nothing.
+    if (env_.arrival) return;
     try {
       store_->add_within(keys::finished(), 1, std::chrono::seconds(1));
     } catch (const ringzero::error&) {
     }
-    if (env_.arrival) return;
     fmt::print(stderr, "ringzero-run: elastic job ({}): {} ranks started, {} lost\n", env_.elastic,
                opt_.nproc, deaths_.size());
     // One timeline: deaths as this launcher saw them, generations as the ranks formed them.
@@ -614,8 +714,12 @@ class job {
     for (std::size_t g = 0; g < generations_.size(); ++g) {
       std::string event;
       try {
-        const auto v = store_->get_within(keys::event(g), std::chrono::milliseconds(200));
-        event = std::string(reinterpret_cast<const char*>(v.data()), v.size());
+        // Only generations with an event wait for it: one without would hold this summary up
+        // for the whole limit, once per generation.
+        if (store_->add_within(keys::recorded(g), 0, std::chrono::seconds(1)) > 0) {
+          const auto v = store_->get_within(keys::event(g), std::chrono::seconds(1));
+          event = std::string(reinterpret_cast<const char*>(v.data()), v.size());
+        }
       } catch (const ringzero::error&) {
       }
       const auto& list = generations_[g].members;
@@ -661,7 +765,13 @@ class job {
     sigset_t none, defaults;
     sigemptyset(&none);
     sigemptyset(&defaults);
-    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&defaults, s);
+    // An elastic job's ranks keep SIGPIPE ignored, as it is here: while this process lives it
+    // drains the ranks' output, so it changes nothing then; once it has died, a rank's next
+    // line fails with EPIPE instead of killing the rank before its session, which watches this
+    // process, ends it cleanly. Other ranks watch nothing: SIGPIPE at their next line is what
+    // ends them then.
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&defaults, s);
+    if (env_.elastic.empty()) sigaddset(&defaults, SIGPIPE);
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     posix_spawnattr_setpgroup(&attr, 0);
@@ -705,16 +815,21 @@ class job {
     rp.pid = pid;
     rp.running = true;
     const std::string prefix = fmt::format("[{}] ", env_.elastic.empty() ? r : env_.first_id + r);
-    rp.out = {out[0], 1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
-    rp.err = {err[0], 2, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
+    rp.out = {out[0], opt_.console ? 1 : -1, rp.log_fd, tags(opt_.tag, 1) ? prefix : "", {}};
+    rp.err = {err[0], opt_.console ? 2 : -1, rp.log_fd, tags(opt_.tag, 2) ? prefix : "", {}};
     ++running_;
     return true;
   }
 
-  // Sends `sig` to every running rank's process group and arms the SIGKILL deadline.
+  // Sends `sig` to every running rank's process group and arms the SIGKILL deadline. SIGCONT
+  // follows, so that a stopped rank (SIGSTOP, a debugger) acts on it now instead of holding the
+  // grace period up.
   void stop(int sig) {
     for (auto& rp : ranks_)
-      if (rp.running && ::kill(-rp.pid, sig) != 0) ::kill(rp.pid, sig);
+      if (rp.running) signal_rank(rp.pid, sig);
+    if (sig != SIGKILL)
+      for (auto& rp : ranks_)
+        if (rp.running) signal_rank(rp.pid, SIGCONT);
     if (sig != SIGKILL && !stopping_)
       kill_deadline_ = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                                std::chrono::duration<double>(opt_.grace_s));
@@ -779,8 +894,9 @@ class job {
           // generation at once instead of waiting out the settle time.
           const std::int64_t id = env_.first_id + static_cast<std::int64_t>(r);
           try {
-            store_->add_within(ringzero::elastic::session::keys::dead(id), 1,
-                               std::chrono::seconds(1));
+            using keys = ringzero::elastic::session::keys;
+            if (store_->add_within(keys::dead(id), 1, std::chrono::seconds(1)) == 1)
+              store_->add_within(keys::deaths(), 1, std::chrono::seconds(1));
             elastic_local::release(*store_, rp.local);
           } catch (const ringzero::error&) {
           }
@@ -797,8 +913,19 @@ class job {
         }
         if (failed && !stopping_) {
           first_failure_ = static_cast<int>(r);
-          fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
-                     pid, describe(status));
+          // A stopped rank is the culprit of the waits that gave up on it, whichever rank's
+          // error came first.
+          const auto stopped = std::find_if(ranks_.begin(), ranks_.end(), [](const auto& o) {
+            return o.running && is_stopped(o.pid);
+          });
+          if (stopped != ranks_.end())
+            fmt::print(stderr,
+                       "ringzero-run: rank {} (pid {}) is stopped (SIGSTOP or a debugger); rank {} "
+                       "(pid {}) {} waiting for it; stopping the ranks\n",
+                       stopped - ranks_.begin(), stopped->pid, r, pid, describe(status));
+          else
+            fmt::print(stderr, "ringzero-run: rank {} (pid {}) {}; stopping the other ranks\n", r,
+                       pid, describe(status));
           std::fflush(stderr);
           stop(SIGTERM);
         }
@@ -842,6 +969,7 @@ class job {
         stop(SIGKILL);
       }
       watch_generations();
+      watch_losses();
       if (rc > 0 && fds[0].revents != 0) {
         unsigned char sigs[64];
         const ssize_t n = ::read(signal_pipe[0], sigs, sizeof sigs);
@@ -900,6 +1028,8 @@ class job {
   job_env env_;
   std::unique_ptr<ringzero::bootstrap::tcp_store> store_;  ///< an elastic job's store
   bool finished_ok_ = false;                               ///< a rank of an elastic job exited 0
+  bool taken_in_ = false;         ///< --join: a generation took one of these ranks in
+  std::int64_t deaths_seen_ = 0;  ///< the job's count of members declared lost, last read
   std::vector<death> deaths_;
   std::vector<generation> generations_;
   clock_type::time_point started_{};

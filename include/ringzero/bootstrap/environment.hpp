@@ -433,4 +433,17 @@ inline launch_info detect_launch() {
   return std::nullopt;
 }
 
+/// Whether a launched rank whose program names no transport should take ringzero's socket
+/// transport rather than libfabric: its job spans hosts (fewer of its ranks on this host than in
+/// all) and nothing asks for libfabric (FI_PROVIDER unset, and `libfabric_asked` false: the
+/// caller's own reasons, such as a provider named, device buffers or an EFA NIC present).
+/// Between hosts the socket transport fills every rail where libfabric's tcp;ofi_rxm reaches
+/// about half of one (docs/performance.md, "Between hosts"). ringzero-perf and ringzero-gpt
+/// decide with it.
+[[nodiscard]] inline bool prefer_socket_between_hosts(const launch_info& info,
+                                                      bool libfabric_asked) {
+  return info.world_size > 1 && info.local_size < info.world_size && !libfabric_asked &&
+         !ringzero::detail::getenv_str("FI_PROVIDER").has_value();
+}
+
 }  // namespace ringzero::bootstrap

@@ -21,6 +21,7 @@
 #include "ringzero/collective_table.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/types.hpp"
+#include "ringzero/wire.hpp"
 
 namespace ringzero::detail {
 
@@ -41,9 +42,10 @@ struct call_record {
   std::uint8_t algo = 0;       ///< options::algorithm
   call_path path = call_path::segment;
   std::uint8_t reproducible = 0;  ///< 1: options::reproducible's exact sum
-  std::uint8_t pad[2] = {0, 0};
-  std::int32_t root = 0;  ///< where the collective has one
-  std::uint32_t pad2 = 0;
+  std::uint8_t wire = 0;          ///< options::wire
+  std::uint8_t pad = 0;
+  std::int32_t root = 0;         ///< where the collective has one
+  std::uint32_t wire_block = 0;  ///< options::wire_block in use, where wire is not full
   std::uint64_t count = 0;
   /// Byte for byte, as the records travel: three words, compared on every shm segment call.
   friend bool operator==(const call_record& a, const call_record& b) noexcept {
@@ -63,13 +65,16 @@ static_assert(std::has_unique_object_representations_v<call_record>,
                                     ? ", inputs read across processes"
                                     : "";
   return fmt::format(
-      "{} (count {}, type {}, op {}{}, root {}{}{})",
+      "{} (count {}, type {}, op {}{}, root {}{}{}{})",
       collective_name(static_cast<collective>(r.kind)), r.count,
       dtype_name(static_cast<dtype>(r.type)), op_name(static_cast<op>(r.reduction)),
       r.reproducible != 0 ? ", reproducible" : "", r.root,
       algorithm_name != nullptr
           ? fmt::format(", algorithm {}", algorithm_name(static_cast<algorithm>(r.algo)))
           : std::string(),
+      r.wire != 0 ? fmt::format(", wire {} in blocks of {}",
+                                wire_format_name(static_cast<wire_format>(r.wire)), r.wire_block)
+                  : std::string(),
       path);
 }
 

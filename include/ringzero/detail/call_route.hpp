@@ -1,7 +1,7 @@
 // A call on its way through the dispatcher (detail/dispatch.hpp): what every path reads, worked
 // out once per call (the call, its descriptor and sizes, the options, RINGZERO_ALGO and
-// RINGZERO_CHECK as set at the call, whether options::reproducible applies, the device its
-// buffers are on), and what starting the call means, once for whichever path runs it:
+// RINGZERO_CHECK as set at the call, whether options::wire or options::reproducible applies, the
+// device its buffers are on), and what starting the call means, once for whichever path runs it:
 // RINGZERO_CHECK's agreement, then the count (and trace) of the call. A path that offered the
 // call to the transport and was declined leaves the call started for the next one.
 #pragma once
@@ -32,6 +32,7 @@
 #include "ringzero/detail/agreement.hpp"
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/exchange_records.hpp"
+#include "ringzero/detail/quantized_call.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/kernels/device_runtime.hpp"
@@ -41,6 +42,7 @@
 #include "ringzero/transport/native.hpp"
 #include "ringzero/tuning/cost_terms.hpp"
 #include "ringzero/types.hpp"
+#include "ringzero/wire.hpp"
 
 namespace ringzero::detail {
 
@@ -139,6 +141,10 @@ void maybe_check(communicator<T>& comm, collective c, std::size_t count, op o, i
   s.reduction = static_cast<std::uint8_t>(o);
   s.algo = static_cast<std::uint8_t>(opt.algorithm);
   s.reproducible = exact ? 1 : 0;
+  if (opt.wire != wire_format::full) {
+    s.wire = static_cast<std::uint8_t>(opt.wire);
+    s.wire_block = static_cast<std::uint32_t>(wire_block_of(opt));
+  }
   s.root = root;
   s.count = count;
   check_agreement(comm, s, opt);
@@ -326,6 +332,7 @@ class call_route {
         opt(opt_),
         size(size_of(c, comm_.size())),
         env(call_env::read()),
+        quantized(takes_quantized_path<E>(d, c.reduction, opt_)),
         reproducible(takes_reproducible_path<E>(d, c.reduction, opt_)),
         device(device_for<T>(d, c, comm_.rank())) {}
   call_route(const call_route&) = delete;
@@ -337,6 +344,8 @@ class call_route {
   const options& opt;
   const call_size<E> size;
   const call_env env;
+  /// options::wire applies (takes_quantized_path: bad wire options were refused).
+  const bool quantized;
   /// options::reproducible applies (takes_reproducible_path).
   const bool reproducible;
   /// The CUDA device of the buffers on a transport that moves device memory; -1 elsewhere

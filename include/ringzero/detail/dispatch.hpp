@@ -3,6 +3,7 @@
 // (applies) and runs it (run); the first that takes it and does not decline it runs it.
 //
 //   path                   takes                                             detail/paths/
+//   quantized              options::wire (bf16, int8 or int4 on the wire)    quantized.hpp
 //   reproducible_device    options::reproducible on device buffers           reproducible.hpp
 //   reproducible_native    ... float sums a transport makes exactly (shm)    reproducible.hpp
 //   reproducible_host      ... anywhere else                                 reproducible.hpp
@@ -37,6 +38,7 @@
 #include "ringzero/detail/paths/device.hpp"
 #include "ringzero/detail/paths/host.hpp"
 #include "ringzero/detail/paths/native.hpp"
+#include "ringzero/detail/paths/quantized.hpp"
 #include "ringzero/detail/paths/reproducible.hpp"
 #include "ringzero/detail/trace_scope.hpp"
 #include "ringzero/error.hpp"
@@ -61,8 +63,8 @@ struct path_table {
 };
 
 using builtin_paths =
-    path_table<paths::reproducible_device, paths::reproducible_native, paths::reproducible_host,
-               paths::native, paths::device_schedule, paths::host>;
+    path_table<paths::quantized, paths::reproducible_device, paths::reproducible_native,
+               paths::reproducible_host, paths::native, paths::device_schedule, paths::host>;
 
 template <class Table, class T, element E>
 void dispatch(communicator<T>& comm, const algorithms::call<E>& c, const options& opt) {

@@ -24,21 +24,25 @@ namespace ringzero::detail {
   return std::string(v);
 }
 
-/// A comma-separated variable's items, empty ones skipped; nullopt when unset. A variable that
-/// is set but names nothing (",") is an invalid_argument naming it: the caller asked for a list.
+/// A comma-separated variable's items; nullopt when unset (or empty). An empty item (a doubled,
+/// leading or trailing comma) is an invalid_argument naming the variable and the item.
 [[nodiscard]] inline std::optional<std::vector<std::string>> getenv_list(const char* name) {
   auto v = getenv_str(name);
   if (!v) return std::nullopt;
   std::vector<std::string> out;
   std::string_view s = *v;
-  while (!s.empty()) {
+  for (;;) {
     const auto comma = s.find(',');
     const auto item = s.substr(0, comma);
-    if (!item.empty()) out.emplace_back(item);
+    // A doubled, leading or trailing comma is a typo, not a wish for fewer items.
+    if (item.empty())
+      throw invalid_argument(std::string(name) + "='" + *v + "': item " +
+                             std::to_string(out.size() + 1) +
+                             " is empty (a doubled, leading or trailing comma?)");
+    out.emplace_back(item);
     if (comma == std::string_view::npos) break;
     s.remove_prefix(comma + 1);
   }
-  if (out.empty()) throw invalid_argument(std::string(name) + "='" + *v + "' names nothing");
   return out;
 }
 

@@ -1,12 +1,14 @@
-// Reproducible sums built up before the ranks meet (reduce/reproducible_accumulator.hpp): the
-// ranks' accumulators combined with the passes of options::reproducible -- windows agreed by
-// max, digits added as int64, each element rounded once. What reproducible training reduces its
-// gradients and its global norm with.
+// Reproducible sums built up before the ranks meet (reduce/reproducible_accumulator.hpp,
+// reduce/reproducible_compact.hpp): the ranks' accumulators combined with the passes of
+// options::reproducible -- windows agreed by max, digits added as int64, each element rounded
+// once. What reproducible training combines the owners of one shard across the groups of hybrid
+// sharding with, and its global norm.
 #pragma once
 
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -20,8 +22,21 @@
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 #include "ringzero/reduce/reproducible_accumulator.hpp"
+#include "ringzero/reduce/reproducible_compact.hpp"
 
 namespace ringzero::detail {
+
+/// What combine_accumulators reads of an accumulator of E: reproducible::accumulator and
+/// reproducible::compact_accumulator.
+template <class A>
+concept combinable = requires(A& a, const A& c, std::vector<std::int32_t>& win, std::int64_t* q) {
+  { c.size() } -> std::convertible_to<std::size_t>;
+  { c.max_adds() } -> std::convertible_to<std::int64_t>;
+  a.normalize();
+  c.windows(win);
+  c.write(win, std::size_t{0}, std::size_t{0}, q);
+  c.write_specials(std::size_t{0}, std::size_t{0}, q);
+};
 
 /// How combine_accumulators and exact_sumsq::agree reach their communicator: the collectives
 /// run on the host vectors themselves. A sharder whose communicator moves device memory only
@@ -52,8 +67,8 @@ struct host_collectives {
 /// result is the same bits as one combine over the world.
 ///
 /// `via` runs the collectives (host_collectives: on these host vectors); `out` is host memory.
-template <class Comm, class E, class Via = host_collectives>
-void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std::span<E> out,
+template <class Comm, combinable Acc, class E, class Via = host_collectives>
+void combine_accumulators(Comm& comm, Comm* across, Acc& acc, std::span<E> out,
                           std::uint32_t divisor, const options& opt, const Via& via = Via{}) {
   const int n = comm.size();
   const std::size_t total = acc.size();
@@ -120,9 +135,9 @@ void combine_accumulators(Comm& comm, Comm* across, rp::accumulator<E>& acc, std
 }
 
 /// combine_accumulators over one group of ranks: the world.
-template <class Comm, class E, class Via = host_collectives>
-void combine_accumulators(Comm& comm, rp::accumulator<E>& acc, std::span<E> out,
-                          std::uint32_t divisor, const options& opt, const Via& via = Via{}) {
+template <class Comm, combinable Acc, class E, class Via = host_collectives>
+void combine_accumulators(Comm& comm, Acc& acc, std::span<E> out, std::uint32_t divisor,
+                          const options& opt, const Via& via = Via{}) {
   combine_accumulators(comm, static_cast<Comm*>(nullptr), acc, out, divisor, opt, via);
 }
 

@@ -25,6 +25,7 @@
 #include "ringzero/base.hpp"
 #include "ringzero/collective_table.hpp"
 #include "ringzero/model/cost_model.hpp"
+#include "ringzero/wire.hpp"
 
 namespace ringzero::tuning {
 
@@ -123,6 +124,61 @@ struct fabric {
     p.alpha = (f.inter_latency + (f.gpus_per_node - 1) * f.intra_latency) / f.gpus_per_node;
   }
   return predict(c, algorithm::ring, bytes, nodes * f.gpus_per_node, p);
+}
+
+/// Bytes on the wire per byte of a call's elements (`element_bytes` each) in wire format f with
+/// `block` elements per scale (reduce/quantize.hpp): 1 for full.
+[[nodiscard]] inline double wire_ratio(wire_format f, std::size_t block, double element_bytes) {
+  const double scale = 4.0 / static_cast<double>(block == 0 ? default_wire_block : block);
+  switch (f) {
+    case wire_format::full:
+      return 1.0;
+    case wire_format::bf16:
+      return 2.0 / element_bytes;
+    case wire_format::int8:
+      return (1.0 + scale) / element_bytes;
+    case wire_format::int4:
+      return (0.5 + scale) / element_bytes;
+  }
+  return 1.0;
+}
+
+/// Predicted seconds of all_gather, reduce_scatter or all_reduce over `nodes` full nodes with
+/// options::wire = f (detail/quantized_call.hpp), `bytes` the full buffer of `element_bytes`
+/// elements as in predict(): the byte collectives on the encoded sizes, each at the two-level
+/// model's cheapest, and a pass over the elements at the fabric's reduction rate for each
+/// encode, decode and accumulate. all_gather: encode a block, all_gather, decode every block.
+/// reduce_scatter: encode every block; with several nodes of several GPUs two hops (all_to_all
+/// inside the node, accumulate, encode the node's partial sums, all_to_all across the nodes,
+/// accumulate), else one all_to_all. all_reduce: the two, on 1/n each. full is predict()'s pick.
+[[nodiscard]] inline double predict_wire(const fabric& f, collective c, wire_format w,
+                                         std::size_t block, double element_bytes, double bytes,
+                                         int nodes) {
+  if (w == wire_format::full) return predict(f, c, select(f, c, bytes, nodes), bytes, nodes);
+  const int per = f.gpus_per_node, n = nodes * per;
+  const double r = wire_ratio(w, block, element_bytes), gamma = 1.0 / f.reduce_bandwidth;
+  const auto gather = [&](double full) {
+    const double wire = full * r;
+    return gamma * full / n +
+           predict(f, collective::all_gather, select(f, collective::all_gather, wire, nodes), wire,
+                   nodes) +
+           gamma * full;
+  };
+  const auto reduce = [&](double full) {
+    if (n == 1) return 2 * gamma * full;
+    if (nodes > 1 && per > 1)
+      return gamma * full + predict_best(collective::all_to_all, full * r, per, intra_node(f)) +
+             gamma * full + gamma * full / per +
+             predict_best(collective::all_to_all, full / per * r, nodes, inter_node(f)) +
+             gamma * full / per;
+    return gamma * full +
+           predict_best(collective::all_to_all, full * r, n,
+                        nodes > 1 ? inter_node(f) : intra_node(f)) +
+           gamma * full;
+  };
+  if (c == collective::all_gather) return gather(bytes);
+  if (c == collective::reduce_scatter) return reduce(bytes);
+  return reduce(bytes) + gather(bytes);
 }
 
 /// nccl-tests' bus bandwidth (bytes per second) of `c` on `ranks` ranks moving `bytes` (the

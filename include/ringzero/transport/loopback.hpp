@@ -34,6 +34,7 @@ using communicator = ringzero::communicator<transport>;
 class world {
  public:
   explicit world(int size, world_options opts = {}) : size_(size), opts_(opts) {
+    if (opts_.cost.given) opts_.tuning = *opts_.cost.given;
     if (size < 1)
       throw invalid_argument(fmt::format("loopback world size must be >= 1, got {}", size));
   }

@@ -103,3 +103,15 @@ inline void check(const policy& p, std::string_view who) {
 }
 
 }  // namespace ringzero::tuning
+
+namespace ringzero {
+
+/// The policy's names before 0.3 moved it here.
+using cost_params [[deprecated(
+    "ringzero::cost_params is ringzero::tuning::policy since 0.3 (tuning/policy.hpp); the alias "
+    "goes in 0.5")]] = tuning::policy;
+using tuning_policy [[deprecated(
+    "ringzero::tuning_policy is ringzero::tuning::policy since 0.3 (tuning/policy.hpp); the alias "
+    "goes in 0.5")]] = tuning::policy;
+
+}  // namespace ringzero

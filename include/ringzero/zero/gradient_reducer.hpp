@@ -20,19 +20,11 @@
 // free, timing and the order gradients arrive in decide), while a collective on symmetric memory
 // reads each peer's buffer at the offset of its own.
 //
-// Reproducible training (config::reproducible) keeps, per bucket, an exact accumulator of every
-// gradient handed over this step (reduce/reproducible_accumulator.hpp) instead of a G sum, and
-// reduces each bucket once, on the last micro-batch, with the exact combine: all_reduce (stages
-// 0-1), reduce_scatter into the shard (2-3), or reduce_scatter in the group and all_reduce across
-// the groups (hybrid sharding), rounded once into the gradients. A gradient slot is then zeroed
-// at its first use in every micro-batch, and its content is added when its bucket completes.
-//
-// On a device space reproducible mode keeps the accumulators in host memory: each gradient is
-// read back once its stream wrote it and added on the host, and the combine's collectives copy
-// their integer vectors through device memory of the space (staged_collectives), which is what a
-// device communicator moves. The rounded sum is copied into the device gradients. That costs a
-// host wait per gradient and a copy each way of the bucket's digits per step, where the plain
-// device path has none; the bits are those of host memory at every world size.
+// Reproducible training (config::reproducible), in every stage, collects each micro-batch's
+// gradients in the bucket buffers and hands each complete bucket to exact_gradients.hpp, which
+// sends every term to the rank that owns it and adds it there exactly; the step's gradients are
+// those sums rounded once. A gradient slot is then a place in a bucket buffer, zeroed for every
+// micro-batch.
 //
 // G is the type gradients are reduced and accumulated in: the parameter type, or float for
 // 16-bit parameters (config::reduce_dtype). Each gradient is rounded to G as it is packed, after
@@ -44,21 +36,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "ringzero/collectives.hpp"
-#include "ringzero/detail/reproducible_combine.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
-#include "ringzero/reduce/reproducible_accumulator.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
-#include "ringzero/zero/detail/exact_sumsq.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/device_space.hpp"
+#include "ringzero/zero/exact_gradients.hpp"
 #include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/optimizer.hpp"
 #include "ringzero/zero/options.hpp"
@@ -97,8 +88,10 @@ class gradient_reducer {
         work_(work),
         meter_(meter),
         space_(space) {
-    grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
-    if (sharded_)
+    // Reproducible stages 2-3 hold their gradient shard over the accumulators' words.
+    if (!sharded_ || !reproducible_)
+      grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
+    if (sharded_ || reproducible_)
       for (int i = 0; i < cfg.reduce_buffers; ++i)
         add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
     const auto nb = plan_.buckets().size();
@@ -106,11 +99,8 @@ class gradient_reducer {
     bucket_buffer_.assign(nb, -1);
     got_.assign(plan_.params().size(), 0);
     slot_zeroed_.assign(plan_.params().size(), false);
-    if (reproducible_) {
-      accs_.reserve(nb);
-      for (const auto& bk : plan_.buckets()) accs_.emplace_back(bk.padded);
-      pending_.assign(plan_.params().size(), false);
-    }
+    if (reproducible_)
+      exact_.emplace(comm, replicate, plan, sharded_, cfg, work, meter, grads_.data(), space);
     reset_micro_batch();
   }
 
@@ -127,6 +117,7 @@ class gradient_reducer {
 
   /// The reduced gradient of a segment this rank updates (flat or shard position).
   [[nodiscard]] const G* gradient(const segment& s) const noexcept {
+    if (sharded_ && reproducible_) return exact_->gradient(s);
     return grads_.data() + (sharded_ ? s.shard_offset : s.flat_offset);
   }
   /// Adds the sum of squares of `segs`' gradients times `scale` to `sumsq`, and sets
@@ -159,32 +150,21 @@ class gradient_reducer {
     // The step's one host wait: the verdict (skip or apply, the clipping factor) is the host's.
     return space_.read_stats(st);
   }
-  /// agree_stats in reproducible mode: the exact sum of squares (zero/detail/exact_sumsq.hpp)
-  /// of the segments' gradients, read back to the host, agreed over this reducer's communicator
-  /// (the shard group, what the stepper's runner hands out) through staged collectives, which
-  /// keep the communication stream's order themselves.
-  [[nodiscard]] gradient_stats agree_exact_stats(const std::vector<segment>& segs, float scale,
+  /// agree_stats in reproducible mode (exact_gradients::agree_stats): the exact sum of squares.
+  [[nodiscard]] gradient_stats agree_exact_stats(float scale,
                                                  const ringzero::options& o) requires device {
-    detail::exact_sumsq sq;
-    for (const auto& s : segs) {
-      host_out_.resize(s.count);
-      space_.download(space_.comm_stream(), host_out_.data(), gradient(s), s.count);
-      sq.add(host_out_.data(), s.count);
-    }
-    const auto [sum, bad] = sq.agree(comm_, o, staged_collectives(*this));
-    gradient_stats stats;
-    stats.sumsq = sum * static_cast<double>(scale) * static_cast<double>(scale);
-    stats.nonfinite = bad;
-    return stats;
+    return exact_->agree_stats(scale, o);
   }
   /// Whether the gradients lie in symmetric memory.
   [[nodiscard]] bool symmetric() const noexcept { return grads_.symmetric(); }
-  /// The gradients' bytes, and in reproducible mode the accumulators' (at their largest yet),
-  /// and on a device space the device memory their collectives pass through.
+  /// The gradients' bytes, the accumulators' included (reproducible mode).
   [[nodiscard]] std::size_t gradient_bytes() const noexcept {
-    std::size_t b = grads_.bytes() + staging_.bytes();
-    for (const auto& a : accs_) b += a.bytes();
-    return b;
+    return grads_.bytes() + accumulator_bytes();
+  }
+  /// Reproducible mode: the exact accumulators' bytes (a shard in every stage; in stages 2-3 the
+  /// gradient shard lies over them).
+  [[nodiscard]] std::size_t accumulator_bytes() const noexcept {
+    return exact_ ? exact_->bytes() : 0;
   }
 
   /// Hands over parameter `id`'s gradient for this micro-batch: at most once per use (a shared
@@ -201,7 +181,7 @@ class gradient_reducer {
     auto& got = got_[static_cast<std::size_t>(id)];
     const bool first_use = got++ == 0;
     const auto b = static_cast<std::size_t>(pi.bucket);
-    G* dst = reproducible_ ? slot_at(pi) : destination(pi);
+    G* dst = reproducible_ ? exact_->given_slot(id, destination(pi)) : destination(pi);
     const bool in_place = static_cast<const void*>(g.data()) == static_cast<const void*>(dst);
     if (in_place && (!std::is_same_v<S, G> || inv_predivide_ != 1.0f))
       throw invalid_argument(fmt::format(
@@ -209,10 +189,8 @@ class gradient_reducer {
           "gradient_predivide",
           pi.name));
     if (reproducible_) {
-      if (in_place)
-        pending_[static_cast<std::size_t>(id)] = true;
-      else
-        add_terms(pi, g.data());
+      // Each arrival is a term of its own: a layer of the bucket, converted as add_into would.
+      if (!in_place) add_into(exact_->copy_target(id, destination(pi)), g.data(), pi.numel, true);
     } else if (!in_place) {
       add_into(dst, g.data(), pi.numel,
                (!sharded_ && micro_ == 0 && first_use) || (sharded_ && first_use));
@@ -236,10 +214,11 @@ class gradient_reducer {
           "gradient_slot({}): gradient_predivide is {}; a gradient written in place cannot be "
           "divided on the way in (hand it over with add_grad)",
           pi.name, 1.0f / inv_predivide_));
+    // Reproducible mode: a layer of the bucket, zeroed for each micro-batch.
+    if (reproducible_) return {exact_->slot(id, destination(pi)), pi.numel};
     G* dst = destination(pi);
     auto zeroed = slot_zeroed_[static_cast<std::size_t>(id)];
-    // Reproducible mode adds a slot to the accumulator every micro-batch: it starts from zero.
-    const bool zero_now = reproducible_ || (!sharded_ && micro_ == 0);
+    const bool zero_now = !sharded_ && micro_ == 0;
     if (zero_now && got_[static_cast<std::size_t>(id)] == 0 && !zeroed) {
       if constexpr (device)
         space_.zero(space_.compute_stream(), dst, pi.numel);
@@ -270,7 +249,6 @@ class gradient_reducer {
       submit_bucket(b);
     }
     ++micro_;
-    if (reproducible_) std::fill(slot_zeroed_.begin(), slot_zeroed_.end(), false);
     reset_micro_batch();
   }
 
@@ -293,152 +271,20 @@ class gradient_reducer {
       accumulate(dst, src, n, first, inv_predivide_);
   }
 
-  /// Reproducible mode: adds a gradient (numel elements) to its bucket's accumulator, each
-  /// element rounded to G after the predivide as add_into would.
-  template <class S>
-  void add_terms(const param_info& pi, const S* src) {
-    if constexpr (device) {
-      // The accumulator is host memory: the gradient comes over once the compute stream, where
-      // backward wrote it, got there.
-      host_in_.resize((pi.numel * sizeof(S) + sizeof(std::uint64_t) - 1) / sizeof(std::uint64_t));
-      auto* h = reinterpret_cast<S*>(host_in_.data());
-      space_.download(space_.compute_stream(), h, src, pi.numel);
-      src = h;
-    }
-    auto& acc = accs_[static_cast<std::size_t>(pi.bucket)];
-    const std::size_t at = pi.offset - plan_.buckets()[static_cast<std::size_t>(pi.bucket)].offset;
-    if constexpr (std::is_same_v<S, G>) {
-      if (inv_predivide_ == 1.0f) {
-        acc.add(std::span<const G>(src, pi.numel), at);
-        return;
-      }
-    }
-    scratch_.resize(pi.numel);
-    accumulate(scratch_.data(), src, pi.numel, true, inv_predivide_);
-    acc.add(std::span<const G>(scratch_), at);
-  }
-
-  /// Reproducible mode: where `pi`'s gradient slot lies, or null while it has none.
-  [[nodiscard]] G* slot_at(const param_info& pi) {
-    if (!sharded_) return grads_.data() + pi.offset;
-    const int k = bucket_buffer_[static_cast<std::size_t>(pi.bucket)];
-    if (k < 0) return nullptr;
-    return pool_[static_cast<std::size_t>(k)].data.data() +
-           (pi.offset - plan_.buckets()[static_cast<std::size_t>(pi.bucket)].offset);
-  }
-
-  /// Reproducible mode: bucket b is complete for this micro-batch. Its slots' gradients join
-  /// the accumulator (and a bucket buffer holding them is free again); on the last micro-batch
-  /// the bucket's exact sum is reduced and rounded once into the gradients.
+  /// Reproducible mode: bucket b is complete for this micro-batch; exact_gradients takes it
+  /// from its buffer (zeroed now if no gradient came), which is free again once that is done.
   void submit_exact(int b) {
-    const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
-    for (int p = bk.first_param; p < bk.first_param + bk.param_count; ++p)
-      if (pending_[static_cast<std::size_t>(p)]) {
-        const auto& pi = plan_.params()[static_cast<std::size_t>(p)];
-        add_terms(pi, static_cast<const G*>(slot_at(pi)));
-        pending_[static_cast<std::size_t>(p)] = false;
-      }
-    if (sharded_ && bucket_buffer_[static_cast<std::size_t>(b)] >= 0) {
-      pool_[static_cast<std::size_t>(bucket_buffer_[static_cast<std::size_t>(b)])].bucket = -1;
-      bucket_buffer_[static_cast<std::size_t>(b)] = -1;
-    }
-    if (micro_ + 1 < accumulation_) return;
-    if constexpr (device) {
-      reduce_exact_device(b);
-      return;
-    }
-    work_.submit([this, b] {
-      const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
-      const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
-      auto& acc = accs_[static_cast<std::size_t>(b)];
-      std::span<G> flat(grads_.data() + bucket.offset, sharded_ ? 0 : bucket.padded);
-      if (!sharded_ && replicate_ == nullptr) {
-        ringzero::detail::combine_accumulators(comm_, acc, flat, 1, all_reduce_);
-      } else {
-        std::span<G> own =
-            sharded_ ? std::span<G>(grads_.data() + bucket.shard_offset, bucket.slice)
-                     : flat.subspan(static_cast<std::size_t>(rank_) * bucket.slice, bucket.slice);
-        ringzero::detail::combine_accumulators(comm_, replicate_, acc, own, 1, reduce_scatter_);
-        if (!sharded_) ringzero::all_gather(comm_, std::span<const G>(own), flat, all_gather_);
-      }
-      acc.clear();
-    });
-  }
-
-  /// The collectives of the exact combine and norm on a device space: host vectors copied
-  /// through device memory of the space, in the communication stream's order, since a device
-  /// communicator (NCCL) moves nothing else. Each call is complete when it returns.
-  class staged_collectives {
-   public:
-    explicit staged_collectives(gradient_reducer& r) : r_(r) {}
-    template <class C, class T>
-    void all_reduce(C& comm, std::span<T> values, op o, const ringzero::options& opt) const {
-      const auto st = r_.space_.comm_stream();
-      T* d = r_.template staging<T>(values.size());
-      r_.space_.upload(st, d, values.data(), values.size());
-      r_.space_.run_sync(
-          st, [&] { ringzero::all_reduce(comm, std::span<T>(d, values.size()), o, opt); });
-      r_.space_.download(st, values.data(), d, values.size());
-    }
-    template <class C, class T>
-    void reduce_scatter(C& comm, std::span<const T> in, std::span<T> out, op o,
-                        const ringzero::options& opt) const {
-      const auto st = r_.space_.comm_stream();
-      T* d = r_.template staging<T>(in.size() + out.size());
-      r_.space_.upload(st, d, in.data(), in.size());
-      r_.space_.run_sync(st, [&] {
-        ringzero::reduce_scatter(comm, std::span<const T>(d, in.size()),
-                                 std::span<T>(d + in.size(), out.size()), o, opt);
-      });
-      r_.space_.download(st, out.data(), d + in.size(), out.size());
-    }
-
-   private:
-    gradient_reducer& r_;
-  };
-
-  /// Device memory for n elements of T, kept and grown for the staged collectives.
-  template <class T>
-  [[nodiscard]] T* staging(std::size_t n) {
-    static_assert(alignof(T) <= alignof(std::int64_t));
-    const std::size_t words = std::max<std::size_t>(1, (n * sizeof(T) + 7) / 8);
-    if (staging_.size() < words) {
-      space_.synchronize();  // the old buffer may still be read by a stream
-      // With room to spare: the digits' length follows the data's windows from step to step.
-      staging_ = space_.template allocate<std::int64_t>(words + words / 2);
-    }
-    return reinterpret_cast<T*>(staging_.data());
-  }
-
-  /// Reproducible mode on a device space, bucket b's last micro-batch: the exact combine on this
-  /// thread through staged collectives, rounded on the host and copied into the gradients.
-  void reduce_exact_device(int b) requires device {
-    const auto& bucket = plan_.buckets()[static_cast<std::size_t>(b)];
-    const trace::scope phase(comm_, "reduce", bucket.padded * sizeof(G));
-    auto& acc = accs_[static_cast<std::size_t>(b)];
-    const auto st = space_.comm_stream();
-    const staged_collectives via(*this);
-    if (!sharded_ && replicate_ == nullptr) {
-      host_out_.resize(bucket.padded);
-      ringzero::detail::combine_accumulators(comm_, acc, std::span<G>(host_out_), 1, all_reduce_,
-                                             via);
-      space_.upload(st, grads_.data() + bucket.offset, host_out_.data(), bucket.padded);
-    } else {
-      host_out_.resize(bucket.slice);
-      ringzero::detail::combine_accumulators(comm_, replicate_, acc, std::span<G>(host_out_), 1,
-                                             reduce_scatter_, via);
-      G* own = grads_.data() +
-               (sharded_ ? bucket.shard_offset
-                         : bucket.offset + static_cast<std::size_t>(rank_) * bucket.slice);
-      space_.upload(st, own, host_out_.data(), bucket.slice);
-      if (!sharded_)
-        space_.run_sync(st, [&] {
-          ringzero::all_gather(comm_, std::span<const G>(own, bucket.slice),
-                               std::span<G>(grads_.data() + bucket.offset, bucket.padded),
-                               all_gather_);
-        });
-    }
-    acc.clear();
+    const auto ub = static_cast<std::size_t>(b);
+    if (bucket_buffer_[ub] < 0) acquire_buffer(b);
+    auto& entry = pool_[static_cast<std::size_t>(bucket_buffer_[ub])];
+    const auto done =
+        exact_->submit(b, entry.data.data(), micro_ == 0, micro_ + 1 == accumulation_);
+    if constexpr (device)
+      entry.done = done;
+    else
+      entry.busy = done;
+    entry.bucket = -1;
+    bucket_buffer_[ub] = -1;
   }
 
   /// Refuses a gradient for `pi` once the step's micro-batches are done or it has them all.
@@ -458,7 +304,7 @@ class gradient_reducer {
 
   /// Where `pi`'s gradient is summed: the flat gradients, or its bucket's buffer (taken now).
   [[nodiscard]] G* destination(const param_info& pi) {
-    if (!sharded_) return grads_.data() + pi.offset;
+    if (!sharded_ && !reproducible_) return grads_.data() + pi.offset;
     const auto b = static_cast<std::size_t>(pi.bucket);
     if (bucket_buffer_[b] < 0) acquire_buffer(pi.bucket);
     return pool_[static_cast<std::size_t>(bucket_buffer_[b])].data.data() +
@@ -466,6 +312,7 @@ class gradient_reducer {
   }
 
   void reset_micro_batch() {
+    if (exact_) exact_->start_micro_batch();
     std::fill(got_.begin(), got_.end(), 0);
     std::fill(missing_.begin(), missing_.end(), 0);
     for (const auto& pi : plan_.params()) missing_[static_cast<std::size_t>(pi.bucket)] += pi.uses;
@@ -610,7 +457,8 @@ class gradient_reducer {
       pick = static_cast<int>(pool_.size()) - 1;
     }
     auto& e = pool_[static_cast<std::size_t>(pick)];
-    std::fill_n(e.data.data(), e.data.size(), G{});
+    // Reproducible mode zeroes only what no gradient overwrites (exact_gradients::submit).
+    if (!reproducible_) std::fill_n(e.data.data(), e.data.size(), G{});
     e.bucket = b;
     bucket_buffer_[static_cast<std::size_t>(b)] = pick;
   }
@@ -636,16 +484,7 @@ class gradient_reducer {
   std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
   std::vector<bool> slot_zeroed_;    // slot() zeroed the parameter's flat gradient this step
   std::vector<device_run<G>> runs_;  // device spaces: the step's segments for the statistics
-  // Reproducible mode: each bucket's exact sum of the step's gradients, a gradient converted to G
-  // on its way there, and which parameters' slots are still to be added.
-  std::vector<reproducible::accumulator<G>> accs_;
-  // Reproducible mode on a device space: host copies of gradients coming in (any type, so
-  // int64-aligned words) and of results going out, and the staged collectives' device memory.
-  std::vector<std::uint64_t> host_in_;
-  std::vector<G> host_out_;
-  buffer<std::int64_t> staging_;
-  std::vector<G> scratch_;
-  std::vector<bool> pending_;
+  std::optional<exact_gradients<Comm, G, Space>> exact_;  // reproducible mode
   int next_bucket_ = -1;
   int micro_ = 0;
   std::size_t next_pool_ = 0;  // device spaces: the buffer to try first

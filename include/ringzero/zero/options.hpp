@@ -236,23 +236,58 @@ struct config {
   /// Reproducible training: the same weights, bit for bit, at every world size (and every
   /// stage, shard group size and transport), provided the global batch is a fixed list of
   /// micro-batches, every rank takes a contiguous run of it (accumulation_steps of them), and
-  /// each micro-batch's gradient is computed the same way whoever computes it. Each gradient
-  /// is added exactly into a reproducible::accumulator (reduce/reproducible_accumulator.hpp)
-  /// instead of a float sum; each bucket is reduced once per step, on the last micro-batch, as
-  /// integers (detail/reproducible_combine.hpp) and rounded once into the gradients; the global
-  /// norm is an exact sum of squares, rounded once; the loss scaler's overflow check reads the
-  /// rounded gradients. The sum of the global batch's gradients is then the same bits whatever
-  /// the world size, and so is everything after it.
-  /// The cost: the accumulator holds the full flat gradient on every rank (in every stage) as
-  /// 40-bit digits in int64 words, typically 2 words (16 bytes) per element, 3 where one block
-  /// of 64 elements spans more than about 80 bits of magnitude, plus about 1 byte per element
-  /// of block headers: counted in memory_report::gradients. Each gradient collective moves
-  /// those words instead of G: typically 4x the bytes of fp32, plus the windows (8 bytes per
-  /// 64 elements). On a device space the accumulators stay in host memory: each gradient is
-  /// read back to the host once (a host wait per gradient) and the integer collectives copy
-  /// their words through device memory, so the weights are those of host memory, bit for bit.
+  /// each micro-batch's gradient is computed the same way whoever computes it. Each micro-batch's
+  /// gradients go, as they are, to the ranks that own them, which add them exactly into an
+  /// accumulator of their shard (zero/exact_gradients.hpp); each element is rounded once, on
+  /// the last micro-batch; the global norm is an exact sum of squares, rounded once; the loss
+  /// scaler's overflow check reads the rounded gradients. The sum of the global batch's
+  /// gradients is then the same bits whatever the world size, and so is everything after it.
+  /// The cost: about 8.25 bytes of accumulator per element of this rank's shard in every stage
+  /// (memory_report::accumulator), over which stages 2-3 keep their gradient shard; each
+  /// micro-batch moves (N-1)/N of every bucket in G per rank (stages 0-1 too, where the plain
+  /// mode reduces once per step), a bucket whose parameters are used u times u such layers. On a
+  /// device space the accumulators, their adds and the exact norm's squares stay on the device;
+  /// a step reads 4 KiB of the norm's bins back.
   bool reproducible = false;
+  /// ZeRO++ qwZ (zero/zeropp.hpp): stage 3 gathers the parameters as int8 blocks
+  /// (collectives.all_gather.wire_block elements per scale; 0: 256). DeepSpeed's name.
+  bool zero_quantized_weights = false;
+  /// ZeRO++ qgZ: gradient buckets are reduced as int4 blocks (collectives.reduce_scatter's and
+  /// all_reduce's wire_block) through the two-hop all-to-all over the nodes, added in float.
+  bool zero_quantized_gradients = false;
+  /// ZeRO++ hpZ (stage 3): > 1 keeps a secondary copy of the parameters sharded within groups of
+  /// this many consecutive ranks (normally the ranks of a node; it must divide the shard group),
+  /// from which backward gathers inside the group. 0 or 1: off.
+  int zero_hpz_partition_size = 0;
 };
+
+/// Throws invalid_argument for ZeRO++ settings that cannot work (zero/zeropp.hpp): qwZ and hpZ
+/// without stage 3, a negative hpZ group, qgZ with reproducible training, or a wire format named
+/// in config::collectives instead.
+inline void check_zeropp(const config& cfg) {
+  if (cfg.zero_quantized_weights && cfg.stage != 3)
+    throw invalid_argument(
+        fmt::format("zero: zero_quantized_weights quantizes stage 3's parameter gathers (stage {})",
+                    cfg.stage));
+  if (cfg.zero_hpz_partition_size < 0)
+    throw invalid_argument(fmt::format("zero: zero_hpz_partition_size {} (expected 0, 1 or more)",
+                                       cfg.zero_hpz_partition_size));
+  if (cfg.zero_hpz_partition_size > 1 && cfg.stage != 3)
+    throw invalid_argument(fmt::format(
+        "zero: zero_hpz_partition_size shards stage 3's parameters a second time (stage {})",
+        cfg.stage));
+  if (cfg.zero_quantized_gradients && cfg.reproducible)
+    throw invalid_argument(
+        "zero: zero_quantized_gradients and reproducible exclude each other (an exact sum of "
+        "quantized gradients is not the exact sum of the gradients)");
+  for (const ringzero::options* o :
+       {&cfg.collectives.all_reduce, &cfg.collectives.reduce_scatter, &cfg.collectives.all_gather})
+    if (o->wire != wire_format::full)
+      throw invalid_argument(fmt::format(
+          "zero: config::collectives names wire format {}; the sharder quantizes through "
+          "zero_quantized_weights and zero_quantized_gradients",
+          wire_format_name(o->wire)));
+}
 
 /// The config a sharder of `param_type` parameters trains `layout` with, or invalid_argument
 /// naming the first setting that cannot work. `hierarchical`: the communicator knows its nodes,
@@ -276,6 +311,7 @@ struct config {
     throw invalid_argument(
         fmt::format("zero: gradient_predivide {} (expected finite > 0)", cfg.gradient_predivide));
   check_collectives(cfg.collectives, hierarchical);
+  check_zeropp(cfg);
   check_groups(cfg.groups);
   const auto n_groups = std::max<std::size_t>(1, cfg.groups.size());
   for (const auto& p : layout.params())
@@ -317,20 +353,31 @@ struct memory_report {
   int stage = 0;
   std::size_t parameters = 0;  ///< parameters in their training type (full, or a shard in stage 3)
   std::size_t gradients = 0;   ///< gradients (full in stages 0-1, a shard in 2-3)
-  std::size_t optimizer = 0;   ///< fp32 master weights (16-bit types) and optimizer moments
-  std::size_t buffers = 0;     ///< gradient buckets and gathered parameters, now
+  /// Of `gradients`: reproducible training's exact accumulators, a shard in every stage (in
+  /// stages 2-3 the gradient shard lies over them).
+  std::size_t accumulator = 0;
+  std::size_t optimizer = 0;  ///< fp32 master weights (16-bit types) and optimizer moments
+  std::size_t buffers = 0;    ///< gradient buckets and gathered parameters, now
   std::size_t peak_buffers = 0;
+  std::size_t secondary = 0;  ///< hpZ's secondary copy of the parameters (zero_hpz_partition_size)
   [[nodiscard]] std::size_t total() const noexcept {
-    return parameters + gradients + optimizer + buffers;
+    return parameters + gradients + optimizer + buffers + secondary;
   }
   [[nodiscard]] std::string to_string() const {
     constexpr double mib = 1024.0 * 1024.0;
     return fmt::format(
-        "rank {} stage {}: parameters {:.3f} MiB, gradients {:.3f} MiB, optimizer {:.3f} MiB, "
-        "buffers {:.3f} MiB (peak {:.3f}), total {:.3f} MiB",
+        "rank {} stage {}: parameters {:.3f} MiB, gradients {:.3f} MiB{}, optimizer {:.3f} MiB, "
+        "buffers {:.3f} MiB (peak {:.3f}){}, total {:.3f} MiB",
         rank, stage, static_cast<double>(parameters) / mib, static_cast<double>(gradients) / mib,
+        accumulator == 0
+            ? std::string()
+            : fmt::format(" (exact accumulator {:.3f})", static_cast<double>(accumulator) / mib),
         static_cast<double>(optimizer) / mib, static_cast<double>(buffers) / mib,
-        static_cast<double>(peak_buffers) / mib, static_cast<double>(total()) / mib);
+        static_cast<double>(peak_buffers) / mib,
+        secondary == 0
+            ? std::string()
+            : fmt::format(", hpZ secondary {:.3f} MiB", static_cast<double>(secondary) / mib),
+        static_cast<double>(total()) / mib);
   }
 };
 

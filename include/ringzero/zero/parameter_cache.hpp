@@ -6,6 +6,10 @@
 // A bucket stays while a handle holds it. After the optimizer updated the shard, refresh() drops
 // every unheld bucket and gathers every held one again in place: no gathered copy outlives a step
 // with stale values. A gathered_parameters handle holds its bucket for as long as it lives.
+//
+// With hpZ (config::zero_hpz_partition_size, zero/zeropp.hpp) every gather of the whole shard
+// group also keeps this rank's piece of the bucket in the secondary shard, and a backward or
+// recompute gather of a bucket whose pieces are fresh gathers them inside the hpZ group instead.
 #pragma once
 
 #include <fmt/format.h>
@@ -14,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -27,6 +32,7 @@
 #include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/memory_space.hpp"
 #include "ringzero/zero/plan.hpp"
+#include "ringzero/zero/zeropp.hpp"
 
 namespace ringzero::zero {
 
@@ -59,11 +65,13 @@ class parameter_cache {
 
   /// `shard` is this rank's parameter shard (plan.shard_size() elements). max_bytes = 0: two of
   /// the largest bucket. `comm`, `plan`, `shard`'s storage, `work` and `meter` must outlive the
-  /// cache; `work` may be constructed after it.
+  /// cache; `work` may be constructed after it. `hpz` > 1: a secondary shard over groups of that
+  /// many ranks (collective over `comm`: it splits it).
   parameter_cache(Comm& comm, const partition_plan& plan, std::span<const P> shard,
                   const ringzero::options& all_gather, std::size_t max_bytes, detail::worker& work,
-                  detail::buffer_meter& meter, const Space& space = Space{})
-      : comm_(comm),
+                  detail::buffer_meter& meter, const Space& space = Space{}, int hpz = 0)
+      : secondary_(make_secondary(comm, plan, hpz, all_gather)),
+        comm_(comm),
         plan_(plan),
         shard_(shard),
         all_gather_(all_gather),
@@ -90,16 +98,16 @@ class parameter_cache {
         auto& g = buckets_[static_cast<std::size_t>(c)];
         if (g.resident && g.refs == 0 && !needed(c) && (dir > 0 ? c < b : c > b)) evict(c);
       }
-      start(b);
-      for (int c : with) start(c);
+      start(b, direction);
+      for (int c : with) start(c, direction);
       for (int c = b + dir; c >= 0 && c < nb; c += dir) {
         if (buckets_[static_cast<std::size_t>(c)].resident) continue;
         if (bytes_ + bucket_bytes(c) > max_bytes_) break;
-        start(c);
+        start(c, direction);
       }
     } else {
-      start(b);
-      for (int c : with) start(c);
+      start(b, direction);
+      for (int c : with) start(c, direction);
     }
     auto& g = buckets_[static_cast<std::size_t>(b)];
     if constexpr (device) {
@@ -190,8 +198,15 @@ class parameter_cache {
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   [[nodiscard]] std::size_t max_bytes() const noexcept { return max_bytes_; }
 
-  /// Frees every bucket no handle holds.
+  /// hpZ's secondary copy, in bytes (0 without hpZ).
+  [[nodiscard]] std::size_t secondary_bytes() const noexcept {
+    return secondary_ ? secondary_->bytes() : 0;
+  }
+
+  /// Frees every bucket no handle holds. Called where the shard may change next (set_parameter,
+  /// load), so hpZ's pieces are stale from here.
   void evict_unreferenced() {
+    if (secondary_) secondary_->invalidate();
     for (int b = 0; b < static_cast<int>(buckets_.size()); ++b)
       if (buckets_[static_cast<std::size_t>(b)].refs == 0) evict(b);
   }
@@ -208,6 +223,7 @@ class parameter_cache {
   /// are gathered again in place, so their handles see the new values. Every rank holds the same
   /// buckets (it made the same calls), so the gathers meet.
   void refresh() {
+    if (secondary_) secondary_->invalidate();
     for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
       auto& g = buckets_[static_cast<std::size_t>(b)];
       if (!g.resident) continue;
@@ -216,7 +232,7 @@ class parameter_cache {
         continue;
       }
       work_.wait(g.ticket);
-      submit_gather(b);
+      submit_gather(b, pass::forward);
     }
     work_.drain();
   }
@@ -235,7 +251,7 @@ class parameter_cache {
     return plan_.buckets()[static_cast<std::size_t>(b)].padded * sizeof(P);
   }
 
-  void submit_gather(int b) {
+  void submit_gather(int b, pass direction) {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     const auto& bk = plan_.buckets()[static_cast<std::size_t>(b)];
     std::span<const P> in = shard_.subspan(bk.shard_offset, bk.slice);
@@ -249,10 +265,21 @@ class parameter_cache {
       return;
     }
     std::span<P> out(g.data);
-    g.ticket = work_.submit([this, in, out] { ringzero::all_gather(comm_, in, out, all_gather_); });
+    const bool from_group = direction != pass::forward;
+    g.ticket = work_.submit([this, b, in, out, from_group] {
+      if (from_group && secondary_ && secondary_->gather(b, out)) return;
+      ringzero::all_gather(comm_, in, out, all_gather_);
+      if (secondary_) secondary_->keep(b, out);
+    });
   }
 
-  void start(int b) {
+  [[nodiscard]] static std::optional<secondary_shard<Comm, P>> make_secondary(
+      Comm& comm, const partition_plan& plan, int hpz, const ringzero::options& all_gather) {
+    if (hpz <= 1) return std::nullopt;
+    return std::optional<secondary_shard<Comm, P>>(std::in_place, comm, plan, hpz, all_gather);
+  }
+
+  void start(int b, pass direction) {
     auto& g = buckets_[static_cast<std::size_t>(b)];
     if (g.resident) return;
     // The all_gather writes every element of the padded bucket: nothing to zero first.
@@ -264,7 +291,7 @@ class parameter_cache {
     g.resident = true;
     bytes_ += bucket_bytes(b);
     meter_.add(bucket_bytes(b));
-    submit_gather(b);
+    submit_gather(b, direction);
   }
 
   void evict(int b) {
@@ -283,6 +310,7 @@ class parameter_cache {
     meter_.remove(bucket_bytes(b));
   }
 
+  std::optional<secondary_shard<Comm, P>> secondary_;  // hpZ; first: the split is collective
   Comm& comm_;
   const partition_plan& plan_;
   std::span<const P> shard_;

@@ -47,14 +47,13 @@
 // the gradients' all_reduce (stages 0-1) reads the peers' buffers in place; with hybrid sharding
 // the shard group is split from the world and symmetric memory does not span it, so the buffers
 // are host memory. Symmetric allocation is collective over every rank of the transport; the
-// constructor makes exactly two, in this order on every rank (which is why every rank must
-// construct with the same layout and config, and no other thread may use the communicator
-// meanwhile): the parameters (the padded flat buffer, or the shard in stage 3), then the
-// gradients (the flat buffer in stages 0-1, the shard in stages 2-3, of the reduce type). Nothing
-// is allocated collectively after the constructor: the bucket buffers of stages 2-3 and the
-// gathered buckets of stage 3 are this rank's own (host memory), since which buffer holds what is
-// decided by timing and use, while a collective on symmetric memory finds a peer's buffer at the
-// offset of its own. zero::sharder<Comm, P, zero::host_space> keeps everything in host memory.
+// constructor makes exactly two, in this order on every rank (hence the same layout and config
+// everywhere, and no other thread on the communicator meanwhile): the parameters (the padded
+// flat buffer, or the shard in stage 3), then the gradients (the flat buffer in stages 0-1, the
+// shard in 2-3 -- reproducible: over the exact accumulators -- of the reduce type). Nothing else
+// is collective: bucket buffers and gathered buckets are this rank's own (host memory), as which
+// holds what is decided by timing and use, while a collective on symmetric memory finds a peer's
+// buffer at the offset of its own. zero::sharder<Comm, P, zero::host_space> is all host memory.
 //
 // On a world communicator whose transport runs collectives itself (shm: in its segment, and
 // all_reduce in place on symmetric buffers), each of config::collectives left at the ring (the
@@ -104,6 +103,7 @@
 #include "ringzero/zero/stage.hpp"
 #include "ringzero/zero/state_checkpoint.hpp"
 #include "ringzero/zero/step.hpp"
+#include "ringzero/zero/zeropp.hpp"
 
 // In a CUDA translation unit the device memory space comes along (it launches kernels, so a host
 // compiler cannot take it): a sharder over nccl::communicator then keeps its buffers on the GPU.
@@ -365,9 +365,11 @@ class sharder {
     m.stage = cfg_.stage;
     m.parameters = state_.parameter_bytes();
     m.gradients = std::visit([](const auto& r) { return r.gradient_bytes(); }, reducer_);
+    m.accumulator = std::visit([](const auto& r) { return r.accumulator_bytes(); }, reducer_);
     m.optimizer = state_.optimizer().bytes();
     m.buffers = meter_.now;
     m.peak_buffers = meter_.peak;
+    m.secondary = cache_.secondary_bytes();
     return m;
   }
 
@@ -461,8 +463,8 @@ class sharder {
         state_(plan_, stage_, groups_.shard().rank(), cfg_.optimizer, space_),
         steps_(cfg_, std::is_same_v<P, float16>, groups_.groups()),
         reducer_(make_reducer()),
-        cache_(groups_.shard(), plan_, state_.parameters(), cfg_.collectives.all_gather,
-               cfg_.max_gathered_bytes, worker_, meter_, space_) {
+        cache_(groups_.shard(), plan_, state_.parameters(), weight_gather_options(cfg_),
+               cfg_.max_gathered_bytes, worker_, meter_, space_, cfg_.zero_hpz_partition_size) {
     log::info("zero: stage {}, {} parameters ({}), sharded over {} of {} ranks, {}", cfg_.stage,
               plan_.numel(), dtype_name(dtype_of<P>()), groups_.size(), world_, memory());
   }
@@ -472,16 +474,18 @@ class sharder {
       std::variant<gradient_reducer<Comm, P, Space>, gradient_reducer<Comm, float, Space>>;
 
   [[nodiscard]] reducer_type make_reducer() {
+    const config g = gradient_config(cfg_);  // qgZ's wire format on the buckets' collectives
     if (cfg_.reduce_dtype == dtype::float32)
-      return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, cfg_, worker_,
+      return reducer_type(std::in_place_index<1>, groups_.shard(), plan_, stage_, g, worker_,
                           meter_, groups_.replicate(), space_);
-    return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, cfg_, worker_,
-                        meter_, groups_.replicate(), space_);
+    return reducer_type(std::in_place_index<0>, groups_.shard(), plan_, stage_, g, worker_, meter_,
+                        groups_.replicate(), space_);
   }
 
   /// cfg with the collectives left automatic (collective_options) resolved to the shard
   /// communicator's fixed-order algorithm; one the caller named is kept.
   [[nodiscard]] static config with_collectives_resolved(config cfg, const Comm& shard) {
+    check_zeropp_placement(cfg, device, shard.size());
     const std::pair<collective, ringzero::options*> kinds[] = {
         {collective::all_reduce, &cfg.collectives.all_reduce},
         {collective::reduce_scatter, &cfg.collectives.reduce_scatter},

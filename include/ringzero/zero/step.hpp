@@ -112,9 +112,9 @@ class stepper {
     if constexpr (on_device<Space>) {
       // Computed and agreed on where the gradients lie; the host reads two scalars back, the
       // one wait of a step (whether to skip it decides what is enqueued next). Reproducible:
-      // the exact sum below, of gradients read back to the host.
+      // the exact sum of squares, binned on the device, agreed through host words.
       stats = cfg_.reproducible
-                  ? grads.agree_exact_stats(state.own(), unscale, cfg_.collectives.all_reduce)
+                  ? grads.agree_exact_stats(unscale, cfg_.collectives.all_reduce)
                   : grads.agree_stats(state.own(), unscale, run, cfg_.collectives.all_reduce);
     } else if (cfg_.reproducible) {
       // Exact, so the norm and the clipping factor do not depend on who holds what.

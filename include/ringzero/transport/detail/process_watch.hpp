@@ -1,16 +1,23 @@
 // How a transport tells a live peer process from a dead one on its own host, written once: the
 // kernel's /proc/<pid>/stat, read without allocating (the watchers run on their own threads and
 // inside waits), with the start time that tells a reused pid apart from the rank that had it.
-// libfabric's watchdog and the shm engine both take their reading from here.
+// libfabric's watchdog and the shm engine both take their reading from here; libfabric's
+// watchdog and the socket transport name their peers by process_id, published at setup.
 #pragma once
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <fmt/core.h>
+
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <string>
 #include <string_view>
+
+#include "ringzero/log.hpp"
 
 namespace ringzero::detail {
 
@@ -75,6 +82,51 @@ struct process_stat {
   ::close(fd);
   if (got <= 0) return std::nullopt;
   return parse_process_stat(std::string_view(buf, static_cast<std::size_t>(got)));
+}
+
+/// Who a process is, as other processes on its host can check it: published at rendezvous.
+struct process_id {
+  std::string host;  ///< host name and pid namespace: pids mean the same only where both match
+  long pid = 0;
+  std::uint64_t start = 0;  ///< start time in clock ticks since boot: tells a reused pid apart
+
+  [[nodiscard]] std::string text() const { return fmt::format("{} {} {}", pid, start, host); }
+
+  [[nodiscard]] static std::optional<process_id> parse(std::string_view s) {
+    process_id p;
+    const auto sp1 = s.find(' ');
+    if (sp1 == std::string_view::npos) return std::nullopt;
+    const auto sp2 = s.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos) return std::nullopt;
+    const char* b = s.data();
+    if (std::from_chars(b, b + sp1, p.pid).ec != std::errc{} || p.pid <= 0) return std::nullopt;
+    if (std::from_chars(b + sp1 + 1, b + sp2, p.start).ec != std::errc{}) return std::nullopt;
+    p.host = std::string(s.substr(sp2 + 1));
+    return p;
+  }
+};
+
+enum class process_state { alive, stopped, gone, unknown };
+
+[[nodiscard]] inline process_id self_process() {
+  process_id p;
+  p.pid = static_cast<long>(::getpid());
+  const auto st = ringzero::detail::read_process_stat(p.pid);
+  p.start = st ? st->start : 0;
+  std::string ns = "?";
+  char buf[64] = {};
+  if (const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1); n > 0)
+    ns.assign(buf, static_cast<std::size_t>(n));
+  p.host = fmt::format("{}/{}", log::detail::host_name(), ns);
+  return p;
+}
+
+/// How `p` is doing, seen from a process on the same host (`unknown` from elsewhere).
+[[nodiscard]] inline process_state probe(const process_id& p, const process_id& self) {
+  if (p.host != self.host || p.start == 0) return process_state::unknown;
+  const auto st = ringzero::detail::read_process_stat(p.pid);
+  if (!st || st->start != p.start || st->ended()) return process_state::gone;
+  return st->stopped() ? process_state::stopped : process_state::alive;
 }
 
 }  // namespace ringzero::detail

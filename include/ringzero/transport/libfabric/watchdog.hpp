@@ -47,6 +47,7 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/peer_watch.hpp"
 #include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::libfabric::detail {
@@ -54,50 +55,10 @@ namespace ringzero::libfabric::detail {
 /// Exit status of a process the watchdog ended (EX_SOFTWARE).
 inline constexpr int watchdog_exit_status = 70;
 
-/// Who a process is, as other processes on its host can check it: published at rendezvous.
-struct process_id {
-  std::string host;  ///< host name and pid namespace: pids mean the same only where both match
-  long pid = 0;
-  std::uint64_t start = 0;  ///< start time in clock ticks since boot: tells a reused pid apart
-
-  [[nodiscard]] std::string text() const { return fmt::format("{} {} {}", pid, start, host); }
-
-  [[nodiscard]] static std::optional<process_id> parse(std::string_view s) {
-    process_id p;
-    const auto sp1 = s.find(' ');
-    if (sp1 == std::string_view::npos) return std::nullopt;
-    const auto sp2 = s.find(' ', sp1 + 1);
-    if (sp2 == std::string_view::npos) return std::nullopt;
-    const char* b = s.data();
-    if (std::from_chars(b, b + sp1, p.pid).ec != std::errc{} || p.pid <= 0) return std::nullopt;
-    if (std::from_chars(b + sp1 + 1, b + sp2, p.start).ec != std::errc{}) return std::nullopt;
-    p.host = std::string(s.substr(sp2 + 1));
-    return p;
-  }
-};
-
-enum class process_state { alive, stopped, gone, unknown };
-
-[[nodiscard]] inline process_id self_process() {
-  process_id p;
-  p.pid = static_cast<long>(::getpid());
-  const auto st = ringzero::detail::read_process_stat(p.pid);
-  p.start = st ? st->start : 0;
-  std::string ns = "?";
-  char buf[64] = {};
-  if (const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1); n > 0)
-    ns.assign(buf, static_cast<std::size_t>(n));
-  p.host = fmt::format("{}/{}", log::detail::host_name(), ns);
-  return p;
-}
-
-/// How `p` is doing, seen from a process on the same host (`unknown` from elsewhere).
-[[nodiscard]] inline process_state probe(const process_id& p, const process_id& self) {
-  if (p.host != self.host || p.start == 0) return process_state::unknown;
-  const auto st = ringzero::detail::read_process_stat(p.pid);
-  if (!st || st->start != p.start || st->ended()) return process_state::gone;
-  return st->stopped() ? process_state::stopped : process_state::alive;
-}
+using ringzero::detail::probe;
+using ringzero::detail::process_id;
+using ringzero::detail::process_state;
+using ringzero::detail::self_process;
 
 /// libfabric's shm provider keeps an endpoint's queues in /dev/shm/<pid>:<domain>:<endpoint>
 /// (tcp;ofi_rxm opens one too) and removes it when the endpoint closes, which a process that
@@ -222,7 +183,9 @@ class failure_board {
   std::string unreachable_;  ///< why the store failed once: not asked again
 };
 
-class watchdog {
+/// The rail engine's peer_watch for libfabric: what it says of the ranks of this host, and the
+/// verdict the ranks agree on through the failure board.
+class watchdog : public ringzero::detail::peer_watch {
  public:
   struct config {
     int rank = 0;
@@ -244,7 +207,7 @@ class watchdog {
   }
   watchdog(const watchdog&) = delete;
   watchdog& operator=(const watchdog&) = delete;
-  ~watchdog() {
+  ~watchdog() override {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -262,26 +225,28 @@ class watchdog {
   }
 
   /// The world rank known to have died, or -1.
-  [[nodiscard]] int failed_rank() const noexcept { return failed_.load(std::memory_order_acquire); }
+  [[nodiscard]] int failed_rank() const noexcept override {
+    return failed_.load(std::memory_order_acquire);
+  }
   /// How it was found out, once failed_rank() >= 0.
-  [[nodiscard]] std::string failure() const {
+  [[nodiscard]] std::string failure() const override {
     std::lock_guard lock(mutex_);
     return reason_;
   }
   /// Milliseconds since the failure was found out (0 when none is known).
-  [[nodiscard]] std::int64_t failure_age_ms() const noexcept {
+  [[nodiscard]] std::int64_t failure_age_ms() const noexcept override {
     const std::int64_t at = failed_at_.load(std::memory_order_acquire);
     return at == 0 ? 0 : now_ms() - at;
   }
   /// World ranks on this host that are stopped (SIGSTOP, a debugger): why a wait may stall.
-  [[nodiscard]] std::vector<int> stopped_ranks() const {
+  [[nodiscard]] std::vector<int> stopped_ranks() const override {
     std::lock_guard lock(mutex_);
     return stopped_;
   }
 
   /// `world_rank` looks dead (its process is gone, its connection reset): records the failure
   /// the ranks agree on (failure_board), which need not be this one.
-  void suspect(int world_rank, const std::string& why) {
+  void suspect(int world_rank, const std::string& why) override {
     if (world_rank < 0 || world_rank == cfg_.rank || failed_rank() >= 0) return;
     if (!cfg_.board) return report(world_rank, why);
     const failure_board::verdict v = cfg_.board->settle(world_rank, why);
@@ -291,7 +256,7 @@ class watchdog {
   }
 
   /// Records that some rank other than this one failed.
-  void report(int world_rank, std::string why) {
+  void report(int world_rank, std::string why) override {
     if (world_rank < 0 || world_rank == cfg_.rank) return;
     int expected = -1;
     if (!failed_.compare_exchange_strong(expected, world_rank, std::memory_order_acq_rel)) return;
@@ -307,6 +272,17 @@ class watchdog {
     std::lock_guard lock(mutex_);
     return std::find(stopped_.begin(), stopped_.end(), world_rank) != stopped_.end();
   }
+  /// `world_rank`'s process was found gone (this host's ranks only).
+  [[nodiscard]] bool is_gone(int world_rank) const override {
+    std::lock_guard lock(mutex_);
+    return std::find(gone_.begin(), gone_.end(), world_rank) != gone_.end();
+  }
+  /// A rank of this host was found gone or is stopped: one of them may hold a lock in memory
+  /// its peers share (libfabric's shm provider), which a call touching it would wait on for good.
+  [[nodiscard]] bool any_lost() const override {
+    std::lock_guard lock(mutex_);
+    return !gone_.empty() || !stopped_.empty();
+  }
 
   /// Brackets one provider call: the thread checks how long the current one has run. A call
   /// entered `brief` may only run for `grace`, as once a rank is known dead: a teardown call.
@@ -317,12 +293,6 @@ class watchdog {
   void leave() noexcept { call_since_.store(0, std::memory_order_release); }
 
  private:
-  [[nodiscard]] static std::int64_t now_ms() noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-
   void run() {
     std::unique_lock lock(mutex_);
     while (!stop_) {
@@ -347,6 +317,8 @@ class watchdog {
           if (!removed_[r]) {
             removed_[r] = true;
             remove_shm_regions(p.pid);
+            std::lock_guard lock(mutex_);
+            gone_.push_back(static_cast<int>(r));
           }
           if (failed_rank() < 0 && !departed(static_cast<int>(r)))
             suspect(static_cast<int>(r), fmt::format("its process (pid {}) is gone", p.pid));
@@ -417,6 +389,7 @@ class watchdog {
   std::condition_variable cv_;
   std::string reason_;
   std::vector<int> stopped_;
+  std::vector<int> gone_;  ///< ranks whose process was found gone (the watchdog thread adds them)
   std::vector<int> departed_;  ///< ranks that left in an orderly way (failure_board)
   std::vector<bool> removed_;  ///< by world rank: its shm regions were removed (watchdog thread)
   bool stop_ = false;

@@ -31,6 +31,26 @@
 
 namespace ringzero::loopback {
 
+namespace detail {
+
+/// world_options::cost, `tuning`'s name until 0.3: a policy given to it (which warns) replaces
+/// `tuning` when the world is made.
+struct cost_option {
+  std::optional<ringzero::tuning::policy> given;
+  cost_option() = default;
+  // Implicit, as `world_options{.cost = p}` took a policy before.
+  [[deprecated("0.3 renamed world_options::cost tuning; cost goes in 0.5")]] cost_option(
+      const ringzero::tuning::policy& p)
+      : given(p) {}
+  [[deprecated("0.3 renamed world_options::cost tuning; cost goes in 0.5")]] cost_option& operator=(
+      const ringzero::tuning::policy& p) {
+    given = p;
+    return *this;
+  }
+};
+
+}  // namespace detail
+
 struct world_options {
   /// 0: RINGZERO_TIMEOUT (default 300 s).
   std::chrono::nanoseconds timeout{0};
@@ -38,6 +58,8 @@ struct world_options {
   int ranks_per_node = 0;
   /// The cost model's constants and the algorithms' flow control.
   ringzero::tuning::policy tuning = ringzero::tuning::defaults::loopback.value;
+  /// Deprecated (0.3 renamed it `tuning`; it goes in 0.5): a policy set here replaces `tuning`.
+  detail::cost_option cost{};
 };
 
 namespace detail {

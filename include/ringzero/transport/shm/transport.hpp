@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ringzero/base.hpp"
 #include "ringzero/bootstrap/environment.hpp"
@@ -266,6 +267,9 @@ class transport : public detail::segment_collectives<transport>,
   /// carrying `why` (communicator::abort()). Thread-safe; the waits read a flag of this process
   /// where they already poll their deadline.
   void abort(const std::string& why) { eng_->abort(why); }
+  /// The ranks whose process is stopped (SIGSTOP, a debugger): a wait that gives up names the
+  /// first (communicator::stopped_rank()), as on libfabric.
+  [[nodiscard]] std::vector<int> stopped_ranks() const { return eng_->stopped_peers(); }
   /// Why abort() was called, or nullopt if it was not.
   [[nodiscard]] std::optional<std::string> abort_reason() const {
     if (!eng_->aborted()) return std::nullopt;
@@ -286,11 +290,17 @@ class transport : public detail::segment_collectives<transport>,
     eng_->check_aborted(what);
     ringzero::detail::backoff b = ringzero::detail::backoff_for(size_);
     while (!test(q)) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw timeout_error(
+      if (std::chrono::steady_clock::now() > deadline) {
+        const std::string text =
             fmt::format("shm: {} on rank {} timed out after {:g} s waiting for rank {}", what,
-                        rank_, std::chrono::duration<double>(timeout_).count(), peer),
-            peer);
+                        rank_, std::chrono::duration<double>(timeout_).count(), peer);
+        // The rank waited for may only be waiting on a stopped one: that one is the culprit.
+        if (const auto stopped = stopped_ranks(); !stopped.empty())
+          throw timeout_error(
+              fmt::format("{}; rank {} is stopped (SIGSTOP or a debugger)", text, stopped.front()),
+              stopped.front());
+        throw timeout_error(text, peer);
+      }
       b.pause();
     }
   }

@@ -157,12 +157,16 @@ class workspace {
           "{}",
           rank(), call.what, call.sequence, call.step, p, posted, eng_->pending_list());
     }
-    return {fmt::format("{} (shm segment) on rank {} of {}: step {} (phase {}) timed out after "
-                        "{:g} s waiting for rank {} to reach it (sequence {}; RINGZERO_TIMEOUT "
-                        "sets the limit)",
-                        call.what, rank(), size(), call.step, p,
-                        std::chrono::duration<double>(call.timeout).count(), q, call.sequence),
-            q};
+    std::string what = fmt::format(
+        "{} (shm segment) on rank {} of {}: step {} (phase {}) timed out after {:g} s waiting for "
+        "rank {} to reach it (sequence {}; RINGZERO_TIMEOUT sets the limit)",
+        call.what, rank(), size(), call.step, p,
+        std::chrono::duration<double>(call.timeout).count(), q, call.sequence);
+    // The rank waited for may only be waiting on a stopped one: that one is the culprit.
+    if (const auto stopped = eng_->stopped_peers(); !stopped.empty())
+      return {fmt::format("{}; rank {} is stopped (SIGSTOP or a debugger)", what, stopped.front()),
+              stopped.front()};
+    return {what, q};
   }
 
   [[nodiscard]] std::atomic<std::uint64_t>& counter(int r) const noexcept {

@@ -18,12 +18,30 @@
 
 #include "ringzero/collectives.hpp"
 #include "ringzero/detail/reproducible_combine.hpp"
+#include "ringzero/kernels/element.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/reproducible.hpp"
 
 namespace ringzero::zero::detail {
 
 namespace rp = ringzero::reproducible;
+
+/// A gradient element's square as exact_sumsq bins it: m^2 (exact in 48 bits) in bin e, the
+/// float's biased exponent; false for an infinity or NaN. The host's and the device's one
+/// function (zero/cuda_exact.cuh bins on the GPU).
+template <class G>
+RINGZERO_HD inline bool square_of(G g, std::uint32_t& e, std::uint64_t& m2) noexcept {
+  const std::uint32_t b = rp::bits_of(kernels::to_float(g));  // exact for the 16-bit types
+  e = (b >> 23) & 0xffu;
+  if (e == 0xffu) return false;
+  const std::uint64_t m = e != 0 ? ((b & 0x7fffffu) | 0x800000u) : (b & 0x7fffffu);
+  m2 = m * m;
+  return true;
+}
+
+/// Bins of squares as a device holds them: bin e's low and high 64 bits at [2e] and [2e + 1],
+/// and a nonzero word at [512] once an element was an infinity or NaN.
+inline constexpr std::size_t device_bins = 513;
 
 class exact_sumsq {
  public:
@@ -36,15 +54,19 @@ class exact_sumsq {
   template <class G>
   void add(const G* g, std::size_t n) noexcept {
     for (std::size_t i = 0; i < n; ++i) {
-      const auto b = std::bit_cast<std::uint32_t>(static_cast<float>(g[i]));
-      const std::uint32_t e = (b >> 23) & 0xffu;
-      if (e == 0xffu) {
+      std::uint32_t e = 0;
+      std::uint64_t m2 = 0;
+      if (square_of(g[i], e, m2))
+        bins_[e] += m2;
+      else
         nonfinite_ = true;
-        continue;
-      }
-      const std::uint64_t m = e != 0 ? ((b & 0x7fffffu) | 0x800000u) : (b & 0x7fffffu);
-      bins_[e] += m * m;
     }
+  }
+  /// Adds bins a device summed (device_bins words, as laid out there).
+  void add_bins(const std::uint64_t* bins) noexcept {
+    for (std::size_t e = 0; e < 256; ++e)
+      bins_[e] += (static_cast<rp::u128>(bins[2 * e + 1]) << 64) | bins[2 * e];
+    nonfinite_ = nonfinite_ || bins[512] != 0;
   }
 
   [[nodiscard]] bool nonfinite() const noexcept { return nonfinite_; }

@@ -252,6 +252,20 @@ class engine {
     }
   }
 
+  /// The peers whose process is stopped (SIGSTOP, a debugger): alive, so not gone, but a wait on
+  /// them can only time out. /proc reads: for a wait that gave up.
+  [[nodiscard]] std::vector<int> stopped_peers() const {
+    std::vector<int> out;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const auto& rec = record(p);
+      const auto st = ringzero::detail::read_process_stat(rec.pid.load(std::memory_order_acquire));
+      if (st && st->stopped() && st->start == rec.start.load(std::memory_order_acquire))
+        out.push_back(p);
+    }
+    return out;
+  }
+
   /// Checks the peer's process (a /proc read, so callers rate-limit it); true if it is gone.
   [[nodiscard]] bool peer_gone(int peer) {
     auto& ps = peers_[static_cast<std::size_t>(peer)];
