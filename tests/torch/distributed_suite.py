@@ -29,6 +29,10 @@ _parser = argparse.ArgumentParser(add_help=False)
 _parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "2")))
 _parser.add_argument("--subset", action="store_true")
 _parser.add_argument("--list", action="store_true")
+_parser.add_argument("--fork", action="store_true",
+                     help="start each test's ranks by fork() from this process, which has torch "
+                     "imported already, instead of spawning fresh interpreters that import it "
+                     "again (what the whole suite's time goes to on a small machine)")
 _parser.add_argument("--cpu", action="store_true",
                      help="leave out the tests named for GPUs (cuda, nccl, gpu), which skip "
                      "themselves without one")
@@ -42,6 +46,7 @@ os.environ.setdefault("INIT_METHOD", "env://")
 # not depend on; this runner reports through its exit status and output, as the stage reads them.
 os.environ.pop("CI", None)
 
+import torch.multiprocessing  # noqa: E402
 import torch.testing._internal.distributed.distributed_test as distributed_test  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
@@ -105,7 +110,13 @@ SUBSET = [
 class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if _args.fork:
+            # torch's own CI ran this suite forked (test_distributed_fork) until CUDA made it
+            # spawn; on CPU, forking before any process group or thread exists is what gloo's
+            # run did. The ranks then skip importing torch.
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
 
 
 def _skip(name: str, reason: str):
