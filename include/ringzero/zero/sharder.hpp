@@ -271,9 +271,11 @@ class sharder : private detail::sharder_parts<Comm, P, Space> {
           if constexpr (std::is_same_v<R, gradient_reducer<Comm, G, Space>>) {
             return r.slot(id);
           } else {
+            // this->: GCC 12 does not find a base's member named by a using-declaration here.
             throw invalid_argument(fmt::format(
                 "gradient_slot<{}>: this sharder reduces gradients in {} (config::reduce_dtype)",
-                dtype_name(dtype_of<G>()), dtype_name(cfg_.reduce_dtype.value_or(dtype_of<P>()))));
+                dtype_name(dtype_of<G>()),
+                dtype_name(this->cfg_.reduce_dtype.value_or(dtype_of<P>()))));
           }
         },
         reducer_);

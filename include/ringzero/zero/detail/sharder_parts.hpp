@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "ringzero/collectives.hpp"
+#include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/trace.hpp"
 #include "ringzero/types.hpp"
