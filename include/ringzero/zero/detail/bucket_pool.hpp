@@ -56,14 +56,7 @@ class bucket_pool {
         const std::size_t j = (next_pool_ + i) % pool_.size();
         if (pool_[j].bucket < 0) pick = static_cast<int>(j);
       }
-      if (pick < 0) {
-        log::warn(
-            "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
-            "(hand gradients over in backward order, or raise reduce_buffers)",
-            pool_.size() + 1);
-        add_buffer(space);
-        pick = static_cast<int>(pool_.size()) - 1;
-      }
+      if (pick < 0) pick = grow(space);
       next_pool_ = (static_cast<std::size_t>(pick) + 1) % pool_.size();
       auto& e = pool_[static_cast<std::size_t>(pick)];
       const auto compute = space.compute_stream();
@@ -82,14 +75,7 @@ class bucket_pool {
           pick = static_cast<int>(i);
       if (pick >= 0) work_.wait(pool_[static_cast<std::size_t>(pick)].busy);
     }
-    if (pick < 0) {
-      log::warn(
-          "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
-          "(hand gradients over in backward order, or raise reduce_buffers)",
-          pool_.size() + 1);
-      add_buffer(space);
-      pick = static_cast<int>(pool_.size()) - 1;
-    }
+    if (pick < 0) pick = grow(space);
     auto& e = pool_[static_cast<std::size_t>(pick)];
     if (zero_host) std::fill_n(e.data.data(), e.data.size(), G{});
     e.bucket = b;
@@ -97,6 +83,16 @@ class bucket_pool {
   }
 
  private:
+  /// A buffer more, when none is free (gradients arriving for more buckets than it holds).
+  int grow(const Space& space) {
+    log::warn(
+        "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
+        "(hand gradients over in backward order, or raise reduce_buffers)",
+        pool_.size() + 1);
+    add_buffer(space);
+    return static_cast<int>(pool_.size()) - 1;
+  }
+
   worker& work_;
   buffer_meter& meter_;
   std::size_t elements_;
