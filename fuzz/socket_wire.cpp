@@ -1,8 +1,9 @@
 // The socket transport's wire format as a rank reads it, over a real socket pair. The first
 // byte picks the side:
-//   even: frames (socket/wire.hpp) arriving from rank 0 at an engine that is rank 1 of 2, with
-//         receives of 16 B, 4 KiB and 1 MiB posted and a 128 KiB send under way (so that
-//         acknowledgements have something to count), read until the stream ends;
+//   even: frames (socket/wire.hpp) arriving from rank 0 at the kit's rail engine over one socket
+//         rail (socket/rail.hpp), rank 1 of 2, with receives of 16 B, 4 KiB and 1 MiB posted and
+//         a 128 KiB send under way (so that statements have something to acknowledge), read
+//         until the stream ends;
 //   odd:  what a stranger sends to a listening rank during setup (socket/handshake.hpp): the
 //         accepting side of a handshake, under a secret the input cannot know.
 // Either must end in an error of ringzero's or in nothing, never in a crash, an out-of-bounds
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,8 +23,9 @@
 
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
-#include "ringzero/transport/socket/engine.hpp"
+#include "ringzero/transport/detail/rail_engine.hpp"
 #include "ringzero/transport/socket/handshake.hpp"
+#include "ringzero/transport/socket/rail.hpp"
 
 namespace d = ringzero::socket::detail;
 
@@ -50,28 +53,33 @@ void feed(int fd, std::span<const std::uint8_t>& rest, bool& ended) {
 
 void frames(std::span<const std::uint8_t> input) {
   auto [mine, theirs] = socket_pair();
-  auto eng = std::make_shared<d::engine>(1, 2, std::vector<std::string>{"pair"},
-                                         std::size_t{64} << 10, true);
-  eng->adopt(0, 0, std::move(mine));
+  auto rail = std::make_unique<d::rail>("pair", 0, 2, std::make_shared<d::poller>(1));
+  rail->adopt(0, std::move(mine));
+  std::vector<std::unique_ptr<d::rail>> rails;
+  rails.push_back(std::move(rail));
+  using engine = ringzero::detail::rail_engine<d::rail>;
+  auto eng = std::make_shared<engine>(
+      ringzero::detail::rail_engine_config{
+          .rank = 1, .size = 2, .timeout = std::chrono::seconds(5), .acknowledge = true},
+      std::move(rails));
   static std::vector<std::byte> small(16), page(4096), large(std::size_t{1} << 20),
       out(std::size_t{128} << 10);
-  std::vector<std::shared_ptr<d::op>> ops{eng->recv(0, 1, small), eng->recv(0, 2, page),
-                                          eng->recv(0, 3, large), eng->send(0, 9, out)};
+  std::vector<d::op*> ops{eng->recv(0, 0, 1, small), eng->recv(0, 0, 2, page),
+                          eng->recv(0, 0, 3, large), eng->send(0, 0, 9, out)};
   bool ended = false;
   std::array<std::byte, 65536> sink{};
   for (int round = 0; round < 100000; ++round) {
     feed(theirs.get(), input, ended);
-    // What the engine sends (acknowledgements, the send) is read and dropped.
+    // What the engine sends (statements, the send) is read and dropped.
     while (::recv(theirs.get(), sink.data(), sink.size(), MSG_DONTWAIT) > 0) {
     }
-    std::lock_guard lock(eng->mutex());
     bool pending = false;
     for (auto& o : ops) {
       if (!o) continue;
       try {
-        if (eng->test_locked(o)) o.reset();
+        if (eng->test(o)) o = nullptr;
       } catch (const ringzero::error&) {
-        o.reset();
+        o = nullptr;
       }
       pending = pending || o != nullptr;
     }

@@ -283,8 +283,8 @@ TEST_CASE("tcp on one host with the store on loopback: the endpoints stay on loo
     rank_checks check{r};
     fabric::communicator comm(fabric::transport(s, r, n, {.provider = "tcp;ofi_rxm"}));
     const auto& eng = comm.transport().engine();
-    check.expect(eng.rail_domain(0) == "lo",
-                 fmt::format("the endpoint on lo, got {}", eng.rail_domain(0)));
+    check.expect(eng.rail_name(0) == "lo",
+                 fmt::format("the endpoint on lo, got {}", eng.rail_name(0)));
     std::vector<float> v(1000, static_cast<float>(r + 1));
     ringzero::all_reduce(comm, std::span<float>(v), op::sum);
     check.expect(v.front() == 3.0f && v.back() == 3.0f, "the sum 1 + 2");

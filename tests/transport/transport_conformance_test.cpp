@@ -20,6 +20,9 @@ using namespace std::chrono_literals;
 
 TYPE_TO_STRING_AS("loopback", suite::loopback);
 TYPE_TO_STRING_AS("lazy", suite::lazy);
+TYPE_TO_STRING_AS("mailbox", suite::mailbox);
+TYPE_TO_STRING_AS("mailbox rails", suite::mailbox_rails);
+TYPE_TO_STRING_AS("mailbox agreed", suite::mailbox_agreed);
 TYPE_TO_STRING_AS("shm", suite::shm);
 TYPE_TO_STRING_AS("socket", suite::socket);
 TYPE_TO_STRING_AS("socket rails", suite::socket_rails);
@@ -27,13 +30,20 @@ TYPE_TO_STRING_AS("socket rails", suite::socket_rails);
 TYPE_TO_STRING_AS("libfabric shm", suite::libfabric_shm);
 TYPE_TO_STRING_AS("libfabric tcp", suite::libfabric_tcp);
 TYPE_TO_STRING_AS("libfabric rails", suite::libfabric_rails);
+TYPE_TO_STRING_AS("libfabric failover", suite::libfabric_failover);
 #define RINGZERO_SUITE_LIBFABRIC \
   , suite::libfabric_shm, suite::libfabric_tcp, suite::libfabric_rails
+#define RINGZERO_SUITE_LIBFABRIC_RAILS , suite::libfabric_failover
 #else
 #define RINGZERO_SUITE_LIBFABRIC
+#define RINGZERO_SUITE_LIBFABRIC_RAILS
 #endif
 
-#define RINGZERO_SUITE_IN_PROCESS suite::loopback, suite::lazy
+#define RINGZERO_SUITE_IN_PROCESS \
+  suite::loopback, suite::lazy, suite::mailbox, suite::mailbox_rails, suite::mailbox_agreed
+// Every network transport's rails: the kit's engine over each rail kind.
+#define RINGZERO_SUITE_RAILS \
+  suite::mailbox_rails, suite::mailbox_agreed, suite::socket_rails RINGZERO_SUITE_LIBFABRIC_RAILS
 #define RINGZERO_SUITE_ALL \
   RINGZERO_SUITE_IN_PROCESS, suite::shm, suite::socket, suite::socket_rails RINGZERO_SUITE_LIBFABRIC
 
@@ -81,6 +91,10 @@ TEST_CASE_TEMPLATE("abort() from another thread unblocks a wait, and every call 
 }
 TEST_CASE_TEMPLATE("bad arguments are named", F, RINGZERO_SUITE_ALL) {
   suite::bad_arguments<F>();
+}
+TEST_CASE_TEMPLATE("a rail that fails moves its messages to the rails left, in order", F,
+                   RINGZERO_SUITE_RAILS) {
+  suite::rail_failover<F>();
 }
 
 namespace {

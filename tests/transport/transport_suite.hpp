@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -48,8 +49,10 @@
 #include "checks.hpp"
 #include "conformance_matrix.hpp"
 #include "lazy_transport.hpp"
+#include "mailbox_rail.hpp"
 #include "multiprocess.hpp"
 #include "ringzero/ringzero.hpp"
+#include "ringzero/transport/detail/striping.hpp"
 #include "sanitized.hpp"
 
 namespace suite {
@@ -144,6 +147,73 @@ struct lazy {
   }
   static void fail(const world& w, int r, const std::string& why) {
     ringzero::testing::lazy::fail(*w, r, why);
+  }
+};
+
+/// Threads over the tests' own rail kind (support/mailbox_rail.hpp) under the kit's rail engine:
+/// one rail, every message acknowledged as the socket transport's are. A rail kind is all it
+/// adds, and it passes what every transport does.
+struct mailbox {
+  static constexpr const char* name = "mailbox";
+  static constexpr bool in_process = true;
+  using transport = ringzero::testing::mailbox::transport;
+  using matrix_types = conformance::types<std::int8_t, float>;
+  static constexpr bool matrix_runs_automatic = false;
+  static constexpr bool destroyed_send_arrives = true;
+  static constexpr int death_signal = SIGKILL;
+  static constexpr std::size_t death_count = 300000;
+  static constexpr std::size_t big_bytes = 3 << 20;
+  static constexpr bool transport_checks_peers = true;
+  static constexpr sender_sees mismatch_sender = sender_sees::success;
+  static constexpr bool truncation_names_sent_size = true;
+  static constexpr const char* automatic_wait_says = "";
+  static ringzero::testing::mailbox::options options() { return {.rails = 1}; }
+
+  using world = std::shared_ptr<ringzero::testing::mailbox::post_office>;
+  static world make_world(int n) {
+    return std::make_shared<ringzero::testing::mailbox::post_office>(n, options().rails);
+  }
+  static transport make(const world& w, int r, std::chrono::nanoseconds timeout) {
+    auto opt = options();
+    opt.timeout = timeout;
+    return transport(w, r, opt);
+  }
+  static void fail(const world& w, int r, const std::string& why) { w->deaths()->died(r, why); }
+};
+
+/// The mailbox on three rails whose pieces carry their offset (as the socket transport's do),
+/// every message of 1 KiB or more striped.
+struct mailbox_rails : mailbox {
+  static constexpr const char* name = "mailbox rails";
+  static ringzero::testing::mailbox::options options() {
+    return {.rails = 3, .places_pieces = true, .stripe_bytes = 1024};
+  }
+  static world make_world(int n) {
+    return std::make_shared<ringzero::testing::mailbox::post_office>(n, options().rails);
+  }
+  static transport make(const world& w, int r, std::chrono::nanoseconds timeout) {
+    auto opt = options();
+    opt.timeout = timeout;
+    return transport(w, r, opt);
+  }
+};
+
+/// The mailbox on three rails whose receives take exact pieces, cut alike at both ends (as
+/// libfabric's are), striped from 512 bytes. A receive cut short learns the size of the piece it
+/// got, not of the message.
+struct mailbox_agreed : mailbox {
+  static constexpr const char* name = "mailbox agreed";
+  static constexpr bool truncation_names_sent_size = false;
+  static ringzero::testing::mailbox::options options() {
+    return {.rails = 3, .places_pieces = false, .stripe_bytes = 512};
+  }
+  static world make_world(int n) {
+    return std::make_shared<ringzero::testing::mailbox::post_office>(n, options().rails);
+  }
+  static transport make(const world& w, int r, std::chrono::nanoseconds timeout) {
+    auto opt = options();
+    opt.timeout = timeout;
+    return transport(w, r, opt);
   }
 };
 
@@ -275,6 +345,21 @@ struct libfabric_rails : libfabric_tcp {
   }
   static ringzero::communicator<transport> from_env() {
     return ringzero::communicator<transport>::from_env(options());
+  }
+};
+/// tcp;ofi_rxm on three rails on loopback, for the rail that fails (rail_failover): one can
+/// fail and two are left, so "the others" means something.
+struct libfabric_failover : libfabric_rails {
+  static constexpr const char* name = "libfabric failover";
+  static ringzero::libfabric::options options(std::chrono::nanoseconds timeout = {}) {
+    return {.provider = provider_tcp,
+            .timeout = timeout,
+            .rails = {"lo", "lo", "lo"},
+            .stripe_bytes = 512};
+  }
+  static transport make(ringzero::bootstrap::store& s, int r, int n,
+                        std::chrono::nanoseconds timeout) {
+    return transport(s, r, n, options(timeout));
   }
 };
 #endif
@@ -775,6 +860,168 @@ void bad_arguments() {
     std::vector<std::int32_t> v(37, r + 1);
     ringzero::all_reduce(comm, std::span<std::int32_t>(v), op::sum);
     check.expect(v.front() == 3 && v.back() == 3, "an all_reduce after the refusals");
+    return check.code();
+  });
+  multiprocess::require_all_passed(out);
+}
+
+/// One rail of three fails under traffic, through the kit's hook (transport().fail_rail, as a
+/// link found down would): a striped message under way arrives whole; collectives go on over the
+/// rails left, bitwise as before, and the failed rail carries none of them; messages with one
+/// tag keep their order across a failover, small sends that completed on return going again from
+/// the engine's copies; once the last rail fails, both ranks' next call fails naming the peer
+/// and its last rail. Written once, run over every network transport's rails.
+template <class F>
+void rail_failover() {
+  auto out = run<F>(2, 180s, [](auto& comm, rank_context& ctx) {
+    const int r = ctx.rank;
+    const int peer = 1 - r;
+    rank_checks check{r};
+    auto& t = comm.transport();
+    const auto& eng = t.engine();
+    check.expect(eng.rails() == 3, fmt::format("three rails, got {}", eng.rails()));
+    if (eng.rails() != 3) return check.code();
+    const auto settled = [&](auto&& done) {
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (!done() && std::chrono::steady_clock::now() < until) t.progress();
+      return done();
+    };
+    const auto value = [](int m, std::size_t i) {
+      return static_cast<std::uint8_t>(m * 37 + (i >> 6));
+    };
+    {
+      // Rails up on every rail first (ofi_rxm connects on first use): a striped message each way.
+      std::vector<std::byte> a(300 << 10), b(300 << 10);
+      auto q1 = comm.isend(peer, 1, a);
+      auto q2 = comm.irecv(peer, 1, b);
+      drive(comm, q1, peer);
+      drive(comm, q2, peer);
+    }
+
+    // 1. A striped message under way when rail 1 fails: its piece there goes over the others.
+    constexpr std::size_t count = std::size_t{8} << 20;
+    std::vector<std::uint8_t> data(count);
+    for (std::size_t i = 0; i < count; ++i) data[i] = value(1, i);
+    const auto first_failure = [&] {
+      if (r == 0) {
+        auto q = comm.isend(1, 2, std::as_bytes(std::span<const std::uint8_t>(data)));
+        for (int i = 0; i < 3; ++i)
+          if (comm.test(q)) break;
+        t.fail_rail(1, "the test pulled it");
+        drive(comm, q, 1);
+      } else {
+        std::vector<std::uint8_t> in(count, 0);
+        auto q = comm.irecv(0, 2, std::as_writable_bytes(std::span<std::uint8_t>(in)));
+        drive(comm, q, 0);
+        check.expect(in == data, "the striped message whole and unchanged");
+      }
+      // The message may be whole before this side hears of the failure.
+      check.expect(settled([&] { return !eng.rail_in_use(peer, 1); }),
+                   "rail 1 given up toward the peer on both sides");
+    };
+    if constexpr (F::in_process) {
+      first_failure();
+    } else {
+      const std::string log = multiprocess::capture_info_log("rail-failover", first_failure);
+      const std::string warned = fmt::format(
+          "rail {} failed toward rank {} ({})", eng.rail_name(1), peer,
+          r == 0 ? std::string("the test pulled it") : fmt::format("rank {} gave it up", peer));
+      check.expect(contains(log, warned) && contains(log, "and the others left"),
+                   fmt::format("a warning naming the failed rail, got '{}'", log));
+    }
+    check.expect(eng.rail_in_use(peer, 0) && eng.rail_in_use(peer, 2), "rails 0 and 2 kept");
+
+    // 2. Collectives go on over the two left, bitwise as before, and rail 1 carries none.
+    const auto before = eng.rail_messages(1);
+    std::vector<float> v(1 << 20), want(1 << 20);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(i % 1000 + r);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      want[i] = 0.25f * static_cast<float>(i % 1000) + 0.25f * static_cast<float>(i % 1000 + 1);
+    ringzero::all_reduce(comm, std::span<float>(v), op::sum);
+    check.expect(v == want, "an all_reduce over the remaining rails");
+    check.expect(eng.rail_messages(1) == before,
+                 fmt::format("nothing more on rail 1, got {} more", eng.rail_messages(1) - before));
+
+    // 3. Messages with one tag keep their order across a failover of their rail (rail 0): those
+    // sent before it, waiting unmatched on the failed rail, go again, and those sent after it
+    // wait for them. Copied (256 B: under every factory's stripe size), acknowledged whole or
+    // striped (100 KiB), striped (300 KiB), in turn.
+    ringzero::tag_t tag = 7;
+    while (ringzero::detail::rail_for(tag, 3) != 0) ++tag;
+    constexpr int messages = 12;
+    const auto size = [](int m) {
+      return std::array<std::size_t, 3>{256, 100 << 10, 300 << 10}[static_cast<std::size_t>(m % 3)];
+    };
+    if (r == 0) {
+      std::vector<std::vector<std::uint8_t>> src(messages);
+      for (int m = 0; m < messages; ++m)
+        for (std::size_t i = 0; i < size(m); ++i)
+          src[static_cast<std::size_t>(m)].push_back(value(m, i));
+      check.expect(settled([&] { return ctx.flag_raised("posted nothing"); }), "rank 1 ready");
+      using request = typename std::remove_reference_t<decltype(comm)>::request;
+      std::vector<request> sends;
+      const auto send = [&](int m) {
+        sends.push_back(comm.isend(
+            1, tag,
+            std::as_bytes(std::span<const std::uint8_t>(src[static_cast<std::size_t>(m)]))));
+      };
+      for (int m = 0; m < messages / 3; ++m) send(m);
+      // Small sends complete on return, copied: what goes again must be the copies.
+      check.expect(comm.test(sends[0]), "a small send complete at once");
+      std::fill(src[0].begin(), src[0].end(), std::uint8_t{0xEE});
+      check.expect(settled([&] { return eng.waiting_operations() == 0; }),
+                   "the first messages on their way");
+      t.fail_rail(0, "the test pulled it");
+      for (int m = messages / 3; m < messages; ++m) send(m);
+      for (auto& q : sends) drive(comm, q, 1);
+    } else {
+      ctx.raise_flag("posted nothing");
+      check.expect(settled([&] { return !eng.rail_in_use(0, 0); }),
+                   "rank 1 heard that the tag's rail failed");
+      std::vector<std::vector<std::uint8_t>> in(messages);
+      using request = typename std::remove_reference_t<decltype(comm)>::request;
+      std::vector<request> recvs;
+      for (int m = 0; m < messages; ++m) {
+        auto& buf = in[static_cast<std::size_t>(m)];
+        buf.assign(size(m), 0);
+        recvs.push_back(comm.irecv(0, tag, std::as_writable_bytes(std::span<std::uint8_t>(buf))));
+      }
+      for (auto& q : recvs) drive(comm, q, 0);
+      std::size_t wrong = 0;
+      for (int m = 0; m < messages; ++m)
+        for (std::size_t i = 0; i < size(m); ++i)
+          wrong += in[static_cast<std::size_t>(m)][i] != value(m, i);
+      check.expect(wrong == 0, fmt::format("every message in its place, {} bytes wrong", wrong));
+    }
+
+    // 4. The last rail fails, seen from both ends as a link found down is: both ranks' next call
+    // fails naming the peer and its last rail. First everything sent so far is acknowledged (a
+    // small send completes on return): a rank that failed its rails before its last message left
+    // would keep it, and the peer would wait for it instead.
+    ringzero::barrier(comm);
+    check.expect(settled([&] { return eng.unacknowledged(peer) == 0; }),
+                 "everything acknowledged before the last rail fails");
+    ctx.raise_flag(fmt::format("quiet {}", r));
+    check.expect(settled([&] { return ctx.flag_raised(fmt::format("quiet {}", peer)); }),
+                 "both quiet");
+    t.fail_rail(2, "the test pulled it");
+    // Both failed it before either calls: a rank that had failed and left first would be seen
+    // to close its transport instead.
+    ctx.raise_flag(fmt::format("failed {}", r));
+    check.expect(settled([&] { return ctx.flag_raised(fmt::format("failed {}", peer)); }),
+                 "both failed the last rail");
+    int named = -2;
+    std::string what;
+    try {
+      ringzero::all_reduce(comm, std::span<float>(v), op::sum, {.timeout = 20s});
+    } catch (const ringzero::peer_error& e) {
+      named = e.peer();
+      what = e.what();
+    }
+    check.expect(named == peer && contains(what, fmt::format("rank {}", peer)) &&
+                     contains(what, fmt::format("its last rail, {}, failed", eng.rail_name(2))),
+                 fmt::format("a peer_error naming rank {} and its last rail, got {}: '{}'", peer,
+                             named, what));
     return check.code();
   });
   multiprocess::require_all_passed(out);

@@ -6,21 +6,23 @@
 //
 // Rails: RINGZERO_RAILS=eth0,eth1,... (interface names, alike on every host, as
 // NCCL_SOCKET_IFNAME takes them; IPv4 addresses also do) opens one connection per rail to
-// each peer, from and to that interface's IPv4 address. Messages of at least
-// options::stripe_bytes are cut into pieces spread over the rails (each piece to the rail that
-// would deliver it first at its measured rate, so a rail of half the speed takes half as many),
-// smaller ones go whole, round robin; a message completes once every piece arrived, and what
-// arrives is bitwise what was sent.
+// each peer, from and to that interface's IPv4 address (socket/rail.hpp: a rail kind of the
+// transport kit). Messages of at least options::stripe_bytes are cut into a piece per rail, in
+// proportion to each rail's rate as the receiver measures it (so a rail of half the speed
+// takes half as much), smaller ones go whole on their tag's rail; a message completes once the
+// receiver acknowledged every piece, and what arrives is bitwise what was sent.
 // RINGZERO_RAILS=auto discovers them: the interfaces (up, not loopback, IPv4) that every rank
 // has, on one subnet, with addresses that differ from host to host (detail::agree_rails).
 // Without RINGZERO_RAILS: one rail, on RINGZERO_SOCKET_IFNAME when set, else loopback when
 // every rank is on this host, else the address this host reaches MASTER_ADDR from.
 //
-// A rail whose connection to a peer fails while other rails to that peer still work: its
-// unacknowledged pieces and all later traffic go over the others (a warning names the rail);
-// only when no rail to a peer is left do the waits on it fail, with peer_error naming the rank
-// (and the rail that went last). A peer that closes its transport says so, naming the rank it
-// saw fail first, if any, so that every survivor's error names the same culprit.
+// A rail whose connection to a peer fails (or whose interface's link goes down) while other
+// rails to that peer still work: its unacknowledged messages and all later traffic go over the
+// others (a warning names the rail); only when no rail to a peer is left do the waits on it
+// fail, with peer_error naming the rank (and the rail that went last). The kit's rail engine
+// (transport/detail/rail_engine.hpp) does all of that, as for libfabric. A peer that closes its
+// transport says so, naming the rank it saw fail first, if any, so that every survivor's error
+// names the same culprit.
 //
 // Setup proves every connection: rank 0 draws a secret for the job and hands it over through
 // the store, and a connection counts as a rank's only once both ends proved they hold it
@@ -61,15 +63,55 @@
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/process_watch.hpp"
+#include "ringzero/transport/detail/rail_engine.hpp"
 #include "ringzero/transport/detail/request.hpp"
 #include "ringzero/transport/shm.hpp"
-#include "ringzero/transport/socket/engine.hpp"
 #include "ringzero/transport/socket/handshake.hpp"
+#include "ringzero/transport/socket/rail.hpp"
 #include "ringzero/transport/socket/rails.hpp"
 #include "ringzero/transport/socket/wire.hpp"
 #include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::socket {
+
+namespace detail {
+/// The kit's rail engine over socket rails.
+using engine = ringzero::detail::rail_engine<rail>;
+
+/// Who failed first, as a socket rank sees it: the first rank suspected or reported (a broken
+/// connection, a peer's goodbye), and the processes of this host probed, so that a rank that is
+/// stopped (SIGSTOP, a debugger) is named as stopped rather than as failed: it keeps its
+/// connections open, so only a wait that gives up finds it.
+class process_failure final : public ringzero::detail::first_failure {
+ public:
+  process_failure(int self, std::vector<ringzero::detail::process_id> procs)
+      : first_failure(self), self_(self), procs_(std::move(procs)) {}
+
+  [[nodiscard]] std::vector<int> stopped_ranks() const override {
+    const auto self = ringzero::detail::self_process();
+    std::vector<int> stopped;
+    for (std::size_t r = 0; r < procs_.size(); ++r)
+      if (static_cast<int>(r) != self_ &&
+          ringzero::detail::probe(procs_[r], self) == ringzero::detail::process_state::stopped)
+        stopped.push_back(static_cast<int>(r));
+    return stopped;
+  }
+  /// A goodbye naming a rank of this host that is stopped says so, as libfabric's watchdog does.
+  void report(int rank, std::string why) override {
+    if (rank >= 0 && static_cast<std::size_t>(rank) < procs_.size() && rank != self_ &&
+        ringzero::detail::probe(procs_[static_cast<std::size_t>(rank)],
+                                ringzero::detail::self_process()) ==
+            ringzero::detail::process_state::stopped &&
+        why.find("is stopped") == std::string::npos)
+      why = fmt::format("rank {} is stopped (SIGSTOP or a debugger), as {}", rank, why);
+    first_failure::report(rank, std::move(why));
+  }
+
+ private:
+  int self_;
+  std::vector<ringzero::detail::process_id> procs_;  ///< by rank, as each published itself
+};
+}  // namespace detail
 
 struct options {
   /// 0: RINGZERO_TIMEOUT (default 300 s). Bounds the setup and every collective.
@@ -80,9 +122,9 @@ struct options {
   /// Messages of at least this many bytes are striped over the rails; RINGZERO_STRIPE_BYTES,
   /// when set, replaces it.
   std::size_t stripe_bytes = std::size_t{64} << 10;
-  /// A striped message's pieces go to the rails in proportion to each rail's rate, as the
-  /// receiving side measures it; false: each to the rail with the fewest bytes queued.
-  /// RINGZERO_RAIL_SHARES=equal also turns it off (=measured is the default).
+  /// A striped message's pieces are cut in proportion to each rail's rate, as the receiving side
+  /// measures it; false: equal pieces. RINGZERO_RAIL_SHARES=equal also turns it off (=measured
+  /// is the default).
   bool weigh_rails = true;
   /// SO_SNDBUF and SO_RCVBUF of every connection; 0 leaves them to the kernel's autotuning.
   std::size_t buffer_bytes = std::size_t{4} << 20;
@@ -107,8 +149,7 @@ class transport {
 
   /// Handle to one posted send or receive. Destroying it before completion cancels it: a
   /// receive is never written afterwards; a send already under way finishes from a copy.
-  using request =
-      ringzero::detail::transport_request<transport, detail::engine, std::shared_ptr<detail::op>>;
+  using request = ringzero::detail::transport_request<transport, detail::engine, detail::op*>;
 
   /// Joins the job the environment describes (ringzero-run, torchrun, Slurm, Open MPI
   /// variables): opens the store, connects, closes the store again.
@@ -137,26 +178,47 @@ class transport {
   }
 
   /// Rails, by name as given (the same order on every rank).
-  [[nodiscard]] int rails() const noexcept { return eng_->rails(); }
-  [[nodiscard]] const std::string& rail_name(int r) const { return eng_->rail_name(r); }
-  /// Rails to `peer` that still work.
-  [[nodiscard]] int live_rails(int peer) const { return eng_->live_rails(peer); }
+  [[nodiscard]] int rails() const noexcept { return static_cast<int>(eng_->rails()); }
+  [[nodiscard]] const std::string& rail_name(int r) const {
+    return eng_->rail_name(static_cast<std::size_t>(r));
+  }
+  /// Rails to `peer` still in use.
+  [[nodiscard]] int live_rails(int peer) const {
+    return static_cast<int>(eng_->rails_in_use(peer));
+  }
   /// Payload bytes each rail delivered (acknowledged), to every peer together.
-  [[nodiscard]] std::vector<std::uint64_t> rail_bytes() const { return eng_->rail_bytes(); }
+  [[nodiscard]] std::vector<std::uint64_t> rail_bytes() const {
+    std::vector<std::uint64_t> out;
+    for (std::size_t r = 0; r < eng_->rails(); ++r) out.push_back(eng_->rail_bytes(r));
+    return out;
+  }
   /// Each rail's rate toward `peer`, bytes per second, as the peer measured it (0: not yet).
-  [[nodiscard]] std::vector<double> rail_rates(int peer) const { return eng_->rail_rates(peer); }
+  [[nodiscard]] std::vector<double> rail_rates(int peer) const {
+    std::vector<double> out;
+    for (const auto kib : eng_->rail_rates(peer)) out.push_back(kib * 1024.0);
+    return out;
+  }
   /// For tests: breaks the connection to `peer` on `rail`, as a failing link would.
-  void break_rail(int peer, int rail) { eng_->break_rail(peer, rail); }
+  void break_rail(int peer, int rail) {
+    eng_->with_rails(
+        [&](auto& rails) { rails.at(static_cast<std::size_t>(rail))->break_connection(peer); });
+  }
+  /// For tests: gives rail `r` up toward every rank, as a link found down would; its messages
+  /// move to the rails left (the peers learn it and do the same).
+  void fail_rail(std::size_t r, const std::string& why) { eng_->fail_rail(r, why); }
+  /// The shared engine, for diagnostics (rails in use, messages each carried).
+  [[nodiscard]] const detail::engine& engine() const noexcept { return *eng_; }
 
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
     check_peer(peer, "isend");
-    if (data.size() > detail::engine_limits::max_message_bytes)
+    if (data.size() > detail::rail_limits::max_message_bytes)
       throw invalid_argument(
           fmt::format("socket transport: a message of {} bytes to rank {}: the limit is {} bytes",
-                      data.size(), peer, detail::engine_limits::max_message_bytes));
+                      data.size(), peer, detail::rail_limits::max_message_bytes));
     request r;
     r.eng_ = eng_;
-    r.op_ = eng_->send(peer, tag, data);
+    r.op_ = eng_->send(peer, peer, tag, data);
+    r.done_ = r.op_ == nullptr;
     return r;
   }
 
@@ -164,21 +226,22 @@ class transport {
     check_peer(peer, "irecv");
     request r;
     r.eng_ = eng_;
-    r.op_ = eng_->recv(peer, tag, data);
+    r.op_ = eng_->recv(peer, peer, tag, data);
     return r;
   }
 
   /// Moves every connection; true once r finished. Throws peer_error when its peer is gone
   /// (or another rank failed, or abort() was called), transport_error on a size mismatch.
   [[nodiscard]] bool test(request& r) {
+    if (r.done_) return true;
     if (!r.op_) throw invalid_argument("test() on an empty request");
-    std::lock_guard lock(eng_->mutex());
-    try {
-      if (!eng_->test_locked(r.op_)) return false;
-    } catch (...) {
-      r.op_.reset();
-      throw;
+    // Once the engine reports an outcome, finished or thrown, it has taken the operation back.
+    auto* c = std::exchange(r.op_, nullptr);
+    if (!eng_->test(c)) {
+      r.op_ = c;
+      return false;
     }
+    r.done_ = true;
     return true;
   }
 
@@ -193,15 +256,10 @@ class transport {
   /// says so, so that peers that only waited for this rank blame the stopped one, as on
   /// libfabric.
   [[nodiscard]] std::vector<int> stopped_ranks() const {
-    const auto self = ringzero::detail::self_process();
-    std::vector<int> stopped;
-    for (std::size_t r = 0; r < procs_.size(); ++r)
-      if (static_cast<int>(r) != rank_ &&
-          ringzero::detail::probe(procs_[r], self) == ringzero::detail::process_state::stopped)
-        stopped.push_back(static_cast<int>(r));
+    std::vector<int> stopped = watch_->stopped_ranks();
     if (!stopped.empty())
-      eng_->blame(stopped.front(),
-                  fmt::format("rank {} is stopped (SIGSTOP or a debugger)", stopped.front()));
+      watch_->report(stopped.front(),
+                     fmt::format("rank {} is stopped (SIGSTOP or a debugger)", stopped.front()));
     return stopped;
   }
 
@@ -279,18 +337,19 @@ class transport {
     store.set_string(key("host", rank_), log::detail::host_name());
     store.set_string(key("process", rank_), ringzero::detail::self_process().text());
     hosts_.resize(static_cast<std::size_t>(size));
-    procs_.resize(static_cast<std::size_t>(size));
+    std::vector<ringzero::detail::process_id> procs(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
       hosts_[static_cast<std::size_t>(r)] = store.get_string(key("host", r));
       // Unparsable (another build?): that rank is simply not probed.
       if (auto p = ringzero::detail::process_id::parse(store.get_string(key("process", r))))
-        procs_[static_cast<std::size_t>(r)] = std::move(*p);
+        procs[static_cast<std::size_t>(r)] = std::move(*p);
     }
+    watch_ = std::make_shared<d::process_failure>(rank_, std::move(procs));
     const bool one_host =
         std::all_of(hosts_.begin(), hosts_.end(), [&](const auto& h) { return h == hosts_[0]; });
 
     // This rank's rails, and a listener on each.
-    std::vector<d::rail> rails;
+    std::vector<d::rail_address> rails;
     std::string failure;
     try {
       std::vector<std::string> wanted = opt.rails.empty() ? rails_from_env() : opt.rails;
@@ -336,7 +395,6 @@ class transport {
     store.set_string(key("rails", rank_), failure.empty() ? published : "!" + failure);
     if (!failure.empty()) throw bootstrap_error(failure);
     std::vector<std::vector<sockaddr_in>> addrs(static_cast<std::size_t>(size));
-    std::vector<std::string> names;
     for (int r = 0; r < size; ++r) {
       const std::string v = store.get_string(key("rails", r));
       if (!v.empty() && v[0] == '!')
@@ -366,7 +424,6 @@ class transport {
             "name as many interfaces on every host",
             r, rank_names.size(), rank_names.size() == 1 ? "" : "s", v, rails.size()));
     }
-    for (const auto& r : rails) names.push_back(r.name);
     if (rank_ != 0) {
       const std::vector<std::byte> v = store.get(key("secret", 0));
       if (v.size() != secret.size())
@@ -377,14 +434,10 @@ class transport {
       std::copy(v.begin(), v.end(), secret.begin());
     }
 
-    eng_ = std::make_shared<d::engine>(rank_, size, names,
-                                       ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
-                                       opt.weigh_rails && weigh_rails_from_env());
-    eng_->set_stopped_probe([procs = procs_](int r) {
-      return ringzero::detail::probe(procs[static_cast<std::size_t>(r)],
-                                     ringzero::detail::self_process()) ==
-             ringzero::detail::process_state::stopped;
-    });
+    auto polls = std::make_shared<d::poller>(rails.size());
+    std::vector<std::unique_ptr<d::rail>> socket_rails;
+    for (std::size_t r = 0; r < rails.size(); ++r)
+      socket_rails.push_back(std::make_unique<d::rail>(rails[r].name, r, size, polls));
     const auto user_timeout = std::chrono::milliseconds(std::max<long long>(
         1000, std::min<long long>(
                   opt.rail_timeout.count(),
@@ -401,7 +454,9 @@ class transport {
              .handshake_timeout = std::min(opt.handshake_timeout, timeout_),
              .deadline = deadline,
              .timeout = timeout_},
-            [&](int peer, int rail, d::unique_fd fd) { eng_->adopt(peer, rail, std::move(fd)); });
+            [&](int peer, int rail, d::unique_fd fd) {
+              socket_rails[static_cast<std::size_t>(rail)]->adopt(peer, std::move(fd));
+            });
     // The listeners close here: after setup no port of this transport is open.
     listeners.clear();
     // Rank 0 returns last, so that a store it serves may close without stranding a rank.
@@ -416,13 +471,27 @@ class transport {
       for (int r = 1; r < size; ++r) done.push_back(key("done", r));
       store.wait(done);
     }
-    if (opt.tuning) {
-      tuning_ = *opt.tuning;
-    } else {
-      const std::vector<ringzero::tuning::rail_price> prices(
-          rails.size(), ringzero::tuning::defaults::socket_rail.value);
-      tuning_ = ringzero::tuning::over_rails(ringzero::tuning::defaults::socket.value, prices);
-    }
+    std::vector<ringzero::tuning::rail_price> prices;
+    for (const auto& r : socket_rails) prices.push_back(r->price());
+    tuning_ = opt.tuning
+                  ? *opt.tuning
+                  : ringzero::tuning::over_rails(ringzero::tuning::defaults::socket.value, prices);
+    // Every message numbered and acknowledged, also on one rail: a send over the copied size
+    // completes once the receiver has it, so that a pipeline cannot run ahead of its receiver,
+    // and a closing rank's last messages are known to have arrived.
+    eng_ = std::make_shared<d::engine>(
+        ringzero::detail::rail_engine_config{
+            .rank = rank_,
+            .size = size,
+            .name = "socket",
+            .fabric = "sockets",
+            .timeout = timeout_,
+            .stripe_bytes = ringzero::detail::stripe_bytes_from_env(opt.stripe_bytes),
+            .acknowledge = true,
+            .weigh_by_rate = opt.weigh_rails && weigh_rails_from_env(),
+            .watch = watch_,
+            .close_grace = std::chrono::seconds(2)},
+        std::move(socket_rails));
     std::string rail_text;
     for (const auto& r : rails) {
       char buf[INET_ADDRSTRLEN] = {};
@@ -436,7 +505,7 @@ class transport {
 
   std::shared_ptr<detail::engine> eng_;
   std::vector<std::string> hosts_;
-  std::vector<ringzero::detail::process_id> procs_;  ///< by rank, as each published itself
+  std::shared_ptr<detail::process_failure> watch_;  ///< the engine's peer_watch
   int rank_ = 0;
   ringzero::tuning::policy tuning_{};
   std::chrono::nanoseconds timeout_{0};

@@ -124,8 +124,8 @@ inline constexpr sourced_policy socket{
            .chunk_bytes = 1024 * KiB,
            .min_chunk_bytes = 128 * KiB},
     "nominal: one 10 Gb/s Ethernet rail, kernel TCP both ends; beta is replaced by the rails' "
-    "sum (socket_rail). The smallest chunk sits above the sends that complete when written "
-    "(socket::detail::engine_limits::eager_bytes, 64 KiB)"};
+    "sum (socket_rail). The smallest chunk sits above the sends that complete once copied "
+    "(detail::delivery::limits::copy_bytes, 64 KiB)"};
 
 inline constexpr sourced_rail socket_rail{
     "socket rail", rail_price{.alpha = 25e-6, .beta = 1.0 / 1.25e9},

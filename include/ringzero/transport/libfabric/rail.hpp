@@ -1,9 +1,10 @@
 // One rail: the libfabric resources of one NIC (fabric, domain, completion queue, address
 // vector, an FI_EP_RDM endpoint with tagged messaging, and the domain's memory registrations),
-// and the provider calls on them. A rail knows nothing of requests, queues, deadlines or
-// failures: the operation engine (engine.hpp) decides what to post on which rail and when, and
-// reads each rail's completions. A NIC is added by opening another rail; the engine does not
-// change.
+// and the provider calls on them, as a rail kind of the transport kit (transport/detail/rail.hpp:
+// post, poll, cancel, link state, price). A rail knows nothing of requests, queues, deadlines or
+// failures: the kit's rail engine (transport/detail/rail_engine.hpp) decides what to post on which
+// rail and when, reads each rail's completions, and delivers reliably over several. A NIC is
+// added by opening another rail; the engine does not change.
 //
 // One code path serves every provider: what differs between efa, shm, tcp;ofi_rxm,
 // verbs;ofi_rxm and sockets is read from the fi_info the provider returns (mr_mode, mode,
@@ -12,13 +13,16 @@
 //     with FI_MR_ENDPOINT binding, FI_MR_PROV_KEY keys and FI_MR_ALLOCATED (only buffers the
 //     caller allocated are ever registered); registrations belong to a domain, so each rail
 //     keeps its own;
-//   - FI_CONTEXT / FI_CONTEXT2: every operation's context starts with an fi_context2 the
-//     provider may use;
+//   - FI_CONTEXT / FI_CONTEXT2: every operation starts with an fi_context2 the provider may use;
 //   - FI_HMEM (config::device_memory): asked for only when the caller will hand it CUDA device
 //     buffers, since it narrows the providers on offer; device buffers are registered with
 //     FI_HMEM_CUDA (mr_cache::register_device), always carry their descriptor (FI_MR_HMEM), and
 //     are never injected (fi_tinject takes no descriptor, so the provider would read the device
-//     address as host memory).
+//     address as host memory);
+//   - a message's piece number (several rails) rides in the tag bits above the communicator
+//     ids, and its sequence number in 4 bytes of remote CQ data.
+// Every provider call runs under the watchdog's eye (watched): a call that never returns (a
+// peer killed holding shm's lock) ends the process past the deadline.
 #pragma once
 
 #include <fmt/core.h>
@@ -33,6 +37,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -52,8 +57,11 @@
 #include "ringzero/log.hpp"
 #include "ringzero/transport/concept.hpp"
 #include "ringzero/transport/detail/interfaces.hpp"
+#include "ringzero/transport/detail/rail.hpp"
 #include "ringzero/transport/libfabric/error.hpp"
 #include "ringzero/transport/libfabric/mr_cache.hpp"
+#include "ringzero/transport/libfabric/watchdog.hpp"
+#include "ringzero/tuning/defaults.hpp"
 
 namespace ringzero::libfabric::detail {
 
@@ -235,61 +243,21 @@ inline void rxm_eager_by_default(std::string_view provider) {
   return out;
 }
 
-/// A posted operation. The provider sees a pointer to it as the operation's context and may
-/// use the leading fi_context2 (FI_CONTEXT/FI_CONTEXT2 modes).
-struct op_context {
-  enum class status : std::uint8_t { pending, done, failed, cancelled };
-
+/// What a libfabric rail keeps in each operation (rail_op::scratch, first): the fi_context2 the
+/// provider may use (FI_CONTEXT/FI_CONTEXT2 modes), and the buffer's registration.
+struct op_scratch {
   fi_context2 provider_scratch{};
-  status state = status::pending;
-  bool is_send = false;
-  bool orphaned = false;  ///< its request gave up on it; freed when the completion arrives
-  int world_peer = -1;
-  int peer = -1;  ///< peer as the posting communicator numbers it, for messages
-  std::size_t length = 0;
-  bool posted = false;    ///< handed to the provider (else waiting in the engine's queue)
-  std::uint8_t rail = 0;  ///< the rail it is posted on (engine::rail_for)
-  void* buffer = nullptr;
-  fi_addr_t address = FI_ADDR_UNSPEC;
-  std::uint64_t tag = 0;
   mr_cache::entry* mr = nullptr;
-  std::string error;
-  bool peer_loss = false;
-  /// A message striped over the rails (engine::stripe) is an operation posted nowhere: its
-  /// pieces, one per rail, are. It completes when the last piece does, and fails with the
-  /// first piece that fails.
-  bool striped = false;
-  std::uint8_t unsettled = 0;         ///< a striped message's pieces not yet complete
-  std::vector<op_context*> pieces{};  ///< a striped message's pieces still held
-  op_context* parent = nullptr;       ///< for a piece: the striped message it belongs to
-
-  // Delivery over several rails (delivery.hpp); unused with one rail.
-  /// What the engine does with the completion: a message (or piece) of the caller's, or a
-  /// control message of the engine's own.
-  enum class role : std::uint8_t { message, control_recv, control_send, copy };
-  role kind = role::message;
-  bool in_use = false;        ///< made and not yet recycled
-  bool with_data = false;     ///< a send carries remote CQ data (cq_data)
-  std::uint64_t cq_data = 0;  ///< sent with it (delivery::cq_word), or received
-  std::uint64_t seq = 0;      ///< a piece's sequence number toward or from world_peer
-  std::uint64_t ignore = 0;   ///< a receive's ignored tag bits
-  bool acked = false;         ///< a send: the receiver has it
-  bool wire_done = false;     ///< a send: the provider completed it
-  bool tracked = false;       ///< a send: listed among the peer's unacknowledged messages
-  bool moving = false;        ///< a receive cancelled to be moved off a failed rail
-  bool held = false;          ///< a send kept back until the peer has given up a failed rail too
-  std::uint64_t order = 0;    ///< when it was made: moved receives keep their posting order
-  std::shared_ptr<std::byte[]> own{};  ///< bytes the engine sends from (a copy, a control message)
 };
-static_assert(offsetof(op_context, provider_scratch) == 0,
+using op_context = ringzero::detail::rail_op<op_scratch>;
+static_assert(offsetof(op_context, scratch) == 0 && offsetof(op_scratch, provider_scratch) == 0,
               "libfabric needs the fi_context2 at the start of the operation context");
 
-/// What an engine that failed leaves to the provider instead of closing it (~engine): kept
+/// What a rail that failed leaves to the provider instead of closing it (rail::leave_open): kept
 /// for the life of the process, reachable (leak checkers do not report it) and never closed.
 struct left_open {
   std::vector<fid*> objects;
   std::vector<std::unique_ptr<mr_cache>> mrs;
-  std::deque<op_context> contexts;
 
   [[nodiscard]] static std::vector<std::unique_ptr<left_open>>& all() {
     static auto* kept = new std::vector<std::unique_ptr<left_open>>();
@@ -303,6 +271,9 @@ struct left_open {
 
 class rail {
  public:
+  using scratch = op_scratch;
+  using op = op_context;
+
   struct config {
     std::string provider;  ///< empty: libfabric's first choice under FI_PROVIDER
     /// The NIC, as the provider names its domain (tcp: the interface, efa: the device); empty:
@@ -407,7 +378,7 @@ class rail {
         "libfabric: rail on provider {} fabric {} domain {} address {}, mr_mode {:#x}, mode "
         "{:#x}, {} tag bits, inject {} B{}",
         provider_, info_->fabric_attr->name ? info_->fabric_attr->name : "?", domain_name_,
-        address_text(name()), mr_mode_, info_->mode, tag_width_, inject_size_,
+        address_text(endpoint_name()), mr_mode_, info_->mode, tag_width_, inject_size_,
         hmem_ ? ", FI_HMEM" : "");
   }
 
@@ -415,14 +386,22 @@ class rail {
   rail& operator=(const rail&) = delete;
 
   /// Closes the endpoint first: that ends every operation still posted, and only then may the
-  /// memory the provider was using (registrations, then the queues it reported into) go.
+  /// memory the provider was using (registrations, then the queues it reported into) go. The
+  /// close is watched, briefly: a close that waits on a peer that stopped must not hold the
+  /// process past its deadline.
   ~rail() {
-    ep_.reset();
-    mrs_.reset();
-    av_.reset();
-    cq_.reset();
-    domain_.reset();
-    fabric_.reset();
+    watched(
+        dog_,
+        [&] {
+          ep_.reset();
+          mrs_.reset();
+          av_.reset();
+          cq_.reset();
+          domain_.reset();
+          fabric_.reset();
+          return 0;
+        },
+        true);
   }
 
   /// Hands every provider object and the registrations to `kept` instead of closing them (see
@@ -435,7 +414,7 @@ class rail {
   }
 
   /// This rail's address, as the peers' fi_av_insert wants it.
-  [[nodiscard]] std::vector<std::byte> name() const {
+  [[nodiscard]] std::vector<std::byte> endpoint_name() const {
     std::vector<std::byte> buf(256);
     std::size_t len = buf.size();
     int rc = fi_getname(&ep_.get()->fid, buf.data(), &len);
@@ -493,48 +472,151 @@ class rail {
   [[nodiscard]] mr_cache& memory() noexcept { return *mrs_; }
   [[nodiscard]] const mr_cache& memory() const noexcept { return *mrs_; }
 
-  /// fi_tinject: 0 when the message left (complete on return), -FI_EAGAIN when the provider has
-  /// no room now, another negative code on failure.
-  [[nodiscard]] ssize_t inject(int world_peer, std::span<const std::byte> data,
-                               std::uint64_t tag) noexcept {
-    return fi_tinject(ep_.get(), data.data(), data.size(), address(world_peer), tag);
-  }
-  /// fi_tinjectdata: inject() with remote CQ data.
-  [[nodiscard]] ssize_t inject(int world_peer, std::span<const std::byte> data, std::uint64_t tag,
-                               std::uint64_t cq_data) noexcept {
-    return fi_tinjectdata(ep_.get(), data.data(), data.size(), cq_data, address(world_peer), tag);
-  }
+  /// The watchdog every provider call runs under (null: none yet).
+  void set_watchdog(watchdog* dog) noexcept { dog_ = dog; }
+  /// With several rails, a message's piece number rides in the tag bits from `shift` up.
+  void set_piece_shift(int shift) noexcept { piece_shift_ = shift; }
 
-  /// fi_tsend (fi_tsenddata when c carries CQ data) or fi_trecv of c, with c as the context the
-  /// completion returns.
-  [[nodiscard]] ssize_t post(op_context* c) noexcept {
-    void* desc = c->mr ? c->mr->desc : nullptr;
-    if (!c->is_send)
-      return fi_trecv(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, c->ignore, c);
-    if (c->with_data)
-      return fi_tsenddata(ep_.get(), c->buffer, c->length, desc, c->cq_data, c->address, c->tag, c);
-    return fi_tsend(ep_.get(), c->buffer, c->length, desc, c->address, c->tag, c);
-  }
+  // The rail concept (transport/detail/rail.hpp).
 
-  ssize_t cancel(op_context* c) noexcept { return fi_cancel(&ep_.get()->fid, c); }
-
-  /// Up to `out.size()` completions: their number, -FI_EAGAIN for none, -FI_EAVAIL when an
-  /// error completion is next (read_error), another negative code on failure.
-  [[nodiscard]] ssize_t read(std::span<fi_cq_tagged_entry> out) noexcept {
-    return fi_cq_read(cq_.get(), out.data(), out.size());
+  /// fi_tsend (fi_tsenddata with the op's word) or fi_trecv, with the op as the context its
+  /// completion returns: 0, -FI_EAGAIN when the provider has no room now, another negative code.
+  [[nodiscard]] long post(op& c) noexcept {
+    void* desc = c.scratch.mr ? c.scratch.mr->desc : nullptr;
+    const fi_addr_t to = c.world_peer < 0 ? FI_ADDR_UNSPEC : address(c.world_peer);
+    const std::uint64_t tag = provider_tag(c.tag, c.piece);
+    return watched(dog_, [&]() -> long {
+      if (!c.is_send)
+        return fi_trecv(ep_.get(), c.buffer, c.length, desc, to, tag, provider_ignore(c.ignore),
+                        &c);
+      if (c.with_data)
+        return fi_tsenddata(ep_.get(), c.buffer, c.length, desc, c.data, to, tag, &c);
+      return fi_tsend(ep_.get(), c.buffer, c.length, desc, to, tag, &c);
+    });
   }
-  [[nodiscard]] ssize_t read_error(fi_cq_err_entry& err) noexcept {
-    return fi_cq_readerr(cq_.get(), &err, 0);
+  /// fi_tinject (fi_tinjectdata): 0 when the message left, complete on return.
+  [[nodiscard]] long inject(const ringzero::detail::rail_message& m) noexcept {
+    const std::uint64_t tag = provider_tag(m.tag, m.piece);
+    return watched(dog_, [&]() -> long {
+      if (m.with_data)
+        return fi_tinjectdata(ep_.get(), m.bytes.data(), m.bytes.size(), m.data, address(m.peer),
+                              tag);
+      return fi_tinject(ep_.get(), m.bytes.data(), m.bytes.size(), address(m.peer), tag);
+    });
   }
-  /// An error completion as text, with the provider's own explanation.
-  [[nodiscard]] std::string error_text(const fi_cq_err_entry& err) const {
-    char buf[256] = {};
-    const char* detail = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof buf);
-    return fmt::format("{} (provider {} error {}: {})", fi_strerror(std::abs(err.err)), provider_,
-                       err.prov_errno, detail ? detail : "");
+  void cancel(op& c) noexcept {
+    watched(dog_, [&] { return fi_cancel(&ep_.get()->fid, &c); });
+  }
+  /// Reads every completion the queue has, reporting each (done, or failed with the provider's
+  /// own explanation).
+  void poll(ringzero::detail::rail_events<op>& events) {
+    std::array<fi_cq_tagged_entry, 16> done;
+    for (;;) {
+      const ssize_t n =
+          watched(dog_, [&] { return fi_cq_read(cq_.get(), done.data(), done.size()); });
+      if (n > 0) {
+        for (ssize_t i = 0; i < n; ++i) {
+          const auto& e = done[static_cast<std::size_t>(i)];
+          events.done(*static_cast<op*>(e.op_context), e.len, e.data,
+                      (e.flags & FI_REMOTE_CQ_DATA) != 0);
+        }
+        if (static_cast<std::size_t>(n) < done.size()) break;
+        continue;
+      }
+      if (n == -FI_EAGAIN) break;
+      if (n == -FI_EAVAIL) {
+        read_error(events);
+        continue;
+      }
+      throw transport_error(fmt::format("fi_cq_read failed on provider {} domain {}: {}", provider_,
+                                        domain_name_, fi_text(n)));
+    }
+  }
+  /// Why the NIC's link is down (sysfs), or empty.
+  [[nodiscard]] std::string link_state() const { return ringzero::detail::link_down(domain_name_); }
+  /// The provider's figures (tuning::libfabric_default), for each rail alike.
+  [[nodiscard]] tuning::rail_price price() const {
+    const auto& base = tuning::libfabric_default(provider_).value;
+    return {.alpha = base.alpha, .beta = base.beta};
+  }
+  [[nodiscard]] const std::string& name() const noexcept { return domain_name_; }
+  [[nodiscard]] ringzero::detail::rail_traits traits() const noexcept {
+    return {.send_limit = send_cap_,
+            .receive_limit = recv_cap_,
+            .inject_size = inject_size_,
+            .max_message_size = max_msg_size_};
+  }
+  [[nodiscard]] std::string error_text(long rc) const { return fi_text(rc); }
+  /// The buffer's registration, where the domain needs one (FI_MR_LOCAL, or FI_HMEM).
+  void prepare(op& c) {
+    if ((registers() || hmem()) && c.length > 0 && c.buffer != nullptr)
+      c.scratch.mr = memory().acquire(c.buffer, c.length, registers());
+  }
+  void release(op& c) noexcept {
+    if (c.scratch.mr) memory().release(c.scratch.mr);
+    c.scratch.mr = nullptr;
+  }
+  /// Device buffers are never copied nor injected.
+  [[nodiscard]] bool host_readable(const void* p, std::size_t n) const noexcept {
+    return !memory().is_device(p, n);
+  }
+  /// Operations are still held by the provider (abandoned after a failure) at the engine's end:
+  /// every provider object is kept open for the life of the process (left_open), and only the
+  /// names other processes could still find (this process's /dev/shm regions) are removed.
+  void leave_open() noexcept {
+    try {
+      auto kept = std::make_unique<left_open>();
+      leave_open(*kept);
+      std::lock_guard lock(left_open::mutex());
+      left_open::all().push_back(std::move(kept));
+    } catch (...) {
+      // Out of memory: the objects stay where they are, unreachable but never closed.
+      (void)ep_.release(), (void)av_.release(), (void)cq_.release(), (void)domain_.release();
+      (void)fabric_.release();
+      (void)mrs_.release();
+    }
+    remove_shm_regions(static_cast<long>(::getpid()));
   }
 
  private:
+  [[nodiscard]] std::uint64_t provider_tag(std::uint64_t tag, std::uint8_t piece) const noexcept {
+    return piece_shift_ < 64 ? tag | (std::uint64_t{piece} << piece_shift_) : tag;
+  }
+  /// A receive's ignored bits, below the piece field (a statement takes any tag of its piece).
+  [[nodiscard]] std::uint64_t provider_ignore(std::uint64_t ignore) const noexcept {
+    return piece_shift_ < 64 ? ignore & ((std::uint64_t{1} << piece_shift_) - 1) : ignore;
+  }
+
+  void read_error(ringzero::detail::rail_events<op>& events) {
+    fi_cq_err_entry err{};
+    const ssize_t rc = watched(dog_, [&] { return fi_cq_readerr(cq_.get(), &err, 0); });
+    if (rc == -FI_EAGAIN) return;
+    if (rc < 0)
+      throw transport_error(fmt::format("fi_cq_readerr failed on provider {} domain {}: {}",
+                                        provider_, domain_name_, fi_text(rc)));
+    char buf[256] = {};
+    const char* detail = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof buf);
+    const std::string text =
+        fmt::format("{} (provider {} error {}: {})", fi_strerror(std::abs(err.err)), provider_,
+                    err.prov_errno, detail ? detail : "");
+    auto* c = static_cast<op*>(err.op_context);
+    if (!c) {
+      log::warn("libfabric: completion error without an operation: {}", text);
+      return;
+    }
+    // Providers disagree on the sign of err.
+    const int code = err.err < 0 ? -err.err : err.err;
+    using fault = ringzero::detail::rail_fault;
+    const fault f = code == FI_ECANCELED ? fault::cancelled
+                    : code == FI_ETRUNC  ? fault::truncated
+                    : is_peer_loss(code) ? fault::peer_lost
+                                         : fault::other;
+    const std::size_t sent = code == FI_ETRUNC && err.olen ? c->length + err.olen : 0;
+    // ofi_rxm reports a truncated message's CQ data without setting FI_REMOTE_CQ_DATA in the
+    // error's flags: with CQ data asked for, every message carries it.
+    events.failed(*c, f, text, sent, err.data, cq_data_bytes_ > 0);
+  }
+
   info_ptr info_;
   std::string provider_;
   std::string domain_name_;
@@ -555,6 +637,9 @@ class rail {
   handle<fid_ep> ep_;
   std::unique_ptr<mr_cache> mrs_;
   std::vector<fi_addr_t> addrs_;
+  watchdog* dog_ = nullptr;
+  int piece_shift_ = 64;
 };
+static_assert(ringzero::detail::rail_kind<rail>);
 
 }  // namespace ringzero::libfabric::detail

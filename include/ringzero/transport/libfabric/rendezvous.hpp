@@ -1,10 +1,13 @@
-// Building the world communicator's engine and its rails through a store:
+// The libfabric transport's handshake: building the world communicator's rails and engine
+// through a store:
 //   1. every rank publishes its host name (node placement, and whether shm can serve all) and
 //      its process identity (the watchdog's liveness checks between ranks on one host);
 //   2. rank 0 picks the provider, opens its rails and publishes the provider's name; the
 //      others open the same provider;
-//   3. every rank publishes its rails' names (fi_getname) and inserts everyone's into each
-//      rail's address vector, then starts its engine's watchdog;
+//   3. every rank publishes its rails' names (fi_getname), the striping threshold and each
+//      rail's link speed, inserts everyone's names into each rail's address vector, agrees with
+//      every peer on each rail's share of a striped message (the lower of the two ends' speeds),
+//      starts its watchdog and hands the rails to the kit's engine;
 //   4. a last round of keys tells each rank that all others have finished reading, and rank 0
 //      that all others are done with the store, so a rank 0 that serves it may close it.
 // A rank that fails to open its rails publishes the reason in place of its name, so the
@@ -16,20 +19,24 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/delivery.hpp"
 #include "ringzero/transport/detail/interfaces.hpp"
 #include "ringzero/transport/detail/pci_topology.hpp"
-#include "ringzero/transport/libfabric/delivery.hpp"
 #include "ringzero/transport/libfabric/engine.hpp"
 #include "ringzero/transport/libfabric/provider.hpp"
 
@@ -67,7 +74,164 @@ inline void throw_if_failure(std::span<const std::byte> v, int rank) {
 
 }  // namespace keys
 
-inline void drop_env_rails_on_shm(engine::config& cfg, bool rails_from_env) {
+/// The rails a transport asks for; the rendezvous fills in the provider and whether every rank
+/// shares a host.
+struct fabric_config {
+  std::string provider;  ///< empty: libfabric's first choice under FI_PROVIDER
+  /// One rail per entry, each the NIC the provider names as a domain (tcp: an interface, efa: a
+  /// device); empty: one rail on the provider's best candidate.
+  std::vector<std::string> rails{};
+  /// With no rails named: the address this rank rendezvouses from, whose candidate the rail
+  /// takes (rail::config::near).
+  std::optional<in_addr> near{};
+  bool register_always = false;
+  bool one_host = true;  ///< every rank on this host: loopback addresses will do
+  std::chrono::nanoseconds timeout{std::chrono::seconds(300)};
+  /// Ask for FI_HMEM: the caller will pass CUDA device buffers (register_device).
+  bool device_memory = false;
+  /// With several rails, messages of at least this many bytes are striped over all of them;
+  /// must be alike on every rank (connect_rails checks).
+  std::size_t stripe_bytes = SIZE_MAX;
+  /// Pieces in proportion to the rails' link speeds (rail::link_mbps, the lower of the two
+  /// ends'); false, or a speed unknown at either end: equal pieces.
+  bool weigh_rails = true;
+  /// With rails {"auto"}: the PCI address of this rank's GPU; the rendezvous then keeps the
+  /// NICs nearest it (detail::rails_near_gpu). Empty: every NIC found.
+  std::string gpu_bus_id{};
+};
+
+/// Opens one rail per NIC `cfg` names (one on the provider's best candidate for none), all on
+/// one provider, and what they share. Several rails are delivered reliably, which needs 4 bytes
+/// of remote CQ data and tag bits above the algorithm's for the piece numbers.
+[[nodiscard]] inline std::pair<std::vector<std::unique_ptr<rail>>, fabric_facts> open_rails(
+    const fabric_config& cfg) {
+  const bool several = cfg.rails.size() > 1;
+  const std::size_t most =
+      several ? delivery::limits::max_rails : ringzero::detail::rail_engine_limits::max_rails;
+  if (cfg.rails.size() > most)
+    throw invalid_argument(fmt::format("{} rails asked for; a libfabric engine drives at most {}",
+                                       cfg.rails.size(), most));
+  std::vector<std::unique_ptr<rail>> rails;
+  const auto open = [&](std::string domain) {
+    rails.push_back(std::make_unique<rail>(rail::config{.provider = cfg.provider,
+                                                        .domain = std::move(domain),
+                                                        .near = cfg.near,
+                                                        .register_always = cfg.register_always,
+                                                        .one_host = cfg.one_host,
+                                                        .device_memory = cfg.device_memory,
+                                                        .cq_data = several}));
+  };
+  if (cfg.rails.empty()) open({});
+  for (const auto& d : cfg.rails) open(d);
+  const rail& first = *rails.front();
+  fabric_facts facts{.provider = first.provider(),
+                     .mr_mode = first.mr_mode(),
+                     .inject_size = first.inject_size(),
+                     .registers = first.registers(),
+                     .hmem = true,
+                     .tag_width = 64,
+                     .pieces_in_tag = several};
+  for (const auto& r : rails) {
+    if (r->provider() != first.provider())
+      throw invalid_argument(fmt::format(
+          "libfabric rails on different providers ({} on {}, {} on {}): a job's rails share one",
+          first.provider(), first.domain_name(), r->provider(), r->domain_name()));
+    facts.tag_width = std::min(facts.tag_width, r->tag_width());
+    facts.hmem = facts.hmem && r->hmem();
+    if (several && r->cq_data_bytes() < 4)
+      throw unsupported(fmt::format(
+          "libfabric provider {} carries {} bytes of remote CQ data on {}; several rails need "
+          "4 (each message's sequence number, so that a failed rail loses none)",
+          r->provider(), r->cq_data_bytes(), r->domain_name()));
+  }
+  if (several && facts.tag_width - tag_bits <= delivery::limits::piece_bits)
+    throw unsupported(
+        fmt::format("libfabric provider {} matches {} tag bits; several rails need more than {}",
+                    facts.provider, facts.tag_width, tag_bits + delivery::limits::piece_bits));
+  if (several)
+    for (auto& r : rails) r->set_piece_shift(facts.tag_width - delivery::limits::piece_bits);
+  return {std::move(rails), std::move(facts)};
+}
+
+/// A rank's address as it publishes it: every rail's name (fi_getname), then the striping
+/// threshold and each rail's link speed (0 where unknown or not weighed). It starts with a
+/// letter: the rendezvous marks a rank's failure with a control byte in its place.
+inline constexpr std::byte name_mark{'R'};
+[[nodiscard]] inline std::vector<std::byte> endpoint_names(
+    const std::vector<std::unique_ptr<rail>>& rails, const fabric_config& cfg) {
+  std::vector<std::byte> out{name_mark};
+  const auto put = [&](auto v) {
+    const auto* b = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), b, b + sizeof v);
+  };
+  put(static_cast<std::uint32_t>(rails.size()));
+  for (const auto& r : rails) {
+    const auto n = r->endpoint_name();
+    put(static_cast<std::uint32_t>(n.size()));
+    out.insert(out.end(), n.begin(), n.end());
+  }
+  put(static_cast<std::uint64_t>(cfg.stripe_bytes));
+  for (const auto& r : rails) put(cfg.weigh_rails ? r->link_mbps() : std::uint64_t{0});
+  return out;
+}
+
+/// Inserts every rank's names (index = world rank), each rail's into that rail, and returns, by
+/// rank, each rail's share of a striped message to or from it: the lower of the two ends' link
+/// speeds, equal where either end does not know (weighing some by a guess would be worse).
+[[nodiscard]] inline std::vector<std::vector<std::uint64_t>> connect_rails(
+    const std::vector<std::unique_ptr<rail>>& rails, const fabric_config& cfg,
+    const std::vector<std::vector<std::byte>>& names) {
+  std::vector<std::vector<std::vector<std::byte>>> per_rail(
+      rails.size(), std::vector<std::vector<std::byte>>(names.size()));
+  std::vector<std::vector<std::uint64_t>> shares;
+  for (std::size_t r = 0; r < names.size(); ++r) {
+    std::span<const std::byte> in(names[r]);
+    if (in.empty() || in[0] != name_mark)
+      throw transport_error(fmt::format("rank {}'s libfabric address is not an engine's", r));
+    in = in.subspan(1);
+    const auto get = [&](auto& v) {
+      if (in.size() < sizeof v) return false;
+      std::memcpy(&v, in.data(), sizeof v);
+      in = in.subspan(sizeof v);
+      return true;
+    };
+    std::uint32_t count = 0;
+    if (!get(count))
+      throw transport_error(fmt::format("rank {}'s libfabric address is truncated", r));
+    if (count != rails.size())
+      throw invalid_argument(fmt::format(
+          "rank {} opened {} libfabric rail{} and this rank {}: RINGZERO_RAILS must name as "
+          "many NICs on every host",
+          r, count, count == 1 ? "" : "s", rails.size()));
+    for (auto& rail_names : per_rail) {
+      std::uint32_t len = 0;
+      if (!get(len) || in.size() < len)
+        throw transport_error(fmt::format("rank {}'s libfabric address is truncated", r));
+      rail_names[r].assign(in.begin(), in.begin() + len);
+      in = in.subspan(len);
+    }
+    std::uint64_t stripe = 0;
+    std::vector<std::uint64_t> speeds(rails.size());
+    bool complete = get(stripe);
+    for (auto& v : speeds) complete = complete && get(v);
+    if (!complete)
+      throw transport_error(fmt::format("rank {}'s libfabric address is truncated", r));
+    if (rails.size() > 1 && stripe != cfg.stripe_bytes)
+      throw invalid_argument(fmt::format(
+          "rank {} stripes messages of {} bytes and more over its rails, this rank from {}: "
+          "libfabric::options::stripe_bytes (RINGZERO_STRIPE_BYTES) must be alike on every rank",
+          r, stripe, cfg.stripe_bytes));
+    for (std::size_t i = 0; i < rails.size(); ++i)
+      speeds[i] = std::min(speeds[i], cfg.weigh_rails ? rails[i]->link_mbps() : 0);
+    if (std::find(speeds.begin(), speeds.end(), 0) != speeds.end())
+      std::fill(speeds.begin(), speeds.end(), 1);
+    shares.push_back(std::move(speeds));
+  }
+  for (std::size_t i = 0; i < rails.size(); ++i) rails[i]->connect(per_rail[i]);
+  return shares;
+}
+
+inline void drop_env_rails_on_shm(fabric_config& cfg, bool rails_from_env) {
   if (!rails_from_env || cfg.rails.empty() || cfg.provider != "shm") return;
   log::info(
       "libfabric: RINGZERO_RAILS does not apply to provider shm (it moves no bytes over a "
@@ -138,7 +302,7 @@ template <class Key>
 /// agree through it on which rank failed first (failure_board); `served_by_rank0`: it goes away
 /// with rank 0's process (tcp_store).
 [[nodiscard]] inline world rendezvous(bootstrap::store& s, int rank, int size,
-                                      std::string_view requested, engine::config cfg,
+                                      std::string_view requested, fabric_config cfg,
                                       bool rails_from_env = false,
                                       std::shared_ptr<bootstrap::store> kept = nullptr,
                                       bool served_by_rank0 = false) {
@@ -173,6 +337,8 @@ template <class Key>
       cfg.rails =
           discover_rails(s, key, rank, size, cfg.provider, one_host, w.hosts, cfg.gpu_bus_id);
   };
+  std::vector<std::unique_ptr<rail>> rails;
+  fabric_facts facts;
   try {
     if (rank == 0) {
       cfg.provider = choose_provider(requested, one_host);
@@ -182,15 +348,15 @@ template <class Key>
         published = true;
         discover();
       }
-      w.eng = std::make_shared<engine>(cfg);
-      if (!published) keys::set_text(s, provider_key, w.eng->provider());
+      std::tie(rails, facts) = open_rails(cfg);
+      if (!published) keys::set_text(s, provider_key, facts.provider);
     } else {
       const auto v = s.get(provider_key);
       keys::throw_if_failure(v, 0);
       cfg.provider.assign(reinterpret_cast<const char*>(v.data()), v.size());
       drop_env_rails_on_shm(cfg, rails_from_env);
       discover();
-      w.eng = std::make_shared<engine>(cfg);
+      std::tie(rails, facts) = open_rails(cfg);
     }
   } catch (const bootstrap_error&) {
     throw;
@@ -199,18 +365,33 @@ template <class Key>
     throw;
   }
 
-  const auto name = w.eng->name();
-  s.set(key("ep", rank), name);
+  s.set(key("ep", rank), endpoint_names(rails, cfg));
   std::vector<std::vector<std::byte>> names(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     names[static_cast<std::size_t>(r)] = s.get(key("ep", r));
     keys::throw_if_failure(names[static_cast<std::size_t>(r)], r);
   }
-  w.eng->connect(names, rank);
-  w.eng->watch(rank, std::move(processes),
-               kept
+  auto shares = connect_rails(rails, cfg, names);
+  auto dog = std::make_shared<watchdog>(watchdog::config{
+      .rank = rank,
+      .peers = std::move(processes),
+      .timeout = cfg.timeout,
+      .board = kept
                    ? std::make_shared<failure_board>(std::move(kept), prefix, rank, served_by_rank0)
-                   : nullptr);
+                   : nullptr});
+  for (auto& r : rails) r->set_watchdog(dog.get());
+  const std::string provider = facts.provider;
+  w.eng = std::make_shared<engine>(
+      ringzero::detail::rail_engine_config{.rank = rank,
+                                           .size = size,
+                                           .name = "libfabric",
+                                           .fabric = provider,
+                                           .timeout = cfg.timeout,
+                                           .stripe_bytes = cfg.stripe_bytes,
+                                           .shares = std::move(shares),
+                                           .watch = std::move(dog),
+                                           .leave_open_after_loss = provider == "shm"},
+      std::move(rails), std::move(facts));
 
   keys::set_text(s, key("ready", rank), "1");
   std::vector<std::string> ready;

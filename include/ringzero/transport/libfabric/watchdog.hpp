@@ -47,6 +47,7 @@
 #include "ringzero/detail/env.hpp"
 #include "ringzero/detail/shm_names.hpp"
 #include "ringzero/log.hpp"
+#include "ringzero/transport/detail/peer_watch.hpp"
 #include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::libfabric::detail {
@@ -182,7 +183,9 @@ class failure_board {
   std::string unreachable_;  ///< why the store failed once: not asked again
 };
 
-class watchdog {
+/// The rail engine's peer_watch for libfabric: what it says of the ranks of this host, and the
+/// verdict the ranks agree on through the failure board.
+class watchdog : public ringzero::detail::peer_watch {
  public:
   struct config {
     int rank = 0;
@@ -204,7 +207,7 @@ class watchdog {
   }
   watchdog(const watchdog&) = delete;
   watchdog& operator=(const watchdog&) = delete;
-  ~watchdog() {
+  ~watchdog() override {
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -222,26 +225,28 @@ class watchdog {
   }
 
   /// The world rank known to have died, or -1.
-  [[nodiscard]] int failed_rank() const noexcept { return failed_.load(std::memory_order_acquire); }
+  [[nodiscard]] int failed_rank() const noexcept override {
+    return failed_.load(std::memory_order_acquire);
+  }
   /// How it was found out, once failed_rank() >= 0.
-  [[nodiscard]] std::string failure() const {
+  [[nodiscard]] std::string failure() const override {
     std::lock_guard lock(mutex_);
     return reason_;
   }
   /// Milliseconds since the failure was found out (0 when none is known).
-  [[nodiscard]] std::int64_t failure_age_ms() const noexcept {
+  [[nodiscard]] std::int64_t failure_age_ms() const noexcept override {
     const std::int64_t at = failed_at_.load(std::memory_order_acquire);
     return at == 0 ? 0 : now_ms() - at;
   }
   /// World ranks on this host that are stopped (SIGSTOP, a debugger): why a wait may stall.
-  [[nodiscard]] std::vector<int> stopped_ranks() const {
+  [[nodiscard]] std::vector<int> stopped_ranks() const override {
     std::lock_guard lock(mutex_);
     return stopped_;
   }
 
   /// `world_rank` looks dead (its process is gone, its connection reset): records the failure
   /// the ranks agree on (failure_board), which need not be this one.
-  void suspect(int world_rank, const std::string& why) {
+  void suspect(int world_rank, const std::string& why) override {
     if (world_rank < 0 || world_rank == cfg_.rank || failed_rank() >= 0) return;
     if (!cfg_.board) return report(world_rank, why);
     const failure_board::verdict v = cfg_.board->settle(world_rank, why);
@@ -251,7 +256,7 @@ class watchdog {
   }
 
   /// Records that some rank other than this one failed.
-  void report(int world_rank, std::string why) {
+  void report(int world_rank, std::string why) override {
     if (world_rank < 0 || world_rank == cfg_.rank) return;
     int expected = -1;
     if (!failed_.compare_exchange_strong(expected, world_rank, std::memory_order_acq_rel)) return;
@@ -268,13 +273,13 @@ class watchdog {
     return std::find(stopped_.begin(), stopped_.end(), world_rank) != stopped_.end();
   }
   /// `world_rank`'s process was found gone (this host's ranks only).
-  [[nodiscard]] bool is_gone(int world_rank) const {
+  [[nodiscard]] bool is_gone(int world_rank) const override {
     std::lock_guard lock(mutex_);
     return std::find(gone_.begin(), gone_.end(), world_rank) != gone_.end();
   }
   /// A rank of this host was found gone or is stopped: one of them may hold a lock in memory
   /// its peers share (libfabric's shm provider), which a call touching it would wait on for good.
-  [[nodiscard]] bool any_lost() const {
+  [[nodiscard]] bool any_lost() const override {
     std::lock_guard lock(mutex_);
     return !gone_.empty() || !stopped_.empty();
   }
@@ -288,12 +293,6 @@ class watchdog {
   void leave() noexcept { call_since_.store(0, std::memory_order_release); }
 
  private:
-  [[nodiscard]] static std::int64_t now_ms() noexcept {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-
   void run() {
     std::unique_lock lock(mutex_);
     while (!stop_) {

@@ -401,7 +401,7 @@ class handshake {
 
 /// What meet() needs besides the terms.
 struct meeting {
-  const std::vector<rail>& rails;
+  const std::vector<rail_address>& rails;
   const std::vector<bootstrap::detail::unique_fd>& listeners;  ///< one per rail
   const std::vector<std::vector<sockaddr_in>>& addresses;      ///< per rank, per rail
   std::size_t buffer_bytes = 0;

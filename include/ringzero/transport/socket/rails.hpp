@@ -43,14 +43,14 @@ namespace ringzero::socket::detail {
 namespace bsd = bootstrap::detail;
 
 /// One rail of this host: its name (an interface, or the address given) and IPv4 address.
-struct rail {
+struct rail_address {
   std::string name;
   in_addr address{};
 };
 
 /// The IPv4 address of interface or literal `what`.
-[[nodiscard]] inline rail find_rail(const std::string& what) {
-  rail r;
+[[nodiscard]] inline rail_address find_rail(const std::string& what) {
+  rail_address r;
   r.name = what;
   if (::inet_pton(AF_INET, what.c_str(), &r.address) == 1) return r;
   ifaddrs* ifs = nullptr;
@@ -75,10 +75,10 @@ using ringzero::detail::local_interfaces;
 using ringzero::detail::parse_interfaces;
 
 /// The address this host uses to reach `host` (ringzero::detail::route_source), as a rail.
-[[nodiscard]] inline std::optional<rail> route_to(const std::string& host) {
+[[nodiscard]] inline std::optional<rail_address> route_to(const std::string& host) {
   const auto from = ringzero::detail::route_source(host);
   if (!from) return std::nullopt;
-  rail r;
+  rail_address r;
   r.address = *from;
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &r.address, buf, sizeof buf);
@@ -108,7 +108,7 @@ inline void tune(int fd, std::size_t buffer_bytes, std::chrono::milliseconds use
 }
 
 /// A listening socket on `r`, any port.
-[[nodiscard]] inline std::pair<bsd::unique_fd, sockaddr_in> listen_on(const rail& r,
+[[nodiscard]] inline std::pair<bsd::unique_fd, sockaddr_in> listen_on(const rail_address& r,
                                                                       std::size_t buffer_bytes) {
   bsd::unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) throw bootstrap_error(fmt::format("socket() failed: {}", std::strerror(errno)));
@@ -131,7 +131,7 @@ inline void tune(int fd, std::size_t buffer_bytes, std::chrono::milliseconds use
 /// SO_ERROR). The handshake (handshake.hpp) waits for it among the others and retries refusals
 /// (the peer's listener exists before its address is published, so they are rare).
 [[nodiscard]] inline std::pair<bsd::unique_fd, int> start_connect(
-    const rail& from, const sockaddr_in& to, std::size_t buffer_bytes,
+    const rail_address& from, const sockaddr_in& to, std::size_t buffer_bytes,
     std::chrono::milliseconds user_timeout) {
   bsd::unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd) throw bootstrap_error(fmt::format("socket() failed: {}", std::strerror(errno)));

@@ -1,16 +1,19 @@
-// Delivery over several rails: what lets a libfabric engine with more than one rail lose one and
-// lose no message. A send's completion says only that the provider is done with the buffer, not
-// that the bytes arrived (ofi_rxm completes an eager send once the kernel took it), so a rail
-// whose link goes down takes with it messages both ends believe sent. Here each message (or
-// piece of a striped one) carries a sequence number per ordered pair of ranks in its remote CQ
-// data; the receiver records which numbers it has and tells the sender, as one idempotent
-// statement (received_set: everything below a mark, and runs above it), in control messages on
-// a rail both ends still use. The sender keeps what is not yet acknowledged (a copy for small
-// sends, which complete at once; the caller's buffer for the rest, whose sends complete when
-// acknowledged) and, once the receiver says it gave a rail up, sends again what that rail held
-// and the receiver does not have. Each piece of a message has a tag of its own (piece_field), so
-// a piece sent again on another rail matches exactly the receive moved there, whatever else is
-// posted, and no message is ever delivered twice. Pure bookkeeping: no provider calls here.
+// Reliable delivery over several rails, as bookkeeping (the rail engine, rail_engine.hpp, does
+// the posting): what lets a transport with more than one rail lose one and lose no message. A
+// send's completion on a rail says only that the rail is done with the buffer, not that the
+// bytes arrived (ofi_rxm completes an eager send once the kernel took it; a TCP write is done
+// once the kernel has it), so a rail whose link goes down takes with it messages both ends
+// believe sent. Here each message (or piece of a striped one) carries a sequence number per
+// ordered pair of ranks in a 32-bit word beside its tag (cq_word: libfabric's remote CQ data, a
+// socket frame's field); the receiver records which numbers it has and tells the sender, as one
+// idempotent statement (received_set: everything below a mark, and runs above it), in control
+// messages on a rail both ends still use. The sender keeps what is not yet acknowledged (a copy
+// for small sends, which complete at once; the caller's buffer for the rest, whose sends
+// complete when acknowledged) and, once the receiver says it gave a rail up, sends again what
+// that rail held and the receiver does not have. Each piece of a message has a number of its
+// own beside the tag, so a piece sent again on another rail matches exactly the receive moved
+// there, whatever else is posted, and no message is ever delivered twice. Pure bookkeeping: no
+// rail calls here.
 #pragma once
 
 #include <fmt/core.h>
@@ -29,7 +32,7 @@
 
 #include "ringzero/error.hpp"
 
-namespace ringzero::libfabric::detail::delivery {
+namespace ringzero::detail::delivery {
 
 /// Delivery's limits, named once.
 struct limits {
@@ -37,14 +40,20 @@ struct limits {
   /// does; larger ones complete when the receiver acknowledges them. Below it the copy costs
   /// less than waiting a round trip for the acknowledgement; above it, the other way round.
   static constexpr std::size_t copy_bytes = std::size_t{64} << 10;
+  /// Copied sends to one peer not yet acknowledged, at most (messages, bytes): past them a send
+  /// waits for its acknowledgement, as a larger one does. The copies stay bounded while a
+  /// receiver falls behind, and a sender that only sends still waits now and then, and so
+  /// learns of a peer that is gone.
+  static constexpr std::size_t max_copies = 64;
+  static constexpr std::size_t max_copy_bytes = std::size_t{4} << 20;
   /// A receiver acknowledges copied sends after this many arrived, or after ack_delay: the
   /// sender's copies stay bounded without an acknowledgement per small message.
   static constexpr std::size_t ack_batch = 16;
   static constexpr std::chrono::milliseconds ack_delay{2};
-  /// Tag bits above the communicator ids that number a message's pieces; the highest value
-  /// marks control messages.
+  /// Bits that number a message's pieces beside its tag (libfabric spends them from the tag's
+  /// top, a socket frame has a field); the highest value marks control messages.
   static constexpr int piece_bits = 4;
-  static constexpr std::uint64_t control_piece = (std::uint64_t{1} << piece_bits) - 1;
+  static constexpr std::uint8_t control_piece = (1u << piece_bits) - 1;
   /// Rails a reliable engine drives: every piece needs a number below control_piece.
   static constexpr std::size_t max_rails = control_piece;
   /// Runs of out-of-order arrivals one statement carries: arrivals complete in the order the
@@ -57,9 +66,9 @@ struct limits {
   static constexpr std::chrono::milliseconds link_poll{100};
 };
 
-/// The remote CQ data of a message: its sequence number's low 31 bits, and whether the sender
-/// waits for the acknowledgement (so the receiver sends it at once). 32 bits: efa carries 4
-/// bytes of CQ data.
+/// The word a message carries beside its tag: its sequence number's low 31 bits, and whether the
+/// sender waits for the acknowledgement (so the receiver sends it at once). 32 bits: efa carries
+/// 4 bytes of remote CQ data.
 struct cq_word {
   static constexpr std::uint64_t seq_mask = (std::uint64_t{1} << 31) - 1;
   static constexpr std::uint64_t urgent_bit = std::uint64_t{1} << 31;
@@ -74,7 +83,7 @@ struct cq_word {
 /// The sequence numbers a receiver has from one sender: all below low(), and runs above it.
 class received_set {
  public:
-  /// The full number of a message whose CQ data carried `word`: the one nearest above low()
+  /// The full number of a message that carried `word`: the one nearest above low()
   /// with those low 31 bits (a message more than 2^31 behind the mark does not exist: the
   /// receiver would still be waiting for it).
   [[nodiscard]] std::uint64_t expand(std::uint64_t word) const noexcept {
@@ -133,34 +142,43 @@ class received_set {
 };
 
 /// A control message: who sends it, the rails it gave up toward the receiver (a bit per rail),
-/// everything it has received from the receiver, and the latest messages it received cut short
+/// everything it has received from the receiver, the latest messages it received cut short
 /// (their first pieces' numbers: the sender lets the whole message go, since the pieces the
-/// receiver did not post for will never be received). Sent whole every time, so a lost or late
-/// one is harmless (a later one says more).
+/// receiver did not post for will never be received), and the rate at which the receiver's
+/// bytes arrive on each rail where its rails measure one (KiB/s, 0: not measured; what a sender
+/// whose rails place pieces by offset weighs its pieces by). Sent whole every time, so a lost or
+/// late one is harmless (a later one says more).
 struct control {
-  static constexpr std::uint32_t magic = 0x525a4143;  // "RZAC"
-  static constexpr std::size_t header_bytes = 5 * 4 + 8;
+  static constexpr std::uint32_t magic = 0x525a4144;  // "RZAD"
+  static constexpr std::size_t header_bytes = 6 * 4 + 8;
 
   int from = -1;
   std::uint32_t dead = 0;
   received_set received;
   std::vector<std::uint64_t> cut{};
+  std::vector<std::uint32_t> rates{};
 
   [[nodiscard]] static std::size_t max_bytes() noexcept {
-    return header_bytes + limits::max_runs * 16 + limits::max_cut * 8;
+    return header_bytes + limits::max_runs * 16 + limits::max_cut * 8 + limits::max_rails * 4;
   }
 
-  [[nodiscard]] std::vector<std::byte> encode() const { return encode(from, dead, received, cut); }
+  [[nodiscard]] std::vector<std::byte> encode() const {
+    return encode(from, dead, received, cut, rates);
+  }
+  /// `rates` all 0 travel as none.
   [[nodiscard]] static std::vector<std::byte> encode(int from, std::uint32_t dead,
                                                      const received_set& received,
-                                                     std::span<const std::uint64_t> cut) {
+                                                     std::span<const std::uint64_t> cut,
+                                                     std::span<const std::uint32_t> rates = {}) {
     if (received.runs().size() > limits::max_runs)
       throw transport_error(fmt::format(
-          "libfabric: {} runs of messages from one rank arrived out of order, more than the {} "
-          "one acknowledgement can describe",
+          "{} runs of messages from one rank arrived out of order, more than the {} one "
+          "acknowledgement can describe",
           received.runs().size(), limits::max_runs));
+    const bool measured = std::any_of(rates.begin(), rates.end(), [](auto r) { return r > 0; });
+    const std::size_t rate_count = measured ? std::min(rates.size(), limits::max_rails) : 0;
     std::vector<std::byte> out;
-    out.reserve(header_bytes + received.runs().size() * 16);
+    out.reserve(header_bytes + received.runs().size() * 16 + rate_count * 4);
     const auto put = [&](auto v) {
       const auto* b = reinterpret_cast<const std::byte*>(&v);
       out.insert(out.end(), b, b + sizeof v);
@@ -170,6 +188,7 @@ struct control {
     put(dead);
     put(static_cast<std::uint32_t>(received.runs().size()));
     put(static_cast<std::uint32_t>(std::min(cut.size(), limits::max_cut)));
+    put(static_cast<std::uint32_t>(rate_count));
     put(received.low());
     for (const auto& [a, b] : received.runs()) {
       put(a);
@@ -177,6 +196,7 @@ struct control {
     }
     for (std::size_t i = cut.size() - std::min(cut.size(), limits::max_cut); i < cut.size(); ++i)
       put(cut[i]);
+    for (std::size_t i = 0; i < rate_count; ++i) put(rates[i]);
     return out;
   }
 
@@ -194,10 +214,12 @@ struct control {
     std::uint32_t dead = 0;
     std::uint32_t count = 0;
     std::uint32_t cuts = 0;
+    std::uint32_t rate_count = 0;
     std::uint64_t low = 0;
     if (!get(m) || m != magic || !get(from) || !get(dead) || !get(count) || !get(cuts) ||
-        !get(low) || count > limits::max_runs || cuts > limits::max_cut ||
-        in.size() != std::size_t{count} * 16 + std::size_t{cuts} * 8)
+        !get(rate_count) || !get(low) || count > limits::max_runs || cuts > limits::max_cut ||
+        rate_count > limits::max_rails ||
+        in.size() != std::size_t{count} * 16 + std::size_t{cuts} * 8 + std::size_t{rate_count} * 4)
       return std::nullopt;
     std::map<std::uint64_t, std::uint64_t> runs;
     std::uint64_t floor = low;
@@ -213,6 +235,8 @@ struct control {
     control c;
     c.cut.resize(cuts);
     for (auto& v : c.cut) get(v);
+    c.rates.resize(rate_count);
+    for (auto& v : c.rates) get(v);
     c.from = static_cast<int>(from);
     c.dead = dead;
     c.received.assign(low, std::move(runs));
@@ -232,4 +256,4 @@ struct control {
   return -1;
 }
 
-}  // namespace ringzero::libfabric::detail::delivery
+}  // namespace ringzero::detail::delivery
