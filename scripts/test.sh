@@ -236,7 +236,7 @@ if [[ ${RINGZERO_TORCH:-1} != 0 ]]; then
   else
     echo "torch stage skipped: scripts/deps.sh could not install torch into build/torch-venv"
   fi
-  lap "1 torch (build, examples, faults, suite subset)"
+  lap "1 torch (build, examples, faults, PyTorch suite)"
 fi
 # Conan is a PyPI package, installed by scripts/deps.sh (build/conan-venv); the other consumers
 # ran above.
