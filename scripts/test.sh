@@ -221,10 +221,10 @@ lap "1 clang-format"
 run_ctest build/ci -LE unit
 lap "1 ctest"
 # The torch backend (integrations/torch, docs/torch.md), against the torch scripts/deps.sh put in
-# build/torch-venv: the extension's build, the examples against gloo, the fault cases and a
-# fixed subset of PyTorch's own distributed suite (tests/torch/run.sh; about 5 minutes,
-# docs/testing.md). RINGZERO_TORCH=0 skips it; RINGZERO_TORCH_SUITE=full runs PyTorch's whole
-# suite instead of the subset.
+# build/torch-venv: the extension's build, the examples against gloo, the fault cases and
+# PyTorch's own distributed suite at 2 and 3 ranks (tests/torch/run.sh; about 5 minutes,
+# docs/testing.md). RINGZERO_TORCH=0 skips it; RINGZERO_TORCH_SUITE (subset, spawn, full) picks
+# how much of it runs, and how.
 if [[ ${RINGZERO_TORCH:-1} != 0 ]]; then
   if [[ -x build/torch-venv/bin/python ]]; then
     if bash tests/torch/run.sh; then
@@ -236,7 +236,7 @@ if [[ ${RINGZERO_TORCH:-1} != 0 ]]; then
   else
     echo "torch stage skipped: scripts/deps.sh could not install torch into build/torch-venv"
   fi
-  lap "1 torch (build, examples, faults, suite subset)"
+  lap "1 torch (build, examples, faults, PyTorch suite)"
 fi
 # Conan is a PyPI package, installed by scripts/deps.sh (build/conan-venv); the other consumers
 # ran above.

@@ -498,7 +498,14 @@ TEST_CASE("--tune writes the transport's section of a tuning file, keeping the o
     std::fputs("version = 1\n[shm]\nalpha = 1e-7\n", f);
     std::fclose(f);
   }
-  const result r = run("all_reduce -t 2 --tune " + path);
+  // The fit is taken from real timings: on a loaded machine a sweep can come out flat, which
+  // --tune refuses with a clear error (not what this case checks: the file it writes), so that
+  // refusal alone is retried.
+  result r = run("all_reduce -t 2 --tune " + path);
+  for (int again = 0; again < 4 && r.status != 0 &&
+                      r.out.find("the times do not grow with the size") != std::string::npos;
+       ++again)
+    r = run("all_reduce -t 2 --tune " + path);
   INFO(r.out);
   CHECK(r.status == 0);
   CHECK(r.out.find("# alpha = ") != std::string::npos);

@@ -41,7 +41,7 @@ concept combinable = requires(A& a, const A& c, std::vector<std::int32_t>& win, 
 /// How combine_accumulators and exact_sumsq::agree reach their communicator: the collectives
 /// run on the host vectors themselves. A sharder whose communicator moves device memory only
 /// (NCCL) passes an object with the same two members that copies the vectors through device
-/// memory (zero/gradient_reducer.hpp's staged collectives).
+/// memory (zero/detail/staged_collectives.hpp).
 struct host_collectives {
   template <class Comm, class T>
   void all_reduce(Comm& comm, std::span<T> values, op o, const options& opt) const {

@@ -51,6 +51,7 @@
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/exact_device.hpp"
 #include "ringzero/zero/detail/exact_sumsq.hpp"
+#include "ringzero/zero/detail/staged_collectives.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/device_space.hpp"
 #include "ringzero/zero/memory_space.hpp"
@@ -230,7 +231,7 @@ class exact_gradients {
     space_.zero(st, counts_.data(), 3);
     detail::exact_sumsq sq;
     sq.add_bins(host.data());
-    const auto [sum, bad] = sq.agree(comm_, o, staged(*this));
+    const auto [sum, bad] = sq.agree(comm_, o, detail::staged<Space>(space_, staging_));
     gradient_stats stats;
     stats.sumsq = sum * static_cast<double>(scale) * static_cast<double>(scale);
     stats.nonfinite = bad;
@@ -250,37 +251,6 @@ class exact_gradients {
   }
 
  private:
-  /// The collectives of a combine on a device space: host vectors copied through device memory
-  /// of the space, in the communication stream's order (NCCL moves nothing else).
-  class staged {
-   public:
-    explicit staged(exact_gradients& x) : x_(x) {}
-    template <class C, class T>
-    void all_reduce(C& comm, std::span<T> values, op o, const ringzero::options& opt) const {
-      const auto st = x_.space_.comm_stream();
-      T* d = x_.template staging<T>(values.size());
-      x_.space_.upload(st, d, values.data(), values.size());
-      x_.space_.run_sync(
-          st, [&] { ringzero::all_reduce(comm, std::span<T>(d, values.size()), o, opt); });
-      x_.space_.download(st, values.data(), d, values.size());
-    }
-    template <class C, class T>
-    void reduce_scatter(C& comm, std::span<const T> in, std::span<T> out, op o,
-                        const ringzero::options& opt) const {
-      const auto st = x_.space_.comm_stream();
-      T* d = x_.template staging<T>(in.size() + out.size());
-      x_.space_.upload(st, d, in.data(), in.size());
-      x_.space_.run_sync(st, [&] {
-        ringzero::reduce_scatter(comm, std::span<const T>(d, in.size()),
-                                 std::span<T>(d + in.size(), out.size()), o, opt);
-      });
-      x_.space_.download(st, out.data(), d + in.size(), out.size());
-    }
-
-   private:
-    exact_gradients& x_;
-  };
-
   template <class T>
   static T* start_lifetime(void* p, std::size_t n) noexcept {
     // The bytes are the objects' (memmove creates objects implicitly, as C++23's
@@ -418,7 +388,8 @@ class exact_gradients {
     G* out = sharded_ ? layer0 + static_cast<std::size_t>(r) * slice
                       : flat_ + bk.offset + static_cast<std::size_t>(r) * slice;
     if (replicate_ != nullptr)
-      combine_device(ub, out);
+      detail::combine_across_groups(space_, *replicate_, v, counts_.data(), pool_records_,
+                                    pool_rows_, all_reduce_, staging_, host_out_, out);
     else
       ops::round(space_, st, v, out);
     if (sharded_) {
@@ -431,31 +402,6 @@ class exact_gradients {
     });
   }
 
-  /// Hybrid sharding on a device space: bucket b's accumulator read back, combined across the
-  /// groups on the host (its collectives staged through device memory), the sums uploaded to out.
-  void combine_device(std::size_t b, G* out) requires device {
-    const auto st = space_.comm_stream();
-    const reproducible::compact_view v = view(b);
-    std::uint32_t counts[3] = {};
-    space_.download(st, counts, counts_.data(), 3);
-    std::vector<std::int64_t> words(v.n);
-    std::vector<reproducible::compact_head> heads(reproducible::blocks(v.n));
-    std::vector<reproducible::spill_record> records(
-        std::min<std::size_t>(counts[0], pool_records_));
-    std::vector<std::int64_t> rows(std::min<std::size_t>(counts[1], pool_rows_) *
-                                   reproducible::block_elems);
-    space_.download(st, words.data(), v.words, words.size());
-    space_.download(st, heads.data(), v.heads, heads.size());
-    space_.download(st, records.data(), v.pool.records, records.size());
-    space_.download(st, rows.data(), v.pool.rows, rows.size());
-    auto acc = reproducible::compact_accumulator<G>::adopt(std::move(words), std::move(heads),
-                                                           std::move(records), std::move(rows));
-    host_out_.resize(v.n);
-    ringzero::detail::combine_accumulators(*replicate_, acc, std::span<G>(host_out_), 1,
-                                           all_reduce_, staged(*this));
-    space_.upload(st, out, host_out_.data(), v.n);
-  }
-
   /// A spill pool of `records` blocks and three rows per block.
   void grow_pool(std::size_t records) requires device {
     space_.synchronize();  // the old pool may still be read by a stream
@@ -463,18 +409,6 @@ class exact_gradients {
     pool_rows_ = 3 * records;
     records_ = space_.template allocate_local<reproducible::spill_record>(pool_records_);
     rows_ = space_.template allocate_local<std::int64_t>(pool_rows_ * reproducible::block_elems);
-  }
-
-  /// Device memory for n elements of T, kept and grown for the staged collectives.
-  template <class T>
-  [[nodiscard]] T* staging(std::size_t n) {
-    static_assert(alignof(T) <= alignof(std::int64_t));
-    const std::size_t words = std::max<std::size_t>(1, (n * sizeof(T) + 7) / 8);
-    if (staging_.size() < words) {
-      space_.synchronize();
-      staging_ = space_.template allocate<std::int64_t>(words + words / 2);
-    }
-    return reinterpret_cast<T*>(staging_.data());
   }
 
   Comm& comm_;

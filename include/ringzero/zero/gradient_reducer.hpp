@@ -43,9 +43,9 @@
 
 #include "ringzero/collectives.hpp"
 #include "ringzero/error.hpp"
-#include "ringzero/log.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/trace.hpp"
+#include "ringzero/zero/detail/bucket_pool.hpp"
 #include "ringzero/zero/detail/buffer_meter.hpp"
 #include "ringzero/zero/detail/worker.hpp"
 #include "ringzero/zero/device_space.hpp"
@@ -86,14 +86,13 @@ class gradient_reducer {
         inv_predivide_(1.0f / cfg.gradient_predivide),
         reproducible_(cfg.reproducible),
         work_(work),
-        meter_(meter),
-        space_(space) {
+        space_(space),
+        pool_(work, meter, plan.max_bucket()) {
     // Reproducible stages 2-3 hold their gradient shard over the accumulators' words.
     if (!sharded_ || !reproducible_)
       grads_ = space.template allocate<G>(sharded_ ? plan_.shard_size() : plan_.padded_size());
     if (sharded_ || reproducible_)
-      for (int i = 0; i < cfg.reduce_buffers; ++i)
-        add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
+      for (int i = 0; i < cfg.reduce_buffers; ++i) pool_.add_buffer(space_);
     const auto nb = plan_.buckets().size();
     missing_.resize(nb);
     bucket_buffer_.assign(nb, -1);
@@ -253,14 +252,6 @@ class gradient_reducer {
   }
 
  private:
-  struct pool_entry {
-    buffer<G> data;
-    detail::worker::ticket busy = 0;  ///< free once this ticket completed
-    int bucket = -1;                  ///< the bucket filling it, or -1
-    /// Device spaces: the point of the communication stream after its last reduction.
-    typename device_traits<Space>::event done{};
-  };
-
   /// dst = src / predivide (first) or dst += that: on the caller's thread, or on a device space
   /// enqueued on the compute stream, where the trainer's backward wrote `src`.
   template <class S>
@@ -317,11 +308,6 @@ class gradient_reducer {
     std::fill(missing_.begin(), missing_.end(), 0);
     for (const auto& pi : plan_.params()) missing_[static_cast<std::size_t>(pi.bucket)] += pi.uses;
     next_bucket_ = static_cast<int>(plan_.buckets().size()) - 1;
-  }
-
-  void add_buffer(buffer<G> b) {
-    meter_.add(b.bytes());
-    pool_.push_back({std::move(b), 0, -1});
   }
 
   /// Queues bucket b's reduction: all_reduce in place (flat, last micro-batch only) or
@@ -413,54 +399,8 @@ class gradient_reducer {
 
   /// A zeroed buffer for bucket b.
   void acquire_buffer(int b) {
-    if constexpr (device) {
-      // Every buffer is reusable in stream order: take the next one round the pool (the one
-      // whose reduction was enqueued longest ago) and make the compute stream wait for it.
-      int pick = -1;
-      for (std::size_t i = 0; i < pool_.size() && pick < 0; ++i) {
-        const std::size_t j = (next_pool_ + i) % pool_.size();
-        if (pool_[j].bucket < 0) pick = static_cast<int>(j);
-      }
-      if (pick < 0) {
-        log::warn(
-            "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
-            "(hand gradients over in backward order, or raise reduce_buffers)",
-            pool_.size() + 1);
-        add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
-        pick = static_cast<int>(pool_.size()) - 1;
-      }
-      next_pool_ = (static_cast<std::size_t>(pick) + 1) % pool_.size();
-      auto& e = pool_[static_cast<std::size_t>(pick)];
-      const auto compute = space_.compute_stream();
-      space_.wait(compute, e.done);
-      space_.zero(compute, e.data.data(), e.data.size());
-      e.bucket = b;
-      bucket_buffer_[static_cast<std::size_t>(b)] = pick;
-      return;
-    }
-    int pick = -1;
-    for (std::size_t i = 0; i < pool_.size() && pick < 0; ++i)
-      if (pool_[i].bucket < 0 && work_.done(pool_[i].busy)) pick = static_cast<int>(i);
-    if (pick < 0) {
-      for (std::size_t i = 0; i < pool_.size(); ++i)
-        if (pool_[i].bucket < 0 &&
-            (pick < 0 || pool_[i].busy < pool_[static_cast<std::size_t>(pick)].busy))
-          pick = static_cast<int>(i);
-      if (pick >= 0) work_.wait(pool_[static_cast<std::size_t>(pick)].busy);
-    }
-    if (pick < 0) {
-      log::warn(
-          "zero: gradients arrive for {} buckets at once; adding a gradient buffer "
-          "(hand gradients over in backward order, or raise reduce_buffers)",
-          pool_.size() + 1);
-      add_buffer(space_.template allocate_local<G>(plan_.max_bucket()));
-      pick = static_cast<int>(pool_.size()) - 1;
-    }
-    auto& e = pool_[static_cast<std::size_t>(pick)];
     // Reproducible mode zeroes only what no gradient overwrites (exact_gradients::submit).
-    if (!reproducible_) std::fill_n(e.data.data(), e.data.size(), G{});
-    e.bucket = b;
-    bucket_buffer_[static_cast<std::size_t>(b)] = pick;
+    bucket_buffer_[static_cast<std::size_t>(b)] = pool_.acquire(b, space_, !reproducible_);
   }
 
   Comm& comm_;
@@ -475,10 +415,9 @@ class gradient_reducer {
   float inv_predivide_;
   bool reproducible_;
   detail::worker& work_;
-  detail::buffer_meter& meter_;
-  Space space_;      // the gradients' and bucket buffers' memory
-  buffer<G> grads_;  // flat (padded_size) or this rank's shard (shard_size)
-  std::vector<pool_entry> pool_;
+  Space space_;                         // the gradients' and bucket buffers' memory
+  buffer<G> grads_;                     // flat (padded_size) or this rank's shard (shard_size)
+  detail::bucket_pool<G, Space> pool_;  // stages 2-3 and reproducible mode: bucket buffers
   std::vector<int> bucket_buffer_;
   std::vector<int> missing_;  // gradients (one per use of each parameter) a bucket still awaits
   std::vector<int> got_;      // gradients of each parameter handed over this micro-batch
@@ -487,7 +426,6 @@ class gradient_reducer {
   std::optional<exact_gradients<Comm, G, Space>> exact_;  // reproducible mode
   int next_bucket_ = -1;
   int micro_ = 0;
-  std::size_t next_pool_ = 0;  // device spaces: the buffer to try first
 };
 
 }  // namespace ringzero::zero
