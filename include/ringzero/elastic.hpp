@@ -44,11 +44,9 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,53 +61,13 @@
 #include "ringzero/bootstrap/store.hpp"
 #include "ringzero/bootstrap/tcp_store.hpp"
 #include "ringzero/detail/env.hpp"
+#include "ringzero/elastic/detail/heartbeat.hpp"
+#include "ringzero/elastic/membership.hpp"
 #include "ringzero/error.hpp"
 #include "ringzero/log.hpp"
 #include "ringzero/transport/detail/process_watch.hpp"
 
 namespace ringzero::elastic {
-
-/// One generation of the job.
-struct membership {
-  std::uint64_t generation = 0;
-  int rank = 0;                                     ///< this process's rank in the generation
-  std::vector<std::int64_t> members;                ///< member ids, in rank order
-  std::vector<std::int64_t> lost;                   ///< members of the previous generation left out
-  std::vector<std::int64_t> arrived;                ///< members new in this generation
-  std::chrono::steady_clock::duration formed_in{};  ///< from asking to form it to its list
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(members.size()); }
-};
-
-struct limits {
-  int min = 1;
-  int max = INT_MAX;
-  /// Sizes a generation may take (the trainer's batch must split over them); the closer takes
-  /// the largest allowed count of those present. Must give the same answers on every process.
-  std::function<bool(int)> allowed = [](int) { return true; };
-};
-
-/// "MIN:MAX", "N" (MIN = MAX = N) or "MIN:" (no maximum).
-[[nodiscard]] inline limits parse_limits(std::string_view s) {
-  const auto num = [&](std::string_view t) {
-    int v = 0;
-    const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-    if (ec != std::errc{} || p != t.data() + t.size() || v < 1)
-      throw invalid_argument(
-          fmt::format("elastic limits '{}': expected MIN:MAX with positive integers", s));
-    return v;
-  };
-  limits l;
-  const auto colon = s.find(':');
-  if (colon == std::string_view::npos) {
-    l.min = l.max = num(s);
-  } else {
-    l.min = num(s.substr(0, colon));
-    l.max = colon + 1 == s.size() ? INT_MAX : num(s.substr(colon + 1));
-  }
-  if (l.min > l.max)
-    throw invalid_argument(fmt::format("elastic limits '{}': MIN is above MAX", s));
-  return l;
-}
 
 class session {
  public:
@@ -117,27 +75,8 @@ class session {
   static constexpr std::chrono::seconds arrival_connect{10};
 
   /// Store keys, shared with ringzero-run (tools/run), which serves the store and marks ranks
-  /// it reaped as dead.
-  struct keys {
-    static std::string formed() { return "elastic/formed"; }  ///< generations formed so far
-    static std::string next_id() { return "elastic/next-id"; }
-    static std::string waiting() { return "elastic/waiting"; }    ///< arrivals that asked
-    static std::string admitted() { return "elastic/admitted"; }  ///< arrivals taken in
-    static std::string finished() { return "elastic/finished"; }
-    static std::string dead(std::int64_t id) { return fmt::format("elastic/dead/{}", id); }
-    /// Members declared lost so far, by anyone: what the watchers poll instead of every mark.
-    static std::string deaths() { return "elastic/deaths"; }
-    static std::string beat(std::int64_t id) { return fmt::format("elastic/beat/{}", id); }
-    static std::string slots(std::uint64_t g) { return fmt::format("elastic/{}/slots", g); }
-    static std::string slot(std::uint64_t g, std::int64_t i) {
-      return fmt::format("elastic/{}/slot/{}", g, i);
-    }
-    static std::string closer(std::uint64_t g) { return fmt::format("elastic/{}/closer", g); }
-    static std::string members(std::uint64_t g) { return fmt::format("elastic/{}/members", g); }
-    static std::string event(std::uint64_t g) { return fmt::format("elastic/{}/event", g); }
-    /// 1 once event(g) is written: read without waiting, unlike the event itself.
-    static std::string recorded(std::uint64_t g) { return fmt::format("elastic/{}/recorded", g); }
-  };
+  /// it reaped as dead. Defined with the watchers that read them (elastic/detail/heartbeat.hpp).
+  using keys = detail::keys;
 
   /// `store`: one that outlives every rank. `id`: this process's member id, unique in the job.
   /// `initial`: members of generation 0 (ids 0..initial-1); an arrival passes 0.
@@ -250,7 +189,8 @@ class session {
   /// arrival, the next one the job forms (waiting, up to `wait_limit`, until the job makes room
   /// at a step boundary; fails if the job finishes first).
   const membership& join(std::chrono::nanoseconds wait_limit = std::chrono::hours(24)) {
-    if (!heart_) heart_ = std::make_shared<heart>(store_, id_, beat_period(), settle_, launcher_);
+    if (!heart_)
+      heart_ = std::make_shared<detail::heart>(store_, id_, beat_period(), settle_, launcher_);
     if (initial_ > 0) {
       form(0, {}, initial_, false);
       return current_;
@@ -314,9 +254,10 @@ class session {
   /// marks the ranks it reaps), so that a death during a communicator's rendezvous does not hold
   /// the others until the timeout.
   [[nodiscard]] std::shared_ptr<bootstrap::store> generation_store() const {
-    return std::make_shared<watched_store>(std::make_shared<bootstrap::prefixed_store>(
-                                               store_, fmt::format("g{}/", current_.generation)),
-                                           store_, current_, settle_);
+    return std::make_shared<detail::watched_store>(
+        std::make_shared<bootstrap::prefixed_store>(store_,
+                                                    fmt::format("g{}/", current_.generation)),
+        store_, current_, settle_);
   }
   /// The job's store itself (for records that outlive generations).
   [[nodiscard]] bootstrap::store& job_store() const noexcept { return *store_; }
@@ -351,7 +292,7 @@ class session {
   /// heartbeat stopped for the settle time, or -1: for a transport to poll while it waits. Holds
   /// what it needs (the job's store, the generation's members), not the session.
   [[nodiscard]] std::function<int()> dead_rank_probe() const {
-    auto watch = std::make_shared<member_watch>(store_, current_, settle_);
+    auto watch = std::make_shared<detail::member_watch>(store_, current_, settle_);
     return [watch] {
       try {
         if (const auto d = watch->find()) return d->rank;
@@ -376,285 +317,6 @@ class session {
 
  private:
   using clock = std::chrono::steady_clock;
-
-  // Which member of a generation is dead: marked so in the job's store (ringzero-run marks the
-  // ranks it reaps), or silent (its heartbeat, session::heart, has not moved for `silence`; it is
-  // then marked dead, for the others). Without a launcher to reap processes, the heartbeat is how
-  // a death is found, on any host. Thread-safe: transports may ask from several threads.
-  class member_watch {
-   public:
-    struct death {
-      int rank;
-      std::int64_t id;
-      std::string why;
-    };
-
-    member_watch(std::shared_ptr<bootstrap::store> job, membership m,
-                 std::chrono::nanoseconds silence)
-        : job_(std::move(job)),
-          m_(std::move(m)),
-          silence_(silence),
-          beats_(m_.members.size(), {-1, clock::now()}) {}
-
-    [[nodiscard]] const membership& members() const noexcept { return m_; }
-
-    /// The first member other than this process found dead, if any.
-    [[nodiscard]] std::optional<death> find() {
-      std::lock_guard lock(mutex_);
-      const auto now = clock::now();
-      for (int r = 0; r < m_.size(); ++r) {
-        if (r == m_.rank) continue;
-        const std::int64_t id = m_.members[static_cast<std::size_t>(r)];
-        if (job_->add_within(keys::dead(id), 0, std::chrono::seconds(2)) > 0)
-          return death{r, id, "was declared lost (it died, or its heartbeat stopped)"};
-        auto& [last, moved] = beats_[static_cast<std::size_t>(r)];
-        const std::int64_t beat = job_->add_within(keys::beat(id), 0, std::chrono::seconds(2));
-        if (beat != last) {
-          last = beat;
-          moved = now;
-        } else if (now - moved >= silence_) {
-          if (job_->add_within(keys::dead(id), 1, std::chrono::seconds(2)) == 1)
-            job_->add_within(keys::deaths(), 1, std::chrono::seconds(2));
-          return death{r, id,
-                       fmt::format("stopped its heartbeat {:.1f} s ago",
-                                   std::chrono::duration<double>(now - moved).count())};
-        }
-      }
-      return std::nullopt;
-    }
-
-   private:
-    std::shared_ptr<bootstrap::store> job_;
-    membership m_;
-    std::chrono::nanoseconds silence_;
-    std::mutex mutex_;
-    std::vector<std::pair<std::int64_t, clock::time_point>> beats_;
-  };
-
-  // A generation's store whose blocking waits look, between short slices, for members found
-  // dead (member_watch), and give up naming one.
-  class watched_store final : public bootstrap::store {
-   public:
-    watched_store(std::shared_ptr<bootstrap::store> gen, std::shared_ptr<bootstrap::store> job,
-                  membership m, std::chrono::nanoseconds silence)
-        : gen_(std::move(gen)), watch_(std::move(job), std::move(m), silence) {}
-
-    void set(std::string_view key, std::span<const std::byte> value) override {
-      gen_->set(key, value);
-    }
-    [[nodiscard]] std::vector<std::byte> get(std::string_view key) override {
-      return get_within(key, ringzero::detail::env_timeout());
-    }
-    std::int64_t add(std::string_view key, std::int64_t delta) override {
-      return gen_->add(key, delta);
-    }
-    void wait(std::span<const std::string> keys) override {
-      for (const auto& k : keys) static_cast<void>(get(k));
-    }
-    std::int64_t add_within(std::string_view key, std::int64_t delta,
-                            std::chrono::nanoseconds limit) override {
-      return gen_->add_within(key, delta, limit);
-    }
-    void set_within(std::string_view key, std::span<const std::byte> value,
-                    std::chrono::nanoseconds limit) override {
-      gen_->set_within(key, value, limit);
-    }
-    [[nodiscard]] std::vector<std::byte> get_within(std::string_view key,
-                                                    std::chrono::nanoseconds limit) override {
-      const auto deadline = clock::now() + limit;
-      for (;;) {
-        const auto left = deadline - clock::now();
-        const auto slice = std::min<std::chrono::nanoseconds>(
-            std::chrono::milliseconds(250), std::max<std::chrono::nanoseconds>(left, {}));
-        try {
-          return gen_->get_within(key, slice);
-        } catch (const timeout_error&) {
-          if (clock::now() >= deadline) throw;
-        }
-        if (const auto d = watch_.find())
-          throw peer_error(fmt::format("elastic: rank {} (member {}) of generation {} {} while "
-                                       "the ranks met in the store (waiting for '{}')",
-                                       d->rank, d->id, watch_.members().generation, d->why, key),
-                           d->rank);
-      }
-    }
-
-   private:
-    std::shared_ptr<bootstrap::store> gen_;
-    member_watch watch_;
-  };
-
-  // The launcher a member watches: its pid and start time (0: none).
-  struct launcher_id {
-    std::int64_t pid = 0;
-    std::uint64_t start = 0;
-  };
-
-  // The session's thread, while the session lives: beats this member's counter in the job's
-  // store every `period`; watches the beat of the next member of the current generation and
-  // declares it lost after `silence` without one; aborts the current communicator once a member
-  // of its generation is declared lost (by anyone: the job's count of deaths moved) or the
-  // launcher is gone (checked every 100 ms).
-  class heart {
-   public:
-    heart(std::shared_ptr<bootstrap::store> st, std::int64_t id, std::chrono::milliseconds period,
-          std::chrono::nanoseconds silence, launcher_id launcher)
-        : st_(std::move(st)),
-          id_(id),
-          period_(period),
-          silence_(silence),
-          launcher_(launcher),
-          thread_([this] { run(); }) {}
-    heart(const heart&) = delete;
-    heart& operator=(const heart&) = delete;
-    ~heart() {
-      {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-      }
-      cv_.notify_all();
-      thread_.join();
-    }
-
-    /// The generation now trained in, and how to abort its communicator.
-    void watch(const membership& m, std::function<void(const std::string&)> abort) {
-      std::lock_guard lock(mutex_);
-      if (m.generation != current_.generation || current_.members.empty()) {
-        current_ = m;
-        next_beat_ = -1;
-        // Deaths counted while the previous generation was watched may be of this one's members.
-        deaths_seen_ = -1;
-        aborted_ = false;
-        why_ = launcher_why_;  // a loss in the generation before is no reason to abort this one
-      }
-      abort_ = std::move(abort);
-      if (!why_.empty() && !aborted_) fire_locked();
-    }
-
-    /// Why the launcher is gone, or empty.
-    [[nodiscard]] std::string launcher_gone() const {
-      std::lock_guard lock(mutex_);
-      return launcher_why_;
-    }
-
-   private:
-    using clock = std::chrono::steady_clock;
-
-    void run() {
-      const auto tick =
-          std::min<std::chrono::milliseconds>(period_, std::chrono::milliseconds(100));
-      auto next_beat = clock::now();
-      std::unique_lock lock(mutex_);
-      while (!stop_) {
-        lock.unlock();
-        check_launcher();
-        if (clock::now() >= next_beat) {
-          next_beat = clock::now() + period_;
-          try {
-            st_->add_within(keys::beat(id_), 1, std::chrono::seconds(2));
-            check_members();
-          } catch (const std::exception&) {
-            // A store that does not answer now may answer at the next beat.
-          }
-        }
-        lock.lock();
-        cv_.wait_for(lock, tick, [this] { return stop_; });
-      }
-    }
-
-    void check_launcher() {
-      if (launcher_.pid <= 0) return;
-      const auto st = ringzero::detail::read_process_stat(launcher_.pid);
-      if (st && !st->ended() && st->start == launcher_.start) return;
-      std::lock_guard lock(mutex_);
-      if (!launcher_why_.empty()) return;
-      launcher_why_ =
-          fmt::format("the job's launcher (pid {}), which serves its store, is gone: the job ends",
-                      launcher_.pid);
-      launcher_.pid = 0;
-      why_ = launcher_why_;
-      fire_locked();
-    }
-
-    // The next member's beat, and the job's count of deaths.
-    void check_members() {
-      membership m;
-      {
-        std::lock_guard lock(mutex_);
-        if (current_.members.size() < 2 || aborted_) return;
-        m = current_;
-      }
-      const auto next = m.members[static_cast<std::size_t>((m.rank + 1) % m.size())];
-      const std::int64_t beat = st_->add_within(keys::beat(next), 0, std::chrono::seconds(2));
-      const auto now = clock::now();
-      double silent = 0;
-      {
-        std::lock_guard lock(mutex_);
-        if (beat != next_beat_) {
-          next_beat_ = beat;
-          next_moved_ = now;
-        } else if (now - next_moved_ >= silence_ && m.generation == current_.generation) {
-          silent = std::chrono::duration<double>(now - next_moved_).count();
-          next_moved_ = now;  // once per silence, while the others catch up
-        }
-      }
-      if (silent > 0) {
-        // The store calls outside the lock: watch() is not held up by a slow store.
-        log::warn(
-            "elastic: member {} (rank {} of generation {}) has not beaten for {:.1f} s: "
-            "declaring it lost",
-            next, (m.rank + 1) % m.size(), m.generation, silent);
-        if (st_->add_within(keys::dead(next), 1, std::chrono::seconds(2)) == 1)
-          st_->add_within(keys::deaths(), 1, std::chrono::seconds(2));
-      }
-      const std::int64_t deaths = st_->add_within(keys::deaths(), 0, std::chrono::seconds(2));
-      {
-        std::lock_guard lock(mutex_);
-        if (deaths == deaths_seen_ || m.generation != current_.generation) return;
-        deaths_seen_ = deaths;
-      }
-      for (int r = 0; r < m.size(); ++r) {
-        const std::int64_t who = m.members[static_cast<std::size_t>(r)];
-        if (r == m.rank || st_->add_within(keys::dead(who), 0, std::chrono::seconds(2)) == 0)
-          continue;
-        std::lock_guard lock(mutex_);
-        if (m.generation != current_.generation || aborted_) return;
-        why_ = fmt::format("elastic: rank {} (member {}) of generation {} was declared lost", r,
-                           who, m.generation);
-        fire_locked();
-        return;
-      }
-    }
-
-    void fire_locked() {
-      if (!abort_) return;
-      aborted_ = true;
-      try {
-        abort_(why_);
-      } catch (...) {
-        // The communicator may be closing: it fails its waits by itself then.
-      }
-    }
-
-    std::shared_ptr<bootstrap::store> st_;
-    std::int64_t id_;
-    std::chrono::milliseconds period_;
-    std::chrono::nanoseconds silence_;
-    launcher_id launcher_;
-    mutable std::mutex mutex_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    membership current_;
-    std::function<void(const std::string&)> abort_;
-    bool aborted_ = false;
-    std::string why_;           ///< what the next abort says: a loss, or the launcher gone
-    std::string launcher_why_;  ///< set once the launcher is gone
-    std::int64_t next_beat_ = -1;
-    clock::time_point next_moved_{};
-    std::int64_t deaths_seen_ = -1;  ///< the job's count of deaths last read; -1: read again
-    std::thread thread_;             // last: starts once the members above exist
-  };
-
   // A fifth of the settle time, within [100 ms, 1 s].
   [[nodiscard]] std::chrono::milliseconds beat_period() const {
     return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(settle_ / 5),
@@ -844,9 +506,9 @@ class session {
   limits lim_;
   std::chrono::nanoseconds settle_;
   membership current_;
-  launcher_id launcher_;
+  detail::launcher_id launcher_;
   bool told_ = false;  ///< an arrival said why it waits
-  std::shared_ptr<heart> heart_;
+  std::shared_ptr<detail::heart> heart_;
 };
 
 }  // namespace ringzero::elastic
