@@ -1,10 +1,11 @@
 // The kernels behind reproducible training's accumulators on the GPU (zero/exact_gradients.hpp):
-// the adds one thread to a block of 64 (compact_block_add of reduce/reproducible_compact.hpp,
-// which the host and the emulated device run too), the rounding one thread to an element, and
-// the clear. Every step is the header's own __host__ __device__ function, so the device's words
-// are the host's bit for bit. A thread streams its block's terms and words in order: each warp
-// reads 32 separate runs of 256 and 512 bytes, which the caches serve, where a warp to a block
-// would read whole lines at once but could no longer run the same function as the host.
+// the adds one thread to a block of 64 (compact_block_add of
+// reduce/detail/reproducible_compact_block.hpp, which the host and the emulated device run too),
+// the rounding one thread to an element, and the clear. Every step is that header's own
+// __host__ __device__ function, so the device's words are the host's bit for bit. A thread
+// streams its block's terms and words in order: each warp reads 32 separate runs of 256 and 512
+// bytes, which the caches serve, where a warp to a block would read whole lines at once but
+// could no longer run the same function as the host.
 #pragma once
 
 #include <cuda_runtime.h>
