@@ -13,8 +13,10 @@ all_gather_into_tensor and reduce_scatter_tensor from --min to --max bytes, as n
 them (the whole buffer: all_reduce's, all_gather's output, reduce_scatter's input). A round's time
 is the slowest rank's mean per call over a loop filling --seconds / --rounds, after warm-up
 calls; bus bandwidth is nccl-tests' (docs/performance.md). With --perf and --run, ringzero-perf measures the
-same collectives on the transport the backend picked (shm on one host), and the table shows what
-the binding adds per call: the torch call's time less ringzero-perf's.
+same collectives on the transport the backend picked (shm on one host), the first backend is also
+timed through its backend object (`backend.allreduce([t]).wait()`, torch's Python layer left out),
+and the table shows what the binding adds per call (the backend call less ringzero-perf's time)
+and what torch.distributed's own layer adds on top (the dist call less the backend call).
 """
 
 from __future__ import annotations
@@ -62,14 +64,25 @@ def elements(op: str, size: int, n: int) -> int:
     return max(n, count - count % n) if op != "all_reduce" else count
 
 
-def time_op(op: str, size: int, n: int, group, seconds: float, warmup: int) -> float:
-    """Mean seconds per call over a loop filling `seconds`: the slowest rank's."""
+def time_op(op: str, size: int, n: int, group, seconds: float, warmup: int,
+            direct: bool = False) -> float:
+    """Mean seconds per call over a loop filling `seconds`: the slowest rank's. `direct` calls the
+    backend object and waits on its work, leaving torch.distributed's Python layer out."""
     count = elements(op, size, n)
     full = torch.ones(count)
     part = torch.ones(count // n) if op != "all_reduce" else None
+    be = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
+    ar, rs = dist.AllreduceOptions(), dist.ReduceScatterOptions()
 
     def call():
-        if op == "all_reduce":
+        if direct:
+            if op == "all_reduce":
+                be.allreduce([full], ar).wait()
+            elif op == "all_gather_into_tensor":
+                be._allgather_base(full, part).wait()
+            else:
+                be._reduce_scatter_base(part, full, rs).wait()
+        elif op == "all_reduce":
             dist.all_reduce(full, group=group)
         elif op == "all_gather_into_tensor":
             dist.all_gather_into_tensor(full, part, group=group)
@@ -108,14 +121,20 @@ def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> Non
     size = args.min
     while size <= args.max:
         for op in args.ops:
-            times = {b: [] for b in args.backends}
+            # With --perf, the first backend is also timed through its backend object: what the
+            # binding costs, torch's own Python layer apart.
+            paths = [(b, False) for b in args.backends] + ([(args.backends[0], True)]
+                                                           if args.perf else [])
+            times = {p: [] for p in paths}
             for _ in range(args.rounds):
-                for b in args.backends:
-                    times[b].append(time_op(op, size, n, groups[b], args.seconds / args.rounds,
-                                            args.warmup))
-            for b in args.backends:
-                results.append({"backend": b, "ranks": n, "op": op, "bytes": size,
-                                "us": statistics.median(times[b]) * 1e6})
+                for b, direct in paths:
+                    times[(b, direct)].append(time_op(op, size, n, groups[b],
+                                                      args.seconds / args.rounds, args.warmup,
+                                                      direct))
+            for b, direct in paths:
+                results.append({"backend": b + (" direct" if direct else ""), "ranks": n,
+                                "op": op, "bytes": size,
+                                "us": statistics.median(times[(b, direct)]) * 1e6})
         size *= args.factor
     dist.destroy_process_group()
     if rank == 0:
@@ -129,7 +148,8 @@ def free_port() -> int:
 
 
 def perf_rows(args: argparse.Namespace, n: int, op: str) -> dict[int, float]:
-    """ringzero-perf's out-of-place time (us) per size, on the shm transport."""
+    """ringzero-perf's time (us) per size, on the shm transport: in place for all_reduce, out of
+    place for the others, as torch calls them."""
     cmd = [args.run, "-n", str(n), "--", args.perf, PERF_NAMES[op], "-T", "shm", "-d", "float",
            "-b", str(args.min), "-e", str(args.max), "-f", str(args.factor), "-n", "50", "-w", "5",
            "-c", "0"]
@@ -140,7 +160,7 @@ def perf_rows(args: argparse.Namespace, n: int, op: str) -> dict[int, float]:
     for line in out.stdout.splitlines():
         cols = line.split()
         if len(cols) > 6 and cols[0].isdigit():
-            rows[int(cols[0])] = float(cols[5])
+            rows[int(cols[0])] = float(cols[9] if op == "all_reduce" else cols[5])
     return rows
 
 
@@ -237,7 +257,8 @@ def main() -> None:
             if len(args.backends) > 1:
                 head += [f"{args.backends[0]}/{args.backends[1]} busbw"]
             if perf:
-                head += ["ringzero-perf us", "binding us"]
+                head += ["ringzero-perf us", f"{args.backends[0]} backend call us", "binding us",
+                         "torch.distributed layer us"]
             print("| " + " | ".join(head) + " |")
             print("|" + "---|" * len(head))
             size = args.min
@@ -256,10 +277,15 @@ def main() -> None:
                 row = {"ranks": n, "op": op, "bytes": size,
                        **{f"{b}_us": by[(b, op, size)] for b in args.backends}}
                 if perf:
+                    # binding: the backend call less ringzero-perf's; the layer: dist's call less
+                    # the backend call (torch's Python, paid alike by every backend).
                     pus = perf[op].get(size)
-                    line += [f"{pus:.1f}" if pus is not None else "-",
-                             f"{by[(args.backends[0], op, size)] - pus:.1f}" if pus is not None else "-"]
+                    dus = by[(args.backends[0] + " direct", op, size)]
+                    line += [f"{pus:.1f}" if pus is not None else "-", f"{dus:.1f}",
+                             f"{dus - pus:.1f}" if pus is not None else "-",
+                             f"{by[(args.backends[0], op, size)] - dus:.1f}"]
                     row["perf_us"] = pus
+                    row["direct_us"] = dus
                 print("| " + " | ".join(line) + " |")
                 rows.append(row)
                 size *= args.factor

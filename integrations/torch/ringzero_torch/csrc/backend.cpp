@@ -361,11 +361,16 @@ bool progress::run_inline(work* w) {
   }
   execute(mine);
   if (message_count_.load(std::memory_order_relaxed) != 0) poll_messages();
+  bool pending = false;
   {
     std::lock_guard lock(mutex_);
     busy_ = false;
+    pending = stopping_ || !queue_.empty() || message_count_.load(std::memory_order_relaxed) != 0;
   }
-  wake_.notify_all();
+  // Wake the thread only when it has something to do: a blocking call made back to back would
+  // otherwise wake it once per call to find nothing, and on a host with a core or two per rank
+  // that wake-up takes the core the peer's call is running on.
+  if (pending) wake_.notify_all();
   return true;
 }
 
