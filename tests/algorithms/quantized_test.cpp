@@ -246,7 +246,7 @@ TEST_CASE("a large all_gather goes in pieces, with the whole block's values") {
   // Two pieces of whole scale blocks (1000 elements), the last block short, encoded and decoded
   // on a helper thread beside the transfer: every value as the unpieced segment gives it (a
   // piece cut inside a scale block gets other scales and fails this).
-  const std::size_t count = 2 * ringzero::detail::gather_piece_elems + 777;
+  const std::size_t count = 2 * ringzero::tuning::thresholds::quantized_gather_piece_elems + 777;
   for (const wire_format f : {wire_format::int8, wire_format::int4, wire_format::bf16}) {
     std::vector<std::vector<float>> in(3), out(3);
     ringzero::loopback::world w(3, world_options_for());

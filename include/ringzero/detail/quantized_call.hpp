@@ -47,6 +47,7 @@
 #include "ringzero/kernels/element.hpp"
 #include "ringzero/op.hpp"
 #include "ringzero/reduce/quantize.hpp"
+#include "ringzero/tuning/thresholds.hpp"
 #include "ringzero/types.hpp"
 #include "ringzero/wire.hpp"
 
@@ -138,11 +139,6 @@ void bytes_call(C& comm, collective k, std::span<const std::uint8_t> in,
   dispatch_builtin(comm, algorithms::call<std::uint8_t>{.kind = k, .in = in, .out = out}, opt);
 }
 
-/// Elements of a gathered block from which the encoding and decoding overlap the transfer: at
-/// least one piece of this many per pipeline stage, at most gather_pieces pieces.
-inline constexpr std::size_t gather_piece_elems = std::size_t{1} << 20;
-inline constexpr std::size_t gather_pieces = 8;
-
 /// Every rank's `in` (L.count elements), encoded as L, decoded into out's blocks: block r holds
 /// up to L.count elements starting at r * stride, cut at `total` (all_reduce's padding dropped).
 /// A large block goes in pieces, each starting on a scale block (so every value is the one the
@@ -154,8 +150,7 @@ void quantized_gather(C& comm, const quantize::segment_layout& L, const S* in, E
                       std::size_t stride, std::size_t total, const options& opt) {
   auto& s = quantized_scratch::get();
   const auto n = static_cast<std::size_t>(comm.size());
-  const std::size_t pieces =
-      std::clamp<std::size_t>(L.count / gather_piece_elems, 1, gather_pieces);
+  const std::size_t pieces = tuning::thresholds::quantized_gather_pieces_of(L.count);
   const std::size_t per =  // whole scale blocks
       ((L.count + pieces - 1) / pieces + L.block - 1) / L.block * L.block;
   struct piece {

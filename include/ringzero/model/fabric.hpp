@@ -25,6 +25,7 @@
 #include "ringzero/base.hpp"
 #include "ringzero/collective_table.hpp"
 #include "ringzero/model/cost_model.hpp"
+#include "ringzero/tuning/thresholds.hpp"
 #include "ringzero/wire.hpp"
 
 namespace ringzero::tuning {
@@ -147,7 +148,8 @@ struct fabric {
 /// options::wire = f (detail/quantized_call.hpp), `bytes` the full buffer of `element_bytes`
 /// elements as in predict(): the byte collectives on the encoded sizes, each at the two-level
 /// model's cheapest, and a pass over the elements at the fabric's reduction rate for each
-/// encode, decode and accumulate. all_gather: encode a block, all_gather, decode every block.
+/// encode, decode and accumulate. all_gather: encode a block, all_gather, decode every block, in
+/// pieces that overlap the passes with the transfer as quantized_gather does.
 /// reduce_scatter: encode every block; with several nodes of several GPUs two hops (all_to_all
 /// inside the node, accumulate, encode the node's partial sums, all_to_all across the nodes,
 /// accumulate), else one all_to_all. all_reduce: the two, on 1/n each. full is predict()'s pick.
@@ -157,12 +159,17 @@ struct fabric {
   if (w == wire_format::full) return predict(f, c, select(f, c, bytes, nodes), bytes, nodes);
   const int per = f.gpus_per_node, n = nodes * per;
   const double r = wire_ratio(w, block, element_bytes), gamma = 1.0 / f.reduce_bandwidth;
+  // In P pieces, a helper thread encoding piece k + 1 and decoding piece k - 1 while piece k is
+  // on the wire: the first piece's encoding and the last one's decoding (1/P of the passes)
+  // come before and after, the rest hides under the transfer or the transfer under it.
   const auto gather = [&](double full) {
     const double wire = full * r;
-    return gamma * full / n +
-           predict(f, collective::all_gather, select(f, collective::all_gather, wire, nodes), wire,
-                   nodes) +
-           gamma * full;
+    const double passes = gamma * full / n + gamma * full;
+    const auto pieces = static_cast<double>(
+        thresholds::quantized_gather_pieces_of(static_cast<std::size_t>(full / element_bytes / n)));
+    const double transfer = predict(f, collective::all_gather,
+                                    select(f, collective::all_gather, wire, nodes), wire, nodes);
+    return passes / pieces + std::max(transfer, passes * (pieces - 1) / pieces);
   };
   const auto reduce = [&](double full) {
     if (n == 1) return 2 * gamma * full;

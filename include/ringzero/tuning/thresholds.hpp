@@ -52,4 +52,17 @@ template <class E>
     return reproducible_gather_bytes;
 }
 
+/// options::wire's all_gather goes in pieces of at least this many elements of a rank's block,
+/// at most quantized_gather_pieces of them, so that encoding and decoding run under the transfer
+/// (detail/quantized_call.hpp): below a million elements the passes take less than a piece's
+/// fill and drain cost, and eight pieces hide all but an eighth of them.
+inline constexpr std::size_t quantized_gather_piece_elems = std::size_t{1} << 20;
+inline constexpr std::size_t quantized_gather_pieces = 8;
+
+/// Pieces of a quantized all_gather of `count` elements per rank.
+[[nodiscard]] constexpr std::size_t quantized_gather_pieces_of(std::size_t count) noexcept {
+  const std::size_t p = count / quantized_gather_piece_elems;
+  return p < 1 ? 1 : (p > quantized_gather_pieces ? quantized_gather_pieces : p);
+}
+
 }  // namespace ringzero::tuning::thresholds
