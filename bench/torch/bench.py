@@ -72,14 +72,18 @@ def time_op(op: str, size: int, n: int, group, seconds: float, warmup: int,
     full = torch.ones(count)
     part = torch.ones(count // n) if op != "all_reduce" else None
     be = (group or dist.group.WORLD)._get_backend(torch.device("cpu"))
-    ar, rs = dist.AllreduceOptions(), dist.ReduceScatterOptions()
+    # Blocking calls, as dist's are with async_op=False (the options' default is asynchronous).
+    ar, ag, rs = (dist.AllreduceOptions(), torch._C._distributed_c10d.AllgatherOptions(),
+                  dist.ReduceScatterOptions())
+    for o in (ar, ag, rs):
+        o.asyncOp = False
 
     def call():
         if direct:
             if op == "all_reduce":
                 be.allreduce([full], ar).wait()
             elif op == "all_gather_into_tensor":
-                be._allgather_base(full, part).wait()
+                be._allgather_base(full, part, ag).wait()
             else:
                 be._reduce_scatter_base(part, full, rs).wait()
         elif op == "all_reduce":
@@ -191,6 +195,7 @@ def binding(args: argparse.Namespace) -> None:
     for b, g in groups.items():
         be = g._get_backend(torch.device("cpu"))
         opts = dist.AllreduceOptions()
+        opts.asyncOp = False  # as dist.all_reduce's blocking call
         print(f"| {b} | {per_call(lambda: dist.all_reduce(t, group=g)):.2f} | "
               f"{per_call(lambda: be.allreduce([t], opts).wait()):.2f} |")
     dist.destroy_process_group()
