@@ -69,6 +69,7 @@ constexpr const char* usage = R"(usage: ringzero-gpt [options]
   --resume DIR          load a checkpoint (any world size and stage) before training
   --log-every K         print every K-th step; default 10
   --sample N            characters to generate at the end; default 300
+  --eval N              the final weights' loss on N sequences no training step draws; default 0
   --temperature X       sampling temperature; default 0.8
   --prompt S            text the sample starts from; default "Light"
   --no-comm-thread      run collectives on the training thread (no overlap)
@@ -142,6 +143,7 @@ args parse(int argc, char** argv) {
       {"--resume", [](args& a, auto, auto v) { a.train.resume = v; }},
       {"--log-every", [](args& a, auto f, auto v) { a.train.log_every = number<int>(f, v); }},
       {"--sample", [](args& a, auto f, auto v) { a.train.sample = number<int>(f, v); }},
+      {"--eval", [](args& a, auto f, auto v) { a.train.eval = number<int>(f, v); }},
       {"--temperature", [](args& a, auto f, auto v) { a.train.temperature = number<float>(f, v); }},
       {"--prompt", [](args& a, auto, auto v) { a.train.prompt = v; }},
       {"--shard-group", [](args& a, auto f, auto v) { a.train.shard_group = number<int>(f, v); }},
@@ -191,7 +193,7 @@ args parse(int argc, char** argv) {
     die("--precision must be fp32, bf16 or fp16");
   if (a.ranks < 1 || t.steps < 0 || t.stop_after < 0 || t.batch < 1 || t.warmup < 1 ||
       t.shard_group < 0 || t.hpz_partition_size < 0 || t.log_every < 1 || t.sample < 0 ||
-      !(t.temperature > 0) || !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 ||
+      t.eval < 0 || !(t.temperature > 0) || !(t.lr >= 0) || a.checkpoint_every.value_or(0) < 0 ||
       t.peer_copy_every < 0)
     die("sizes, counts, the learning rate and the temperature must be positive");
   a.train.checkpoint_every = a.checkpoint_every.value_or(0);

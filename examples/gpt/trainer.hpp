@@ -51,6 +51,7 @@ struct train_options {
   std::string save, resume;
   int log_every = 10;
   int sample = 300;  ///< characters to generate at the end (0: none)
+  int eval = 0;      ///< sequences the final weights are evaluated on (0: none)
   float temperature = 0.8f;
   std::string prompt = "Light";
   bool comm_thread = true;
@@ -82,6 +83,7 @@ struct train_result {
   std::vector<double> losses;  ///< the global mean loss of each step this run took
   std::vector<float> weights;  ///< every parameter's fp32 master value at the end
   std::string sample;
+  double eval_loss = 0;  ///< the final weights' mean loss per token on the --eval sequences
   double tokens_per_second = 0;
   bool regroup = false;  ///< stopped at a step boundary to take in arrivals (checkpoint saved)
 };
@@ -200,11 +202,10 @@ template <class P>
   }
 }
 
-/// Samples `count` bytes after `prompt` from the model with weights `flat` (registration order,
-/// as full_parameters() returns them), at `temperature`, with a counter-based generator.
-[[nodiscard]] inline std::string generate(const config& c, const corpus& text,
-                                          const std::vector<float>& flat, const std::string& prompt,
-                                          int count, float temperature, std::uint64_t seed) {
+/// The model's values from `flat`, every parameter in registration order (as full_parameters()
+/// returns them).
+[[nodiscard]] inline vector_source<float> source_of(const config& c,
+                                                    const std::vector<float>& flat) {
   std::vector<std::vector<float>> values;
   std::size_t at = 0;
   for (const auto& p : parameters(c)) {
@@ -212,7 +213,35 @@ template <class P>
                         flat.begin() + static_cast<std::ptrdiff_t>(at + p.numel()));
     at += p.numel();
   }
-  vector_source<float> src(std::move(values));
+  return vector_source<float>(std::move(values));
+}
+
+/// The mean loss per token of the model with weights `flat` on `count` sequences that no
+/// training step draws (a step number past any schedule): one fixed set for every run of a
+/// seed, so two runs' final models are compared on the same text, not on their last batches.
+[[nodiscard]] inline double evaluate(const config& c, const corpus& text,
+                                     const std::vector<float>& flat, int count,
+                                     std::uint64_t seed) {
+  constexpr std::uint64_t eval_step = std::uint64_t{1} << 40;
+  auto src = source_of(c, flat);
+  model<float> m(c);
+  const auto len = static_cast<std::size_t>(c.context);
+  std::vector<int> tokens(len), targets(len);
+  double sum = 0;
+  for (int i = 0; i < count; ++i) {
+    text.sequence(seed, eval_step, static_cast<std::uint64_t>(i), c.context, tokens.data(),
+                  targets.data());
+    sum += m.loss(src, tokens, targets, 1);
+  }
+  return sum / (static_cast<double>(count) * static_cast<double>(len));
+}
+
+/// Samples `count` bytes after `prompt` from the model with weights `flat` (registration order,
+/// as full_parameters() returns them), at `temperature`, with a counter-based generator.
+[[nodiscard]] inline std::string generate(const config& c, const corpus& text,
+                                          const std::vector<float>& flat, const std::string& prompt,
+                                          int count, float temperature, std::uint64_t seed) {
+  auto src = source_of(c, flat);
   model<float> m(c);
   std::vector<int> ctx;
   for (unsigned char ch : prompt)
@@ -474,6 +503,11 @@ train_result train(Comm& comm, const train_options& o, const corpus& text, std::
   res.weights = shd.full_parameters();
   say(log, "final fp32 weights: {} values, crc32c {:08x}\n", res.weights.size(),
       zero::detail::crc32c(std::as_bytes(std::span(res.weights))));
+  if (o.eval > 0 && comm.rank() == 0) {
+    // After the last collective, as the sample: the other ranks need not wait for it.
+    res.eval_loss = evaluate(c, text, res.weights, o.eval, o.seed);
+    say(log, "eval loss {:.4f} over {} sequences of {} tokens\n", res.eval_loss, o.eval, c.context);
+  }
   if (o.sample > 0 && comm.rank() == 0) {
     res.sample = generate(c, text, res.weights, o.prompt, o.sample, o.temperature, o.seed);
     say(log, "sample (temperature {:g}):\n{}{}\n", o.temperature, o.prompt, res.sample);

@@ -122,3 +122,23 @@ TEST_CASE("a batch that does not split over the ranks is refused") {
   o.batch = 6;
   CHECK_THROWS_AS(run<float>(4, o, small_text()), ringzero::invalid_argument);
 }
+
+TEST_CASE("--eval: the final weights' loss on a fixed set of sequences falls as training goes") {
+  const auto text = small_text();
+  auto o = tiny_options();
+  o.eval = 16;
+  o.stop_after = 1;
+  const auto early = run<float>(4, o, text);
+  o.stop_after = 0;
+  const auto trained = run<float>(4, o, text);
+  // The figure is the weights' alone: evaluating them again, outside the run, gives it exactly.
+  gpt::config c = o.model;
+  c.vocab = text.vocab();
+  CHECK(gpt::evaluate(c, text, trained.weights, o.eval, o.seed) == trained.eval_loss);
+  CHECK(std::isfinite(early.eval_loss));
+  CHECK_MESSAGE(trained.eval_loss < early.eval_loss - 0.1, "eval loss after 1 step ",
+                early.eval_loss, ", after 6 ", trained.eval_loss);
+  // Stage 3 ends with stage 0's weights bit for bit (above), so with its evaluation too.
+  o.stage = 0;
+  CHECK(run<float>(4, o, text).eval_loss == trained.eval_loss);
+}
